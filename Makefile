@@ -1,0 +1,53 @@
+# onnxcast: `make demo` and `make test` install what is missing, then run.
+PYTHON ?= python3.11
+VENV ?= .venv
+INFRA_VENV ?= .venv-infra
+BIN := $(VENV)/bin
+export ONNXCAST_HOME ?= $(CURDIR)/.onnxcast
+# A stamp per environment: reinstall only when the pins change.
+STAMP := $(VENV)/.installed
+INFRA_STAMP := $(INFRA_VENV)/.installed
+
+.PHONY: install demo test test-fast lint bench airflow lock clean
+
+install: $(STAMP)
+
+$(STAMP): requirements/main.in requirements/constraints.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (onnxcast needs Python 3.11)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements/main.in -c requirements/constraints.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+$(INFRA_STAMP): requirements/infra.in requirements/constraints-infra.txt
+	test -x $(INFRA_VENV)/bin/python || $(PYTHON) -m venv $(INFRA_VENV)
+	$(INFRA_VENV)/bin/python -m pip install --quiet -r requirements/infra.in -c requirements/constraints-infra.txt
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+test: $(STAMP) $(INFRA_STAMP)
+	CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check onnxcast operators dags plugins tests scripts bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+airflow: $(STAMP)
+	$(BIN)/python scripts/airflow_standalone.py
+
+# Re-resolve the pins from the .in files (needs the package registry).
+lock:
+	rm -rf /tmp/onnxcast-lock && $(PYTHON) -m venv /tmp/onnxcast-lock
+	/tmp/onnxcast-lock/bin/pip install --quiet -r requirements/main.in
+	/tmp/onnxcast-lock/bin/pip freeze --exclude-editable | grep -v '^onnxcast' > requirements/constraints.txt
+
+clean:
+	rm -rf $(VENV) $(INFRA_VENV) .pytest_cache

@@ -1,0 +1,5 @@
+import sys
+
+from onnxcast.cli import main
+
+sys.exit(main())

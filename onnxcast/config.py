@@ -1,0 +1,147 @@
+"""Pipeline settings: one typed dataclass, validated once where settings enter (CLI, operator params)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onnxcast.errors import ConfigError
+
+MODEL_FAMILIES = ("lstm", "transformer")
+VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
+CHANNELS = ("edge", "cloud")
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """Thresholds of the data-quality gate (see onnxcast.quality)."""
+
+    max_missing_fraction: float = 0.01
+    max_gap_fraction: float = 0.01  # share of expected timestamps that may be absent
+    outlier_mad_threshold: float = 12.0  # robust z-score beyond which a value is an outlier
+    max_outlier_fraction: float = 0.001
+    min_holdout_windows: int = 2
+    fill_gaps_max_steps: int = 0  # repair on request: interpolate gaps up to this many steps
+    drop_duplicate_timestamps: bool = False  # repair on request: keep the last of duplicate rows
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Everything one pipeline run needs. Defaults train the example data in minutes on 2 cores."""
+
+    data_uri: str
+    out_dir: str
+    time_column: str = "ds"
+    target_column: str = "y"
+    feature_columns: tuple[str, ...] = ()
+    freq: str | None = None  # pandas offset alias; inferred from the timestamps when None
+    horizon: int = 24
+    lookback: int = 168
+    models: tuple[str, ...] = MODEL_FAMILIES
+    season: int | None = None  # seasonal-naive period; derived from freq when None
+    validation_fraction: float = 0.15
+    holdout_fraction: float = 0.15
+    trained_until: str | None = None  # ignore rows after this timestamp (DAG: data interval end)
+    # training
+    max_epochs: int = 30
+    max_minutes: float = 10.0
+    patience: int = 5
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    hidden_size: int = 64
+    num_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    seed: int = 42
+    # export / optimize / validate
+    opset: int | None = None  # convert the exported graph to this opset when set
+    threads: int = 1  # intra-op threads for ORT and torch in validation (workers share cores)
+    accuracy_budget: float = 0.01  # allowed relative holdout-MAE loss of a variant vs fp32
+    parity_rtol: float = 1e-3
+    parity_atol: float = 1e-4
+    latency_repeats: int = 30
+    model_name: str = "onnxcast-forecaster"
+    quality: QualitySettings = field(default_factory=QualitySettings)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.data_uri:
+            problems.append("data_uri is empty")
+        if self.horizon < 1:
+            problems.append(f"horizon must be >= 1, got {self.horizon}")
+        if self.lookback < 2:
+            problems.append(f"lookback must be >= 2, got {self.lookback}")
+        unknown = [m for m in self.models if m not in MODEL_FAMILIES]
+        if unknown or not self.models:
+            problems.append(f"models must be a non-empty subset of {list(MODEL_FAMILIES)}, got {list(self.models)}")
+        for name in ("validation_fraction", "holdout_fraction"):
+            value = getattr(self, name)
+            if not 0.0 < value < 0.5:
+                problems.append(f"{name} must be in (0, 0.5), got {value}")
+        if self.max_epochs < 1:
+            problems.append(f"max_epochs must be >= 1, got {self.max_epochs}")
+        if self.max_minutes <= 0:
+            problems.append(f"max_minutes must be > 0, got {self.max_minutes}")
+        if self.d_model % self.n_heads:
+            problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.season is not None and self.season < 1:
+            problems.append(f"season must be >= 1, got {self.season}")
+        if self.threads < 1:
+            problems.append(f"threads must be >= 1, got {self.threads}")
+        if self.target_column in self.feature_columns:
+            problems.append(f"target column {self.target_column!r} is also listed as a feature")
+        if self.time_column == self.target_column:
+            problems.append(f"time column and target column are both {self.time_column!r}")
+        if problems:
+            raise ConfigError("invalid settings: " + "; ".join(problems))
+
+    @property
+    def n_features(self) -> int:
+        return 1 + len(self.feature_columns)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PipelineConfig:
+        """Build from plain values (JSON, Airflow params), rejecting unknown keys by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        values = dict(values)
+        for key in ("feature_columns", "models"):
+            if key in values and values[key] is not None:
+                values[key] = _as_tuple(values[key], key)
+        if isinstance(values.get("quality"), dict):
+            qknown = {f.name for f in dataclasses.fields(QualitySettings)}
+            bad = sorted(set(values["quality"]) - qknown)
+            if bad:
+                raise ConfigError(f"unknown quality setting(s): {', '.join(bad)}")
+            values["quality"] = QualitySettings(**values["quality"])
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"invalid settings: {exc}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: str | Path) -> PipelineConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _as_tuple(value: Any, key: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, list | tuple):
+        return tuple(str(v).strip() for v in value)
+    raise ConfigError(f"{key} must be a list or a comma-separated string, got {value!r}")

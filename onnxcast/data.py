@@ -1,0 +1,257 @@
+"""Load a time series, split it by time and cut sliding windows.
+
+``load_series`` turns a table into a float32 matrix ``[rows, 1 + n_features]`` (target first)
+on a regular time grid; ``split_by_time`` fixes train / validation / holdout boundaries;
+``windows`` cuts ``(history, target)`` pairs for training and evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxcast.config import PipelineConfig
+from onnxcast.errors import DataError
+
+EXAMPLE_DATA = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
+
+
+@dataclass
+class SeriesData:
+    """A validated, regular series. ``values[:, 0]`` is the target."""
+
+    values: np.ndarray  # float32 [rows, n_features]
+    timestamps: np.ndarray  # datetime64[ns], UTC, strictly increasing, regular
+    columns: tuple[str, ...]  # target first, then features
+    freq: str
+    season: int
+    source: str
+    sha256: str
+
+    @property
+    def target(self) -> np.ndarray:
+        return self.values[:, 0]
+
+    def save(self, directory: str | Path) -> None:
+        """Write the series for later pipeline steps (``series.npz`` + ``series.json``)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        np.savez(directory / "series.npz", values=self.values, timestamps=self.timestamps.astype("int64"))
+        meta = {"columns": list(self.columns), "freq": self.freq, "season": self.season,
+                "source": self.source, "sha256": self.sha256}
+        (directory / "series.json").write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> SeriesData:
+        directory = Path(directory)
+        arrays = np.load(directory / "series.npz")
+        meta = json.loads((directory / "series.json").read_text())
+        return cls(values=arrays["values"], timestamps=arrays["timestamps"].astype("datetime64[ns]"),
+                   columns=tuple(meta["columns"]), freq=meta["freq"], season=meta["season"],
+                   source=meta["source"], sha256=meta["sha256"])
+
+
+@dataclass(frozen=True)
+class Split:
+    """Row boundaries: train ``[0, train_end)``, validation ``[train_end, validation_end)``,
+    holdout ``[validation_end, rows)``. Windows may look back across a boundary."""
+
+    rows: int
+    train_end: int
+    validation_end: int
+
+    def as_dict(self, timestamps: np.ndarray) -> dict:
+        def ts(i: int) -> str:
+            return _iso(timestamps[i])
+
+        return {
+            "train_end": ts(self.train_end - 1),
+            "validation_end": ts(self.validation_end - 1),
+            "holdout_start": ts(self.validation_end),
+            "holdout_end": ts(self.rows - 1),
+            "rows": self.rows,
+            "train_rows": self.train_end,
+            "validation_rows": self.validation_end - self.train_end,
+            "holdout_rows": self.rows - self.validation_end,
+        }
+
+
+def example_data_path() -> str:
+    """Path of the Victoria electricity demand CSV shipped inside the statsmodels wheel."""
+    import statsmodels
+
+    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_DATA
+    if not path.exists():
+        raise DataError(f"example data not found at {path}; is statsmodels installed?")
+    return str(path)
+
+
+def load_series(cfg: PipelineConfig, frame=None, source: str | None = None, sha256: str | None = None) -> SeriesData:
+    """Read ``cfg.data_uri`` (or use an already read ``frame``) and return a regular series.
+
+    Raises DataError naming the file and the column or value at fault.
+    """
+    import pandas as pd
+
+    if frame is None:
+        from onnxcast.reading import read_table
+
+        raw = read_table(cfg.data_uri)
+        frame, source, sha256 = raw.frame, raw.source, raw.sha256
+    source = source or cfg.data_uri
+    columns = (cfg.target_column, *cfg.feature_columns)
+    missing = [c for c in (cfg.time_column, *columns) if c not in frame.columns]
+    if missing:
+        raise DataError(f"{source}: missing column(s) {missing}; found {list(map(str, frame.columns))}")
+
+    times = parse_timestamps(frame[cfg.time_column], source, cfg.time_column)
+    numeric = {}
+    for column in columns:
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = values.isna() & frame[column].notna()
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise DataError(f"{source}: column {column!r} has non-numeric value {frame[column].iloc[row]!r} at row {row + 1}")
+        numeric[column] = values.to_numpy(dtype="float64")
+    table = pd.DataFrame(numeric, index=pd.DatetimeIndex(times))
+
+    if cfg.trained_until:
+        cutoff = pd.Timestamp(cfg.trained_until)
+        cutoff = cutoff.tz_localize("UTC") if cutoff.tzinfo is None else cutoff.tz_convert("UTC")
+        table = table[table.index <= cutoff]
+        if table.empty:
+            raise DataError(f"{source}: no rows at or before trained_until={cfg.trained_until}")
+
+    if cfg.quality.drop_duplicate_timestamps:
+        table = table[~table.index.duplicated(keep="last")]
+    if table.index.has_duplicates:
+        dup = table.index[table.index.duplicated()][0]
+        raise DataError(f"{source}: column {cfg.time_column!r} has duplicate timestamp {_iso(dup)}")
+    if not table.index.is_monotonic_increasing:
+        pos = int(np.flatnonzero(np.diff(table.index.asi8) < 0)[0]) + 1
+        raise DataError(f"{source}: column {cfg.time_column!r} is not increasing at row {pos + 1} ({_iso(table.index[pos])})")
+    if len(table) < 3:
+        raise DataError(f"{source}: only {len(table)} rows")
+
+    freq = cfg.freq or infer_freq(table.index, source, cfg.time_column)
+    try:
+        grid = pd.date_range(table.index[0], table.index[-1], freq=freq)
+    except ValueError:
+        raise DataError(f"{source}: unknown frequency {freq!r}") from None
+    off_grid = table.index.difference(grid)
+    if len(off_grid):
+        raise DataError(f"{source}: timestamp {_iso(off_grid[0])} in {cfg.time_column!r} is off the {freq!r} grid")
+    table = table.reindex(grid)
+    table = _fill_short_gaps(table, cfg.quality.fill_gaps_max_steps)
+    if table.isna().any().any():
+        column = table.columns[table.isna().any()][0]
+        first = table.index[table[column].isna()][0]
+        count = int(table.isna().any(axis=1).sum())
+        raise DataError(f"{source}: {count} missing value(s) on the {freq!r} grid, first in {column!r} at {_iso(first)}")
+    values = table.to_numpy(dtype="float32")
+    if not np.isfinite(values).all():
+        column = table.columns[~np.isfinite(values).all(axis=0)][0]
+        raise DataError(f"{source}: column {column!r} has non-finite values (inf)")
+    return SeriesData(values=values, timestamps=table.index.tz_convert("UTC").tz_localize(None).to_numpy(),
+                      columns=columns, freq=freq, season=cfg.season or season_for_freq(freq),
+                      source=source, sha256=sha256 or "")
+
+
+def parse_timestamps(column, source: str, name: str):
+    """Parse a timestamp column to UTC; naive timestamps are taken as UTC."""
+    import pandas as pd
+
+    try:
+        times = pd.to_datetime(column, utc=True, format="mixed")
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise DataError(f"{source}: column {name!r} has unparseable timestamp(s) ({str(exc).splitlines()[0]})") from None
+    if times.isna().any():
+        row = int(np.flatnonzero(times.isna().to_numpy())[0])
+        raise DataError(f"{source}: column {name!r} has an empty timestamp at row {row + 1}")
+    return times
+
+
+def infer_freq(index, source: str, name: str) -> str:
+    """The pandas frequency of ``index``: inferred, else the most common step."""
+    import pandas as pd
+
+    freq = pd.infer_freq(index[: min(len(index), 500)]) if len(index) >= 3 else None
+    if freq:
+        return freq
+    steps = pd.Series(np.diff(index.asi8))
+    step = pd.Timedelta(int(steps.mode().iloc[0]))
+    if step <= pd.Timedelta(0):
+        raise DataError(f"{source}: cannot infer a frequency from column {name!r}")
+    return pd.tseries.frequencies.to_offset(step).freqstr
+
+
+def season_for_freq(freq: str) -> int:
+    """A sensible seasonal period for ``freq``: daily cycle below a day, weekly for days,
+    yearly for weeks, months and quarters."""
+    import pandas as pd
+
+    offset = pd.tseries.frequencies.to_offset(freq)
+    if isinstance(offset, pd.offsets.Tick):  # fixed-length steps: hours, minutes, days
+        step, day = pd.Timedelta(offset), pd.Timedelta(days=1)
+        if step < day and (day % step) == pd.Timedelta(0):
+            return int(day / step)
+        return 7 if step == day else 1
+    name = offset.name.upper()
+    if name == "D":  # a calendar day is not a Tick in pandas 3
+        return 7 if offset.n == 1 else 1
+    if name.startswith("W"):
+        return 52
+    if name.startswith(("M", "BM", "SM")):
+        return 12
+    if name.startswith(("Q", "BQ")):
+        return 4
+    if name.startswith("B"):  # business days
+        return 5
+    return 1
+
+
+def split_by_time(n_rows: int, cfg: PipelineConfig) -> Split:
+    """Time-ordered split; the holdout holds at least ``min_holdout_windows`` full horizons."""
+    holdout = max(int(round(n_rows * cfg.holdout_fraction)), cfg.horizon * cfg.quality.min_holdout_windows)
+    validation = max(int(round(n_rows * cfg.validation_fraction)), cfg.horizon * 2)
+    train_end = n_rows - holdout - validation
+    needed = cfg.lookback + cfg.horizon + cfg.horizon  # at least a couple of training windows
+    if train_end < needed:
+        raise DataError(
+            f"{n_rows} rows are too few for lookback {cfg.lookback} + horizon {cfg.horizon}: "
+            f"need at least {needed + holdout + validation}"
+        )
+    return Split(rows=n_rows, train_end=train_end, validation_end=train_end + validation)
+
+
+def windows(values: np.ndarray, lookback: int, horizon: int, start: int, end: int,
+            stride: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sliding windows whose forecast steps fall in ``[start, end)``.
+
+    Returns ``history [N, lookback, F]``, ``target [N, horizon]`` and the origins
+    (index of each window's first forecast step).
+    """
+    first = max(start, lookback)
+    origins = np.arange(first, end - horizon + 1, stride)
+    if len(origins) == 0:
+        return (np.zeros((0, lookback, values.shape[1]), np.float32), np.zeros((0, horizon), np.float32), origins)
+    view = np.lib.stride_tricks.sliding_window_view(values, lookback, axis=0)  # [rows-lookback+1, F, lookback]
+    history = view[origins - lookback].transpose(0, 2, 1)
+    target_view = np.lib.stride_tricks.sliding_window_view(values[:, 0], horizon)
+    target = target_view[origins]
+    return np.ascontiguousarray(history, np.float32), np.ascontiguousarray(target, np.float32), origins
+
+
+def _fill_short_gaps(table, max_steps: int):
+    if max_steps <= 0:
+        return table
+    return table.interpolate(method="time", limit=max_steps, limit_area="inside")
+
+
+def _iso(value) -> str:
+    import pandas as pd
+
+    return pd.Timestamp(value).isoformat()

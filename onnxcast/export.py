@@ -1,0 +1,143 @@
+"""Export a trained forecaster to ONNX with dynamic ``batch`` and ``time`` axes.
+
+The ONNX contract: one input ``history`` float32 ``[batch, time, n_features]``, one output
+``forecast`` float32 ``[batch, horizon]``, ``metadata_props`` describing the model. The
+dynamo exporter is used with ``torch.export.Dim`` objects (``dynamic_axes`` alone kept the
+batch fixed), and an example batch of 2 so no optimizer can specialise batch to 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from onnxcast.errors import ExportError
+
+log = logging.getLogger(__name__)
+
+INPUT_NAME = "history"
+OUTPUT_NAME = "forecast"
+METADATA_PREFIX = "onnxcast."
+REQUIRED_METADATA = ("model_family", "lookback", "horizon", "freq", "target", "features",
+                     "precision", "trained_until", "dataset_sha256")
+
+
+def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lookback: int,
+                metadata: dict[str, str], opset: int | None = None) -> Path:
+    """Export ``model`` to ``path`` (written atomically), check it, and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    example = torch.zeros(2, lookback, n_features)
+    example[:, :, 0] = torch.linspace(0.0, 1.0, lookback)  # non-constant, like real data
+    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+    tmp = path.with_suffix(".tmp.onnx")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                model, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                dynamic_shapes={"history": {0: batch, 1: time}}, optimize=True, verbose=False,
+            )
+        proto = program.model_proto
+    except Exception as exc:  # torch.export raises many types; report them as one
+        raise ExportError(f"torch.onnx.export failed for {type(model.core).__name__}: {str(exc).splitlines()[0]}") from exc
+    if opset is not None:
+        proto = convert_opset(proto, opset)
+    set_metadata(proto, metadata)
+    proto = check_model(proto, str(path))
+    onnx.save_model(proto, tmp)
+    os.replace(tmp, path)
+    log.info("exported %s (%d bytes, opset %d)", path, path.stat().st_size, opset_of(proto))
+    return path
+
+
+def check_model(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """onnx.checker (full) and strict shape inference; then the I/O contract. Returns the
+    shape-inferred model."""
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ExportError(f"{name}: ONNX check failed: {str(exc).splitlines()[0]}") from exc
+    problems = io_contract_problems(inferred)
+    if problems:
+        raise ExportError(f"{name}: " + "; ".join(problems))
+    return inferred
+
+
+def io_contract_problems(proto: onnx.ModelProto) -> list[str]:
+    """Differences between the model's inputs/outputs and the ONNX contract."""
+    problems = []
+    inputs = [i for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+    if [i.name for i in inputs] != [INPUT_NAME]:
+        problems.append(f"expected one input {INPUT_NAME!r}, found {[i.name for i in inputs]}")
+    if [o.name for o in proto.graph.output] != [OUTPUT_NAME]:
+        problems.append(f"expected one output {OUTPUT_NAME!r}, found {[o.name for o in proto.graph.output]}")
+    for value, rank, dynamic in ((inputs[:1], 3, (0, 1)), (proto.graph.output[:1], 2, (0,))):
+        for v in value:
+            t = v.type.tensor_type
+            if t.elem_type != onnx.TensorProto.FLOAT:
+                problems.append(f"{v.name} is {onnx.TensorProto.DataType.Name(t.elem_type)}, expected FLOAT")
+            dims = t.shape.dim
+            if len(dims) != rank:
+                problems.append(f"{v.name} has rank {len(dims)}, expected {rank}")
+                continue
+            for axis in dynamic:
+                if dims[axis].HasField("dim_value"):
+                    problems.append(f"{v.name} axis {axis} is fixed at {dims[axis].dim_value}, expected dynamic")
+    return problems
+
+
+def signature(proto: onnx.ModelProto) -> dict:
+    """``{"inputs": [{name, dtype, shape}], "outputs": [...]}`` with symbolic dims as names."""
+    def describe(values):
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            shape = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in t.shape.dim]
+            out.append({"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": shape})
+        return out
+
+    init = {t.name for t in proto.graph.initializer}
+    return {"inputs": describe([i for i in proto.graph.input if i.name not in init]),
+            "outputs": describe(proto.graph.output)}
+
+
+def set_metadata(proto: onnx.ModelProto, metadata: dict[str, str]) -> None:
+    missing = [k for k in REQUIRED_METADATA if k not in metadata]
+    if missing:
+        raise ExportError(f"missing ONNX metadata: {missing}")
+    existing = {p.key: p for p in proto.metadata_props}
+    for key, value in metadata.items():
+        full = key if key.startswith(METADATA_PREFIX) else METADATA_PREFIX + key
+        if full in existing:
+            existing[full].value = str(value)
+        else:
+            proto.metadata_props.add(key=full, value=str(value))
+
+
+def read_metadata(proto: onnx.ModelProto) -> dict[str, str]:
+    return {p.key.removeprefix(METADATA_PREFIX): p.value for p in proto.metadata_props
+            if p.key.startswith(METADATA_PREFIX)}
+
+
+def opset_of(proto: onnx.ModelProto) -> int:
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def convert_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """Convert to ``opset`` with onnx's version converter; ExportError if it cannot."""
+    from onnx import version_converter
+
+    if opset_of(proto) == opset:
+        return proto
+    try:
+        return version_converter.convert_version(proto, opset)
+    except Exception as exc:  # the converter raises RuntimeError/ValueError/C++ errors
+        raise ExportError(f"cannot convert from opset {opset_of(proto)} to {opset}: {str(exc).splitlines()[0]}") from exc

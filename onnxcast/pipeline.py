@@ -1,0 +1,267 @@
+"""The forecasting-to-ONNX pipeline as steps over a run directory.
+
+Each step reads what earlier steps wrote under ``cfg.out_dir`` and writes its own files
+atomically, so a step can be retried (Airflow) and run in another process:
+
+    config.json
+    data/series.npz, series.json, dataset.json      prepare_data
+    quality/                                        prepare_data (data-quality report)
+    models/<family>/model.pt, model.json            train_family (or fetch)
+    models/<family>/onnx/fp32.onnx                  export_family
+    models/<family>/onnx/<variant>.onnx             optimize_family
+    models/<family>/validation.json                 validate_family
+    report.json                                     assemble_report (written last)
+
+``run_pipeline`` runs them all for the CLI, in a staging folder that replaces the output
+only when the run succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from onnxcast import __version__
+from onnxcast.config import PipelineConfig
+from onnxcast.errors import GateError
+from onnxcast.report import read_json, select_variants, write_json
+
+log = logging.getLogger(__name__)
+
+REPORT = "report.json"
+
+
+def family_dir(cfg: PipelineConfig, family: str) -> Path:
+    return cfg.run_dir / "models" / family
+
+
+# --- steps -------------------------------------------------------------------------------
+
+def prepare_data(cfg: PipelineConfig) -> dict:
+    """Check the data, save the regular series and the split; return the dataset summary."""
+    from onnxcast.data import split_by_time
+    from onnxcast.quality import check_data
+
+    result = check_data(cfg, cfg.run_dir / "quality")
+    series = result.series
+    split = split_by_time(len(series.values), cfg)
+    series.save(cfg.run_dir / "data")
+    dataset = {
+        "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
+        "start": _iso(series.timestamps[0]), "end": _iso(series.timestamps[-1]),
+        "freq": series.freq, "season": series.season,
+        "target": cfg.target_column, "features": list(cfg.feature_columns),
+    }
+    summary = {"dataset": dataset, "split": split.as_dict(series.timestamps), "quality": result.to_dict()}
+    cfg.save(cfg.run_dir / "config.json")
+    write_json(cfg.run_dir / "data" / "dataset.json", summary)
+    log.info("data: %d rows %s..%s freq=%s season=%d; train %d, validation %d, holdout %d rows",
+             dataset["rows"], dataset["start"], dataset["end"], dataset["freq"], dataset["season"],
+             split.train_end, split.validation_end - split.train_end, split.rows - split.validation_end)
+    return summary
+
+
+def train_family(cfg: PipelineConfig, family: str) -> dict:
+    """Train one model family on the saved series; save its state dict and config."""
+    import torch
+
+    from onnxcast.data import windows
+    from onnxcast.models import ModelSpec, build_model
+    from onnxcast.training import seed_everything, train_model
+
+    series, split = _load_data(cfg)
+    values = series.values
+    train = windows(values, cfg.lookback, cfg.horizon, 0, split.train_end)[:2]
+    validation = windows(values, cfg.lookback, cfg.horizon, split.train_end, split.validation_end)[:2]
+    spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
+                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
+                     n_heads=cfg.n_heads, season=series.season)
+    seed_everything(cfg.seed)
+    train_rows = values[: split.train_end]
+    model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
+    log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
+             family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
+    result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
+                         patience=cfg.patience, batch_size=cfg.batch_size,
+                         learning_rate=cfg.learning_rate, seed=cfg.seed)
+    log.info("trained %s: %d epochs (best %d, %s) in %.1fs", family, result.epochs, result.best_epoch,
+             result.stopped, result.seconds)
+    save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
+    return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
+
+
+def save_model(cfg: PipelineConfig, family: str, model, spec, extra: dict) -> None:
+    """Write ``model.pt`` (state dict, loadable with weights_only=True) and ``model.json``."""
+    import torch
+
+    directory = family_dir(cfg, family)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / ".model.pt.tmp"
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(directory / "model.pt")
+    write_json(directory / "model.json", {"spec": spec.to_dict(), "onnxcast_version": __version__, **extra})
+
+
+def load_model(cfg: PipelineConfig, family: str):
+    """The trained model of ``family`` from the run directory, loaded with weights_only=True."""
+    import torch
+
+    from onnxcast.models import ModelSpec, build_model
+
+    directory = family_dir(cfg, family)
+    spec = ModelSpec(**read_json(directory / "model.json")["spec"])
+    model = build_model(spec)
+    model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
+    return model.eval(), spec
+
+
+def export_family(cfg: PipelineConfig, family: str) -> str:
+    """Export the trained model to ``onnx/fp32.onnx`` with the contract's metadata."""
+    from onnxcast.export import export_onnx
+
+    series, _ = _load_data(cfg)
+    model, spec = load_model(cfg, family)
+    metadata = {
+        "model_family": family, "lookback": spec.lookback, "horizon": spec.horizon,
+        "freq": series.freq, "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
+        "precision": "fp32", "trained_until": _iso(series.timestamps[-1]),
+        "dataset_sha256": series.sha256, "season": series.season, "version": __version__,
+    }
+    path = export_onnx(model, family_dir(cfg, family) / "onnx" / "fp32.onnx", n_features=spec.n_features,
+                       lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
+    return str(path)
+
+
+def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
+    """Build fp32-opt, int8 and fp16 from fp32.onnx."""
+    from onnxcast.optimize import make_variants
+
+    onnx_dir = family_dir(cfg, family) / "onnx"
+    made = make_variants(onnx_dir / "fp32.onnx", onnx_dir, family)
+    write_json(onnx_dir / "variants.json", [{"name": v.name, "path": v.path.name, "note": v.note} for v in made])
+    return [v.name for v in made]
+
+
+def validate_family(cfg: PipelineConfig, family: str) -> dict:
+    """Validate every variant of ``family``; write and return its report entry."""
+    from onnxcast.validate import validate_variants
+
+    series, split = _load_data(cfg)
+    model, spec = load_model(cfg, family)
+    onnx_dir = family_dir(cfg, family) / "onnx"
+    variants = read_json(onnx_dir / "variants.json")
+    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants)
+    entry["training"] = read_json(family_dir(cfg, family) / "model.json")
+    write_json(family_dir(cfg, family) / "validation.json", entry)
+    return entry
+
+
+def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> dict:
+    """Combine the steps' outputs into report.json; GateError if a required gate failed."""
+    from onnxcast.validate import baseline_metrics
+
+    summary = read_json(cfg.run_dir / "data" / "dataset.json")
+    series, split = _load_data(cfg)
+    models = [read_json(family_dir(cfg, f) / "validation.json") for f in (families or cfg.models)]
+    selected, ranking = select_variants(models)
+    failures = [f"{m['family']}: {reason}" for m in models for reason in m["failures"]]
+    report = {
+        "onnxcast_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": cfg.to_dict(),
+        "dataset": summary["dataset"],
+        "split": summary["split"],
+        "quality": summary["quality"],
+        "baselines": {"seasonal_naive": baseline_metrics(cfg, series, split)},
+        "models": models,
+        "selected": selected,
+        "ranking": ranking,
+        "status": "failed" if failures else "passed",
+        "failures": failures,
+    }
+    if failures:
+        write_json(cfg.run_dir / "failed-report.json", report)
+        raise GateError(failures)
+    write_json(cfg.run_dir / REPORT, report)
+    return report
+
+
+# --- the whole run ------------------------------------------------------------------------
+
+def run_pipeline(cfg: PipelineConfig) -> dict:
+    """Run every step for every family; on success the output folder holds the new run.
+
+    The run happens in ``<out>/.staging``. On failure the staging folder is removed and only
+    the data-quality report (and ``failed-report.json`` for a gate failure) is kept, so a
+    failed run never leaves a model or report.json behind.
+    """
+    out = cfg.run_dir
+    staging = out / ".staging"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    work = replace(cfg, out_dir=str(staging))
+    started = time.monotonic()
+    try:
+        _step(1, "check and split data", prepare_data, work)
+        for family in work.models:
+            _step(2, f"train {family}", train_family, work, family)
+            _step(3, f"export {family}", export_family, work, family)
+            _step(4, f"optimize {family}", optimize_family, work, family)
+            _step(5, f"validate {family}", validate_family, work, family)
+        report = _step(6, "report", assemble_report, work)
+    except BaseException:
+        _keep_diagnostics(staging, out)
+        raise
+    _publish(staging, out)
+    log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, out / REPORT)
+    return report
+
+
+def _step(number: int, name: str, function, *args):
+    log.info("[%d/6] %s", number, name)
+    return function(*args)
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Move the staged run into ``out``, report.json last (its presence means complete)."""
+    for name in ("failed-report.json", REPORT):
+        (out / name).unlink(missing_ok=True)
+    for entry in sorted(staging.iterdir()):
+        if entry.name == REPORT:
+            continue
+        target = out / entry.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        entry.replace(target)
+    (staging / REPORT).replace(out / REPORT)
+    staging.rmdir()
+
+
+def _keep_diagnostics(staging: Path, out: Path) -> None:
+    for name in ("quality", "failed-report.json"):
+        source = staging / name
+        if source.exists():
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            source.replace(target)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _load_data(cfg: PipelineConfig):
+    from onnxcast.data import SeriesData, split_by_time
+
+    series = SeriesData.load(cfg.run_dir / "data")
+    return series, split_by_time(len(series.values), cfg)
+
+
+def _iso(value) -> str:
+    return str(np.datetime_as_string(np.datetime64(value, "s"))) + "Z"

@@ -1,0 +1,190 @@
+"""Read a table (CSV or Parquet) from a local path or ``s3://`` URI into a pandas DataFrame.
+
+The file's bytes are read once, hashed (sha256 of the bytes as stored, recorded in the report
+and the ONNX metadata) and parsed from memory, so the hash always describes what was parsed.
+
+What is accepted, decided by content and never by the file name:
+
+- Parquet (``PAR1`` magic at both ends).
+- CSV with a header row and ``,`` as delimiter, in UTF-8 (a BOM is dropped) or UTF-16 with
+  a BOM (Excel's "Unicode text"). Other encodings are refused, naming the first bad byte.
+- Either of them compressed with gzip, bzip2 or xz: decompressed by magic bytes, up to
+  ``MAX_TABLE_BYTES``. ZIP archives (including Excel .xlsx) and zstd are refused.
+- Column names lose surrounding whitespace; duplicate column names are refused.
+
+Everything else (empty, header only, binary, HTML or JSON, another delimiter, ragged rows,
+fields over ``MAX_FIELD_CHARS``, corrupt Parquet) raises DataError with one line naming
+the file. Timestamps and values are checked later, in onnxcast.quality.
+"""
+
+from __future__ import annotations
+
+import bz2
+import codecs
+import csv
+import gzip
+import hashlib
+import io
+import lzma
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from onnxcast.errors import DataError
+
+MAX_TABLE_BYTES = 2 * 1024**3  # after decompression; a bigger series belongs in Parquet on S3
+MAX_FIELD_CHARS = 100_000  # no timestamp or number is this long: the file is not a table
+OTHER_DELIMITERS = (";", "\t", "|")
+
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+_REFUSED = {
+    b"PK\x03\x04": "a ZIP archive (or an Excel .xlsx workbook); export the sheet as CSV",
+    b"(\xb5/\xfd": "zstd-compressed; decompress it or use gzip",
+    b"\x89PNG": "a PNG image",
+    b"%PDF": "a PDF document",
+    b"\xd0\xcf\x11\xe0": "an old Excel/Office file; export the sheet as CSV",
+    b"SQLite format 3": "an SQLite database",
+}
+
+
+@dataclass(frozen=True)
+class RawTable:
+    frame: object  # pandas.DataFrame; typed loosely to keep pandas out of import time
+    source: str
+    sha256: str
+    n_bytes: int
+
+
+def read_table(uri: str) -> RawTable:
+    """Read CSV or Parquet bytes from ``uri`` and parse them; raise DataError naming the file."""
+    data = read_bytes(uri)
+    digest = hashlib.sha256(data).hexdigest()
+    frame = parse_table(data, uri)
+    return RawTable(frame=frame, source=uri, sha256=digest, n_bytes=len(data))
+
+
+def read_bytes(uri: str) -> bytes:
+    if uri.startswith("s3://"):
+        from onnxcast.s3 import get_object_bytes
+
+        return get_object_bytes(uri)
+    path = Path(uri.removeprefix("file://"))
+    if not path.exists():
+        raise DataError(f"{uri}: file not found")
+    if path.is_dir():
+        raise DataError(f"{uri}: is a directory, expected a CSV or Parquet file")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{uri}: cannot read ({exc.strerror or exc})") from None
+
+
+def parse_table(data: bytes, source: str):
+    """Parse CSV or Parquet bytes (maybe compressed) into a DataFrame with string column names."""
+    data = decompress(data, source)
+    if not data.strip():
+        raise DataError(f"{source}: file is empty")
+    if data[:4] == b"PAR1" or data[-4:] == b"PAR1":
+        frame = _parse_parquet(data, source)
+    else:
+        frame = _parse_csv(_decode(data, source), source)
+    frame.columns = [str(c).strip() for c in frame.columns]
+    if frame.empty:
+        raise DataError(f"{source}: no data rows (columns: {list(frame.columns)})")
+    return frame
+
+
+def decompress(data: bytes, source: str) -> bytes:
+    """Undo gzip, bzip2 or xz compression found by magic bytes; refuse other non-table files."""
+    for magic, what in _REFUSED.items():
+        if data.startswith(magic):
+            raise DataError(f"{source}: file is {what}, expected CSV or Parquet")
+    kind = next((name for magic, name in _COMPRESSED.items() if data.startswith(magic)), None)
+    if kind is None:
+        return data
+    opener = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}[kind]
+    try:
+        with opener(io.BytesIO(data)) as stream:
+            out = stream.read(MAX_TABLE_BYTES + 1)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
+        raise DataError(f"{source}: corrupt {kind} data ({_first_line(exc)})") from None
+    if len(out) > MAX_TABLE_BYTES:
+        raise DataError(f"{source}: {kind} data expands to more than {MAX_TABLE_BYTES} bytes")
+    return out
+
+
+def _parse_parquet(data: bytes, source: str):
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(io.BytesIO(data))
+    except Exception as exc:  # pyarrow raises many types; name the file and the cause
+        raise DataError(f"{source}: unreadable Parquet file ({_first_line(exc)})") from None
+
+
+def _decode(data: bytes, source: str) -> str:
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{source}: invalid UTF-16 at byte {exc.start}") from None
+    head = data[:8192]
+    if b"\x00" in head:
+        raise DataError(f"{source}: binary content (NUL bytes), expected CSV or Parquet")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(
+            f"{source}: not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line}); "
+            "save the file as UTF-8"
+        ) from None
+    start = text.lstrip()[:20].lower()
+    if start.startswith(("<!doctype", "<html", "<?xml")):
+        raise DataError(f"{source}: looks like HTML/XML, not CSV")
+    if start.startswith(("{", "[")):
+        raise DataError(f"{source}: looks like JSON, not CSV")
+    return text
+
+
+def _parse_csv(text: str, source: str):
+    import pandas as pd
+
+    header = next(csv.reader(io.StringIO(text)), [])
+    names = [h.strip() for h in header]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise DataError(f"{source}: duplicate column name(s) {duplicated} in the header")
+    if len(names) == 1:
+        guess = max(OTHER_DELIMITERS, key=header[0].count)
+        if header[0].count(guess):
+            raise DataError(
+                f"{source}: found one column {_clip(header[0])!r}; the file seems to use {guess!r} "
+                "as delimiter, expected ','"
+            )
+    try:
+        frame = pd.read_csv(io.StringIO(text), skipinitialspace=True)
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{source}: file is empty") from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise DataError(f"{source}: cannot parse as CSV ({_first_line(exc)})") from None
+    for column in frame.columns:
+        values = frame[column]
+        if values.dtype.kind in "OSUT":
+            lengths = values.astype("string").str.len()
+            if lengths.max(skipna=True) > MAX_FIELD_CHARS:
+                row = int(lengths.fillna(0).to_numpy().argmax())
+                raise DataError(
+                    f"{source}: field of {int(lengths.iloc[row])} characters in column {str(column)!r} "
+                    f"at row {row + 1} (limit {MAX_FIELD_CHARS})"
+                )
+    return frame
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return _clip(text[0], 200) if text else type(exc).__name__
