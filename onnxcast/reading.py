@@ -38,11 +38,11 @@ OTHER_DELIMITERS = (";", "\t", "|")
 
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 _REFUSED = {
-    b"PK\x03\x04": "a ZIP archive (or an Excel .xlsx workbook); export the sheet as CSV",
-    b"(\xb5/\xfd": "zstd-compressed; decompress it or use gzip",
+    b"PK\x03\x04": "a ZIP archive or an Excel .xlsx workbook",
+    b"(\xb5/\xfd": "zstd-compressed (gzip, bzip2 and xz are read)",
     b"\x89PNG": "a PNG image",
     b"%PDF": "a PDF document",
-    b"\xd0\xcf\x11\xe0": "an old Excel/Office file; export the sheet as CSV",
+    b"\xd0\xcf\x11\xe0": "an old Excel/Office document",
     b"SQLite format 3": "an SQLite database",
 }
 
@@ -98,11 +98,11 @@ def decompress(data: bytes, source: str) -> bytes:
     """Undo gzip, bzip2 or xz compression found by magic bytes; refuse other non-table files."""
     for magic, what in _REFUSED.items():
         if data.startswith(magic):
-            raise DataError(f"{source}: file is {what}, expected CSV or Parquet")
+            raise DataError(f"{source}: file is {what}; expected CSV or Parquet")
     kind = next((name for magic, name in _COMPRESSED.items() if data.startswith(magic)), None)
     if kind is None:
         return data
-    opener = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}[kind]
+    opener = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}[kind]
     try:
         with opener(io.BytesIO(data)) as stream:
             out = stream.read(MAX_TABLE_BYTES + 1)
@@ -150,7 +150,10 @@ def _decode(data: bytes, source: str) -> str:
 def _parse_csv(text: str, source: str):
     import pandas as pd
 
-    header = next(csv.reader(io.StringIO(text)), [])
+    try:
+        header = next(csv.reader(io.StringIO(text)), [])
+    except csv.Error as exc:
+        raise DataError(f"{source}: cannot parse the CSV header ({_first_line(exc)})") from None
     names = [h.strip() for h in header]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
@@ -171,11 +174,11 @@ def _parse_csv(text: str, source: str):
     for column in frame.columns:
         values = frame[column]
         if values.dtype.kind in "OSUT":
-            lengths = values.astype("string").str.len()
-            if lengths.max(skipna=True) > MAX_FIELD_CHARS:
-                row = int(lengths.fillna(0).to_numpy().argmax())
+            lengths = values.astype("string").str.len().fillna(0).to_numpy()
+            if len(lengths) and lengths.max() > MAX_FIELD_CHARS:
+                row = int(lengths.argmax())
                 raise DataError(
-                    f"{source}: field of {int(lengths.iloc[row])} characters in column {str(column)!r} "
+                    f"{source}: field of {int(lengths[row])} characters in column {str(column)!r} "
                     f"at row {row + 1} (limit {MAX_FIELD_CHARS})"
                 )
     return frame
