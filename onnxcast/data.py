@@ -181,7 +181,7 @@ def infer_freq(index, source: str, name: str) -> str:
     freq = pd.infer_freq(index[: min(len(index), 500)]) if len(index) >= 3 else None
     if freq:
         return freq
-    steps = pd.Series(np.diff(index.asi8))
+    steps = pd.Series(np.diff(index.as_unit("ns").asi8))  # asi8 is in the index unit (us in pandas 3)
     step = pd.Timedelta(int(steps.mode().iloc[0]))
     if step <= pd.Timedelta(0):
         raise DataError(f"{source}: cannot infer a frequency from column {name!r}")
