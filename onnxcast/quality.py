@@ -20,7 +20,7 @@ import contextlib
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,8 @@ def check_data(cfg: PipelineConfig, out_dir: str | Path) -> QualityResult:
     failures = [c["message"] for c in checks if not c["passed"] and c["severity"] == "critical"]
     if failures:
         raise DataQualityError(raw.source, failures, str(html_path))
-    series = load_series(cfg, frame=raw.frame, source=raw.source, sha256=raw.sha256)
+    checked = replace(cfg, freq=prepared.freq or cfg.freq)  # the grid the checks used
+    series = load_series(checked, frame=raw.frame, source=raw.source, sha256=raw.sha256)
     warnings = [c["message"] for c in checks if not c["passed"]]
     return QualityResult(series=series, warnings=warnings, checks=checks,
                          repairs=_repairs(cfg, prepared), json_path=str(json_path),
@@ -129,7 +130,7 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
               "required_columns", f"required columns {required} present"),
         _meta(E.ExpectTableRowCountToBeBetween(min_value=need),
               "enough_rows", f"at least {need} rows for lookback {cfg.lookback}, horizon {cfg.horizon}, "
-              "validation and holdout"),
+              "validation and holdout", observed="{} rows"),
     ]
     if prepared.time_ok:
         hint = "; numbers are not read as timestamps, write ISO 8601" if prepared.time_is_numeric else ""
@@ -154,17 +155,17 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
         expectations += [
             _meta(E.ExpectColumnValuesToBeNull(column=f"{h}off_grid"),
                   "timestamps_on_grid", f"{time!r} timestamps on the regular {prepared.freq!r} grid"),
-            _meta(E.ExpectColumnSumToBeBetween(column=f"{h}missing_before", min_value=0, max_value=allowed),
+            _meta(E.ExpectColumnSumToBeBetween(column=f"{h}missing_before", max_value=allowed),
                   "gap_share", f"missing timestamps at most {q.max_gap_fraction:.2%} of the "
-                  f"{prepared.grid_steps} on the grid (max_gap_fraction)"),
-            _meta(E.ExpectColumnMaxToBeBetween(column=f"{h}missing_run", min_value=0, max_value=fill),
-                  "gaps_repairable", f"runs of missing timestamps or empty values at most {fill} steps "
-                  "(fill_gaps_max_steps)", fill_hint),
+                  f"{prepared.grid_steps} on the grid (max_gap_fraction)", observed="{} missing"),
+            _meta(E.ExpectColumnMaxToBeBetween(column=f"{h}missing_run", max_value=fill),
+                  "gaps_repairable", f"gaps (missing timestamps or empty values) at most {fill} steps long "
+                  "(fill_gaps_max_steps)", fill_hint, observed="longest {} steps"),
             _meta(E.ExpectColumnValuesToBeNull(column=f"{h}edge_missing"),
                   "edges_present", "values present at the first and last timestamp (ends cannot be interpolated)"),
-            _meta(E.ExpectColumnMaxToBeBetween(column=f"{h}missing_before", min_value=0, max_value=0,
-                                               severity="warning"),
-                  "no_gaps", "no missing timestamps", f"; interpolated (fill_gaps_max_steps={fill})"),
+            _meta(E.ExpectColumnSumToBeBetween(column=f"{h}missing_before", max_value=0, severity="warning"),
+                  "no_gaps", "no missing timestamps", f"; interpolated (fill_gaps_max_steps={fill})",
+                  observed="{} missing"),
         ]
     for column in prepared.value_columns:
         expectations += _value_expectations(E, cfg, prepared, column)
@@ -349,7 +350,7 @@ def _value_expectations(E, cfg: PipelineConfig, prepared: PreparedFrame, column:
               "values_finite", f"{column!r} values finite and within float32 range", column=column),
         _meta(E.ExpectColumnUniqueValueCountToBeBetween(column=value, min_value=2,
                                                         severity="critical" if is_target else "warning"),
-              "not_constant", f"{column!r} not constant", column=column),
+              "not_constant", f"{column!r} not constant", column=column, observed="{} distinct value(s)"),
     ]
     if math.isfinite(low):
         where = f"robust z > {q.outlier_mad_threshold:g}: outside [{low:.6g}, {high:.6g}]"
@@ -365,9 +366,11 @@ def _value_expectations(E, cfg: PipelineConfig, prepared: PreparedFrame, column:
     return expectations
 
 
-def _meta(expectation, check: str, description: str, hint: str = "", column: str | None = None):
+def _meta(expectation, check: str, description: str, hint: str = "", column: str | None = None,
+          observed: str | None = None):
+    """Name a check. ``observed`` words an aggregate's observed value, e.g. "longest {} steps"."""
     expectation.description = description
-    expectation.meta = {"check": check, "column": column, "hint": hint}
+    expectation.meta = {"check": check, "column": column, "hint": hint, "observed": observed}
     return expectation
 
 
@@ -383,7 +386,7 @@ def _summarize(result) -> dict:
         if result.exception_info and result.exception_info.get("raised_exception"):
             detail = "could not be evaluated: " + str(result.exception_info.get("exception_message"))[:200]
         else:
-            detail = _describe(result.result, kwargs, config.type)
+            detail = _describe(result.result, kwargs, config.type, meta.get("observed"))
         message = f"{config.description}: {detail}{meta.get('hint', '')}"
     threshold = {k: _plain(kwargs[k]) for k in ("min_value", "max_value", "mostly") if kwargs.get(k) is not None}
     return {"check": meta.get("check", config.type), "column": meta.get("column"),
@@ -406,7 +409,7 @@ def _observed(result: dict, kwargs: dict) -> Any:
     return None
 
 
-def _describe(result: dict, kwargs: dict, kind: str) -> str:
+def _describe(result: dict, kwargs: dict, kind: str, observed: str | None = None) -> str:
     """The observation behind a failure, in words."""
     if kind == "expect_table_columns_to_match_set":
         found = [c for c in result.get("observed_value", []) if not str(c).startswith(HELPER)]
@@ -414,22 +417,21 @@ def _describe(result: dict, kwargs: dict, kind: str) -> str:
         return f"missing {missing}; found {found}"
     if "unexpected_count" in result:
         count, total = int(result["unexpected_count"]), int(result.get("element_count", 0))
-        share = f" ({result.get('unexpected_percent') or 0:.2f}% of non-empty)" if kwargs.get("mostly") else ""
-        text = f"{count} of {total} rows{share}"
-        examples = [_show(v) for v in result.get("partial_unexpected_list", [])[:3] if not _is_nan(v)]
-        rows = [int(i) + 1 for i in result.get("partial_unexpected_index_list", [])[:3]]
+        text = f"{count} of {total} rows"
+        if kwargs.get("mostly") is not None:
+            text += f" ({result.get('unexpected_percent') or 0:.2f}%)"
+        examples = list(dict.fromkeys(_show(v) for v in result.get("partial_unexpected_list", []) if not _is_nan(v)))
         if examples:
-            text += ", e.g. " + ", ".join(examples)
+            text += ", e.g. " + ", ".join(map(str, examples[:3]))
+        rows = [int(i) + 1 for i in result.get("partial_unexpected_index_list", [])[:3]]
         if rows:
             text += f" (row {', '.join(map(str, rows))}{', ...' if count > len(rows) else ''})"
         return text
-    value = _plain(result.get("observed_value"))
-    bounds = []
-    if kwargs.get("min_value") is not None:
-        bounds.append(f">= {_plain(kwargs['min_value'])}")
-    if kwargs.get("max_value") is not None:
-        bounds.append(f"<= {_plain(kwargs['max_value'])}")
-    return f"observed {value}, expected {' and '.join(bounds)}"
+    if observed:
+        return observed.format(_plain(result.get("observed_value")))
+    bounds = [f"{word} {_plain(kwargs[key])}" for key, word in (("min_value", ">="), ("max_value", "<="))
+              if kwargs.get(key) is not None]
+    return f"observed {_plain(result.get('observed_value'))}, expected {' and '.join(bounds)}"
 
 
 def _repairs(cfg: PipelineConfig, prepared: PreparedFrame) -> dict:
@@ -503,7 +505,10 @@ def _clip(value: Any, limit: int = 60) -> Any:
 
 
 def _show(value: Any) -> str:
-    return repr(_clip(value)) if isinstance(value, str) else _clip(_plain(value))
+    if isinstance(value, str):
+        return repr(_clip(value))
+    value = _plain(value)
+    return format(value, ".6g") if isinstance(value, float) else _clip(value)
 
 
 def _plain(value: Any) -> Any:
@@ -513,7 +518,9 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+        if not math.isfinite(value):
+            return str(value)
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
     return value
 
 
