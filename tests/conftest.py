@@ -66,3 +66,102 @@ def example_csv() -> str:
 def _quiet_threads(monkeypatch):
     # Tests run models with one thread: predictable on 2-core CI and no oversubscription.
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+# --- rollout (store, promote, edge) --------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tiny_onnx(tmp_path_factory) -> Path:
+    """An untrained LSTM forecaster (target y + feature x1, lookback 16, horizon 4), exported
+    to ONNX once per session: real I/O contract and metadata, a few seconds to make."""
+    import numpy as np
+
+    from onnxcast.export import export_onnx
+    from onnxcast.models import ModelSpec, build_model
+
+    spec = ModelSpec(family="lstm", n_features=2, horizon=4, lookback=16, hidden_size=8, num_layers=1, season=4)
+    model = build_model(spec, np.array([100.0, 5.0]), np.array([10.0, 2.0]))
+    metadata = {"model_family": "lstm", "lookback": 16, "horizon": 4, "freq": "h", "target": "y",
+                "features": "x1", "precision": "fp32", "trained_until": "2026-01-01T00:00:00Z",
+                "dataset_sha256": "ab" * 32}
+    path = tmp_path_factory.mktemp("onnx") / "lstm-fp32.onnx"
+    return export_onnx(model, path, n_features=2, lookback=16, metadata=metadata)
+
+
+@pytest.fixture
+def make_run(tmp_path, tiny_onnx):
+    """Factory: a pipeline run folder (report.json + ONNX variants) whose models differ by
+    ``tag``, for promotion tests. Returns the report path."""
+    import hashlib
+    import json
+
+    import onnx
+
+    def make(tag: str = "a", mlflow_version: str | None = None) -> Path:
+        out = tmp_path / f"run-{tag}"
+        variants = []
+        for name in ("fp32", "fp32-opt"):
+            proto = onnx.load(tiny_onnx)
+            for prop in proto.metadata_props:
+                if prop.key == "onnxcast.trained_until":
+                    prop.value = f"2026-01-01T00:00:00Z/{tag}"  # a different model per tag
+                if prop.key == "onnxcast.precision":
+                    prop.value = name
+            path = out / "models" / "lstm" / "onnx" / f"{name}.onnx"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            onnx.save(proto, path)
+            data = path.read_bytes()
+            variants.append({
+                "name": name, "onnx_path": str(path.relative_to(out)), "sha256": hashlib.sha256(data).hexdigest(),
+                "size_bytes": len(data), "opset": 18, "parity_max_abs_diff": 1e-6,
+                "holdout": {"mae": 1.0, "rmse": 1.5, "smape": 2.0, "mase": 0.9},
+                "latency_ms": {"batch1_p50": 0.1, "batch1_p95": 0.2, "batch64_p50": 1.0},
+                "gates": {"parity": {"passed": True, "value": 1e-6, "threshold": 1e-4}},
+                "eligible": True, "reasons": [],
+            })
+        report = {
+            "onnxcast_version": "0.1.0", "created": "2026-11-29T00:00:00Z", "status": "passed",
+            "dataset": {"uri": "example.csv", "sha256": "cd" * 32, "rows": 100, "start": "2026-01-01T00:00:00Z",
+                        "end": "2026-01-05T03:00:00Z", "freq": "h", "target": "y", "features": ["x1"]},
+            "split": {"train_end": "2026-01-03T00:00:00Z", "validation_end": "2026-01-04T00:00:00Z",
+                      "holdout_start": "2026-01-04T01:00:00Z", "holdout_end": "2026-01-05T03:00:00Z"},
+            "baselines": {"seasonal_naive": {"season": 4, "mae": 2.0, "rmse": 2.5, "smape": 3.0, "mase": 1.0}},
+            "models": [{"family": "lstm", "gates_passed": True, "variants": variants}],
+            "selected": {"edge": {"family": "lstm", "variant": "fp32-opt"}, "cloud": {"family": "lstm", "variant": "fp32"}},
+        }
+        if mlflow_version is not None:
+            report["mlflow"] = {"run_id": f"run{tag}", "model_name": "m", "version": mlflow_version}
+        (out / "report.json").write_text(json.dumps(report, indent=2))
+        return out / "report.json"
+
+    return make
+
+
+@pytest.fixture
+def atomic_s3_puts(monkeypatch):
+    """Make moto's conditional PutObject atomic, as S3's is. moto 5.2 checks If-Match /
+    If-None-Match and then writes without a lock (moto/s3/responses.py put_object), so two
+    racing conditional writes can both succeed there; real S3 lets only one win."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    lock = threading.Lock()
+    original = S3Response.put_object
+
+    def put_object(self, *args, **kwargs):
+        with lock:
+            return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(S3Response, "put_object", put_object)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_uri(request, tmp_path):
+    """A rollout store URI on each backend: a local folder, and a prefix in a fresh bucket
+    on the moto server over HTTP (conditional writes made atomic)."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    bucket = request.getfixturevalue("s3_bucket")
+    request.getfixturevalue("atomic_s3_puts")
+    return f"s3://{bucket}/rollout"

@@ -1,0 +1,252 @@
+"""The edge client: pull verifies and swaps atomically, refuses what does not verify while
+the old model keeps serving, predict matches onnxruntime, watch polls."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from onnxcast.edge import inspect_model, predict, pull, watch
+from onnxcast.errors import ConfigError, DataError, StoreError, VerificationError
+from onnxcast.promote import promote
+from onnxcast.rollout_cli import add_rollout_commands
+from onnxcast.store import dump_json, open_store, sha256_hex
+
+
+@pytest.fixture
+def history_csv(tmp_path):
+    """40 rows of ds, y, x1 (the model reads the last 16 of y and x1)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "history.csv"
+    lines = ["ds,y,x1"] + [f"2026-01-01T{i % 24:02d}:00:00Z,{100 + 10 * np.sin(i / 3) + rng.normal():.4f},{5 + rng.normal():.4f}"
+                           for i in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class TestPull:
+    def test_install_swap_and_keep_previous(self, store_uri, make_run, tmp_path):
+        dest = tmp_path / "device"
+        promote(make_run("a"), store_uri, "m", "edge", version="1")
+        first = pull(store_uri, "m", "edge", dest)
+        assert first.changed and first.version == "1"
+        assert (dest / "current").is_symlink() and (dest / "current").readlink().as_posix() == "versions/1"
+        pulled = json.loads((dest / "current" / "pulled.json").read_text())
+        assert pulled["artifact"] == "lstm-fp32-opt.onnx" and pulled["version"] == "1"
+        assert not pull(store_uri, "m", "edge", dest).changed  # nothing new
+
+        promote(make_run("b"), store_uri, "m", "edge", version="2")
+        second = pull(store_uri, "m", "edge", dest)
+        assert (second.version, second.previous) == ("2", "1")
+        assert (dest / "current").readlink().as_posix() == "versions/2"
+        assert (dest / "previous").readlink().as_posix() == "versions/1"
+        promote(make_run("c"), store_uri, "m", "edge", version="3")
+        pull(store_uri, "m", "edge", dest)
+        assert sorted(p.name for p in (dest / "versions").iterdir()) == ["2", "3"]  # current + previous
+
+    def test_tampered_artifact_is_refused_and_old_model_keeps_serving(self, store_uri, make_run, tmp_path, history_csv):
+        dest = tmp_path / "device"
+        promote(make_run("a"), store_uri, "m", "edge", version="1")
+        pull(store_uri, "m", "edge", dest)
+        before = predict(dest, history_csv, out=io.StringIO())
+        promote(make_run("b"), store_uri, "m", "edge", version="2")
+        _overwrite(store_uri, "m/versions/2/lstm-fp32-opt.onnx", lambda data: data[:-4] + b"evil")
+        with pytest.raises(VerificationError, match=r"versions/2/lstm-fp32-opt.onnx: sha256 \w+ \(\d+ bytes\) does not "
+                                                     r"match the manifest's .*; refusing version 2"):
+            pull(store_uri, "m", "edge", dest)
+        assert (dest / "current").readlink().as_posix() == "versions/1"
+        assert np.array_equal(predict(dest, history_csv, out=io.StringIO()), before)
+        assert [p.name for p in dest.iterdir() if p.name.startswith(".staging")] == []
+
+    def test_tampered_manifest_is_refused(self, store_uri, make_run, tmp_path):
+        promote(make_run("a"), store_uri, "m", "edge", version="1")
+        _overwrite(store_uri, "m/versions/1/manifest.json", lambda data: data.replace(b'"reason": ""', b'"reason": "x"'))
+        with pytest.raises(VerificationError, match="manifest.json: sha256 .* does not match the channel pointer's"):
+            pull(store_uri, "m", "edge", tmp_path / "device")
+        assert not (tmp_path / "device" / "current").exists()
+
+    def test_model_with_external_data_outside_the_folder_is_refused(self, tmp_path, make_run, tiny_onnx):
+        """A pointer, manifest and sha that all agree, for a model reaching outside its folder
+        (as a compromised writer could publish): refused before ONNX Runtime opens it."""
+        import onnx
+
+        proto = onnx.load(tiny_onnx)
+        tensor = proto.graph.initializer[0]
+        tensor.ClearField("raw_data")
+        del tensor.float_data[:]
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value="../../../etc/passwd")
+        data = proto.SerializeToString()
+        store = open_store(str(tmp_path / "store"))
+        version = promote(make_run("a"), store, "m", "edge", version="1").version
+        manifest = store.read_manifest("m", version)
+        manifest["artifacts"]["evil.onnx"] = {**manifest["artifacts"]["lstm-fp32-opt.onnx"],
+                                              "sha256": sha256_hex(data), "size_bytes": len(data)}
+        manifest["channels"]["edge"]["artifact"] = "evil.onnx"
+        store.create(store.version_key("m", "2", "evil.onnx"), data)
+        store.create(store.version_key("m", "2"), dump_json(manifest))
+        pointer = store.read_channel("m", "edge")
+        store.replace_pointer(store.channel_key("m", "edge"), {
+            **pointer.value, "version": "2", "artifact": "evil.onnx", "sha256": sha256_hex(data),
+            "manifest_sha256": sha256_hex(dump_json(manifest))}, pointer.token)
+        with pytest.raises(VerificationError, match=r"references external data '../../../etc/passwd' \(outside the model folder\)"):
+            pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")
+        assert not (tmp_path / "device" / "current").exists()
+
+    def test_unknown_channel_and_missing_store(self, tmp_path, make_run):
+        store = str(tmp_path / "store")
+        promote(make_run("a"), store, "m", "edge")
+        with pytest.raises(StoreError, match="channels/cloud.json: no such channel for model 'm'"):
+            pull(store, "m", "cloud", tmp_path / "device")
+        with pytest.raises(StoreError, match="no such channel"):
+            pull(str(tmp_path / "elsewhere"), "m", "edge", tmp_path / "device")
+
+
+class TestInspect:
+    def test_contract_violations_are_listed(self, tmp_path, tiny_onnx):
+        import onnx
+
+        proto = onnx.load(tiny_onnx)
+        proto.graph.input[0].name = "x"
+        proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+        path = tmp_path / "bad.onnx"
+        onnx.save(proto, path)
+        with pytest.raises(VerificationError, match=r"bad.onnx: expected one input 'history', found \['x'\]"):
+            inspect_model(path)
+
+    def test_signature_must_match_the_manifest(self, tiny_onnx):
+        expected = inspect_model(tiny_onnx).signature
+        changed = json.loads(json.dumps(expected))
+        changed["outputs"][0]["shape"] = ["batch", 8]
+        with pytest.raises(VerificationError, match="differs from the manifest's"):
+            inspect_model(tiny_onnx, expected_signature=changed)
+
+    def test_same_signature_as_export(self, tiny_onnx):
+        import onnx
+
+        from onnxcast.export import signature
+
+        assert inspect_model(tiny_onnx).signature == signature(onnx.load(tiny_onnx))
+
+    def test_not_onnx(self, tmp_path):
+        (tmp_path / "x.onnx").write_bytes(b"\x00garbage")
+        with pytest.raises(VerificationError, match="x.onnx: not a readable ONNX model"):
+            inspect_model(tmp_path / "x.onnx")
+
+
+class TestPredict:
+    def test_equals_onnxruntime_on_the_same_window(self, store_uri, make_run, tmp_path, history_csv):
+        import onnxruntime as ort
+
+        report = make_run("a")
+        promote(report, store_uri, "m", "edge")
+        pull(store_uri, "m", "edge", tmp_path / "device")
+        out = io.StringIO()
+        predict(tmp_path / "device", history_csv, out=out)
+        lines = out.getvalue().splitlines()
+        assert lines[0] == "step,forecast" and len(lines) == 5
+        printed = np.array([np.float32(line.split(",")[1]) for line in lines[1:]])
+        rows = np.genfromtxt(history_csv, delimiter=",", names=True, dtype=None, encoding=None)
+        window = np.stack([rows["y"], rows["x1"]], axis=1)[-16:].astype(np.float32)
+        session = ort.InferenceSession(str(report.parent / "models/lstm/onnx/fp32-opt.onnx"),
+                                       providers=["CPUExecutionProvider"])
+        expected = session.run(None, {"history": window[None]})[0][0]
+        assert np.array_equal(printed, expected)
+
+    @pytest.mark.parametrize("content, message", [
+        ("ds,y\n1,2\n", r"missing column\(s\) \['x1'\]"),
+        ("y,x1\n" + "1,2\n" * 5, r"5 row\(s\), the model needs the last 16"),
+        ("y,x1\n" + "1,2\n" * 15 + "1,abc\n", r"column 'x1' has non-numeric value 'abc' at data row 16"),
+        ("y,x1\n" + "1,2\n" * 15 + "nan,1\n", r"column 'y' is not finite at data row 16"),
+    ])
+    def test_bad_csv(self, tmp_path, make_run, content, message):
+        promote(make_run("a"), str(tmp_path / "store"), "m", "edge")
+        pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")
+        (tmp_path / "in.csv").write_text(content)
+        with pytest.raises(DataError, match=message):
+            predict(tmp_path / "device", tmp_path / "in.csv", out=io.StringIO())
+
+    def test_nothing_installed(self, tmp_path, history_csv):
+        with pytest.raises(ConfigError, match="no model installed; run 'onnxcast edge pull' first"):
+            predict(tmp_path / "device", history_csv)
+
+    def test_locally_corrupted_model_is_not_run(self, tmp_path, make_run, history_csv):
+        promote(make_run("a"), str(tmp_path / "store"), "m", "edge")
+        pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")
+        model = tmp_path / "device/current/lstm-fp32-opt.onnx"
+        model.write_bytes(model.read_bytes() + b"\0")
+        with pytest.raises(VerificationError, match="sha256 does not match the pulled manifest"):
+            predict(tmp_path / "device", history_csv)
+        pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")  # a pull repairs it
+        predict(tmp_path / "device", history_csv, out=io.StringIO())
+
+    @pytest.mark.slow
+    def test_edge_needs_neither_torch_nor_pandas(self, tmp_path, make_run, history_csv):
+        store = str(tmp_path / "store")
+        promote(make_run("a"), store, "m", "edge")
+        code = ("import sys, io\nfrom onnxcast.edge import pull, predict\n"
+                f"pull({store!r}, 'm', 'edge', {str(tmp_path / 'device')!r})\n"
+                f"predict({str(tmp_path / 'device')!r}, {str(history_csv)!r}, out=io.StringIO())\n"
+                "print(sorted(m for m in ('torch', 'pandas', 'mlflow') if m in sys.modules))\n")
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert result.stdout.strip() == "[]"
+
+
+class TestWatchAndCli:
+    def test_watch_follows_the_channel_and_survives_a_bad_version(self, store_uri, make_run, tmp_path):
+        dest, lines = tmp_path / "device", []
+        promote(make_run("a"), store_uri, "m", "edge", version="1")
+        steps = iter([
+            lambda: promote(make_run("b"), store_uri, "m", "edge", version="2"),
+            lambda: (promote(make_run("c"), store_uri, "m", "edge", version="3"),
+                     _overwrite(store_uri, "m/versions/3/lstm-fp32-opt.onnx", lambda d: d + b"x")),
+        ])
+        failures = watch(store_uri, "m", "edge", dest, interval=0, max_polls=3, on_poll=lines.append,
+                         sleep=lambda seconds: next(steps)())
+        assert failures == 1
+        assert lines[0] == "poll 1: installed version 1" and lines[1] == "poll 2: installed version 2"
+        assert lines[2].startswith("poll 3: refused or failed, keeping the current model: ")
+        assert (dest / "current").readlink().as_posix() == "versions/2"
+
+    def test_cli_pull_watch_and_predict(self, tmp_path, make_run, history_csv, capsys):
+        store, dest = str(tmp_path / "store"), str(tmp_path / "device")
+        promote(make_run("a"), store, "m", "edge", version="1")
+        assert _cli("edge", "pull", "--store", store, "--model", "m", "--channel", "edge", "--dest", dest) == 0
+        assert "m channel edge: installed version 1" in capsys.readouterr().out
+        assert _cli("edge", "pull", "--store", store, "--model", "m", "--channel", "edge", "--dest", dest,
+                    "--watch", "--interval", "0", "--max-polls", "2") == 0
+        assert capsys.readouterr().out.splitlines() == ["poll 1: unchanged at version 1", "poll 2: unchanged at version 1"]
+        assert _cli("edge", "predict", "--dir", dest, "--input", str(history_csv)) == 0
+        assert capsys.readouterr().out.startswith("step,forecast\n1,")
+        _overwrite(store, "m/versions/1/lstm-fp32-opt.onnx", lambda d: d + b"x")
+        promote(make_run("b"), store, "m", "edge", version="2")
+        _overwrite(store, "m/versions/2/lstm-fp32-opt.onnx", lambda d: d + b"x")
+        assert _cli("edge", "pull", "--store", store, "--model", "m", "--channel", "edge", "--dest", dest,
+                    "--watch", "--interval", "0", "--max-polls", "1") == 1
+        with pytest.raises(VerificationError):
+            _cli("edge", "pull", "--store", store, "--model", "m", "--channel", "edge", "--dest", dest)
+
+
+def _cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="onnxcast")
+    add_rollout_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def _overwrite(store_uri: str, key: str, change) -> None:
+    """Change an object behind the store's back (an attacker or a broken copy)."""
+    store = open_store(store_uri)
+    if store_uri.startswith("s3://"):
+        full = f"{store.prefix}/{key}"
+        data = store.client.get_object(Bucket=store.bucket, Key=full)["Body"].read()
+        store.client.put_object(Bucket=store.bucket, Key=full, Body=change(data))
+    else:
+        path = store.root / key
+        path.write_bytes(change(path.read_bytes()))
