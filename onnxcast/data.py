@@ -39,7 +39,8 @@ class SeriesData:
         """Write the series for later pipeline steps (``series.npz`` + ``series.json``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / "series.npz", values=self.values, timestamps=self.timestamps.astype("int64"))
+        np.savez(directory / "series.npz", values=self.values,
+                 timestamps=self.timestamps.astype("datetime64[ns]").astype("int64"))
         meta = {"columns": list(self.columns), "freq": self.freq, "season": self.season,
                 "source": self.source, "sha256": self.sha256}
         (directory / "series.json").write_text(json.dumps(meta, indent=2))
@@ -155,7 +156,8 @@ def load_series(cfg: PipelineConfig, frame=None, source: str | None = None, sha2
     if not np.isfinite(values).all():
         column = table.columns[~np.isfinite(values).all(axis=0)][0]
         raise DataError(f"{source}: column {column!r} has non-finite values (inf)")
-    return SeriesData(values=values, timestamps=table.index.tz_convert("UTC").tz_localize(None).to_numpy(),
+    timestamps = table.index.tz_convert("UTC").tz_localize(None).to_numpy().astype("datetime64[ns]")
+    return SeriesData(values=values, timestamps=timestamps,
                       columns=columns, freq=freq, season=cfg.season or season_for_freq(freq),
                       source=source, sha256=sha256 or "")
 

@@ -217,7 +217,7 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
         status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
         mae = entry["holdout"]["mae"] if entry.get("holdout") else float("nan")
         log.info("%s %-8s MAE %.4g  parity %.3g  b1 %.3f ms  b64 %.3f ms  %d bytes  %s", family, entry["name"],
-                 mae, entry["parity_max_abs_diff"], entry["latency_ms"].get("batch1_p50", float("nan")),
+                 mae, entry["parity_max_abs_diff"] if entry["parity_max_abs_diff"] is not None else float("nan"), entry["latency_ms"].get("batch1_p50", float("nan")),
                  entry["latency_ms"].get("batch64_p50", float("nan")), entry["size_bytes"], status)
 
     return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
@@ -233,7 +233,7 @@ def _validate_one(cfg, spec: dict, path: Path, reference, series, holdout: Holdo
     name = spec["name"]
     entry = {"name": name, "onnx_path": str(path.relative_to(run_root)), "sha256": file_sha256(path),
              "size_bytes": path.stat().st_size, "opset": opset_of(onnx.load(path, load_external_data=False)),
-             "note": spec.get("note", ""), "parity_max_abs_diff": float("nan"), "parity_shapes": [],
+             "note": spec.get("note", ""), "parity_max_abs_diff": None, "parity_shapes": [],
              "holdout": None, "latency_ms": {}, "gates": {}}
     try:
         session = onnx_session(path, cfg.threads)

@@ -1,0 +1,136 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from onnxcast.config import PipelineConfig, QualitySettings
+from onnxcast.data import SeriesData, load_series, season_for_freq, split_by_time, windows
+from onnxcast.errors import DataError
+
+
+def cfg_for(path, **overrides) -> PipelineConfig:
+    return PipelineConfig(data_uri=str(path), out_dir="unused", **overrides)
+
+
+def write_csv(tmp_path, frame: pd.DataFrame, name="data.csv"):
+    path = tmp_path / name
+    frame.to_csv(path, index=False)
+    return path
+
+
+def hourly(n=400, start="2024-01-01"):
+    ts = pd.date_range(start, periods=n, freq="h")
+    y = 100 + 10 * np.sin(np.arange(n) * 2 * np.pi / 24)
+    return pd.DataFrame({"ds": ts.strftime("%Y-%m-%d %H:%M:%S"), "y": y})
+
+
+def test_example_data_loads_as_a_regular_hourly_series(example_csv):
+    series = load_series(cfg_for(example_csv))
+    assert series.values.shape == (3600, 1)
+    assert series.values.dtype == np.float32
+    assert series.freq == "h" and series.season == 24
+    assert len(series.sha256) == 64
+    assert np.all(np.diff(series.timestamps).astype("timedelta64[h]").astype(int) == 1)
+
+
+def test_other_column_names_features_and_parquet(tmp_path):
+    frame = hourly().rename(columns={"ds": "when", "y": "load"})
+    frame["temp"] = np.linspace(0, 1, len(frame))
+    path = tmp_path / "d.parquet"
+    frame.to_parquet(path)
+    series = load_series(cfg_for(path, time_column="when", target_column="load", feature_columns=("temp",)))
+    assert series.columns == ("load", "temp")
+    assert series.values.shape == (400, 2)
+    assert series.values[-1, 1] == pytest.approx(1.0)
+
+
+def test_timezones_are_normalised_to_utc(tmp_path):
+    frame = hourly(50)
+    frame["ds"] = pd.date_range("2024-01-01", periods=50, freq="h", tz="Europe/Berlin").astype(str)
+    series = load_series(cfg_for(write_csv(tmp_path, frame)))
+    assert str(series.timestamps[0]) == "2023-12-31T23:00:00.000000000"
+
+
+def test_trained_until_drops_later_rows(tmp_path):
+    series = load_series(cfg_for(write_csv(tmp_path, hourly(100)), trained_until="2024-01-02T00:00:00"))
+    assert len(series.values) == 25
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda f: f.drop(columns=["y"]), "missing column(s) ['y']"),
+        (lambda f: f.assign(y=f.y.astype(object).where(f.index != 5, "twelve")), "non-numeric value 'twelve' at row 6"),
+        (lambda f: pd.concat([f.iloc[:10], f.iloc[9:10], f.iloc[10:]]), "duplicate timestamp 2024-01-01T09:00:00"),
+        (lambda f: f.iloc[::-1], "is not increasing at row 2"),
+        (lambda f: f.drop(index=[20, 21]), "2 missing value(s) on the 'h' grid"),
+        (lambda f: f.assign(ds=f.ds.where(f.index != 7, "not a date")), "unparseable timestamp"),
+        (lambda f: f.assign(ds=f.ds.where(f.index != 7, "2024-01-01 07:30:00")), "off the 'h' grid"),
+        (lambda f: f.assign(y=f.y.where(f.index != 3, np.inf)), "non-finite"),
+    ],
+)
+def test_bad_tables_raise_one_line_naming_the_problem(tmp_path, mutate, fragment):
+    path = write_csv(tmp_path, mutate(hourly()))
+    with pytest.raises(DataError) as err:
+        load_series(cfg_for(path, freq="h"))
+    message = str(err.value)
+    assert message.startswith(str(path))
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_repairs_only_on_request(tmp_path):
+    frame = hourly().drop(index=[20, 21])
+    path = write_csv(tmp_path, frame)
+    with pytest.raises(DataError):
+        load_series(cfg_for(path))
+    repaired = load_series(cfg_for(path, quality=QualitySettings(fill_gaps_max_steps=2)))
+    assert len(repaired.values) == 400
+    assert np.isfinite(repaired.values).all()
+    duplicated = write_csv(tmp_path, pd.concat([hourly().iloc[:10], hourly().iloc[9:]]), "dup.csv")
+    kept = load_series(cfg_for(duplicated, quality=QualitySettings(drop_duplicate_timestamps=True)))
+    assert len(kept.values) == 400
+
+
+@pytest.mark.parametrize(("freq", "season"), [("h", 24), ("30min", 48), ("15min", 96), ("D", 7),
+                                              ("W-SUN", 52), ("MS", 12), ("QS", 4), ("YS", 1), ("B", 5)])
+def test_season_follows_frequency(freq, season):
+    assert season_for_freq(freq) == season
+
+
+def test_split_is_time_ordered_and_holds_whole_horizons():
+    cfg = PipelineConfig(data_uri="x", out_dir="o", horizon=24, lookback=168)
+    split = split_by_time(3600, cfg)
+    assert 0 < split.train_end < split.validation_end < split.rows == 3600
+    assert split.rows - split.validation_end == 540
+    with pytest.raises(DataError, match="too few"):
+        split_by_time(300, cfg)
+
+
+def test_windows_cut_history_and_target_at_each_origin():
+    values = np.arange(60, dtype=np.float32).reshape(30, 2)
+    history, target, origins = windows(values, lookback=4, horizon=3, start=10, end=30, stride=5)
+    assert origins.tolist() == [10, 15, 20, 25]
+    assert history.shape == (4, 4, 2) and target.shape == (4, 3)
+    assert history[0, :, 0].tolist() == [12, 14, 16, 18]  # rows 6..9, column 0
+    assert target[0].tolist() == [20, 22, 24]  # rows 10..12 of the target
+    assert history[1, -1, 1] == values[14, 1]
+
+
+def test_series_round_trips_through_the_run_directory(tmp_path, example_csv):
+    series = load_series(cfg_for(example_csv))
+    series.save(tmp_path)
+    again = SeriesData.load(tmp_path)
+    assert np.array_equal(again.values, series.values)
+    assert np.array_equal(again.timestamps, series.timestamps)
+    assert (again.freq, again.season, again.sha256) == (series.freq, series.season, series.sha256)
+
+
+def test_reads_from_s3_over_http(s3_bucket, tmp_path):
+    import boto3
+
+    body = hourly().to_csv(index=False).encode()
+    boto3.client("s3").put_object(Bucket=s3_bucket, Key="in/data.csv", Body=body)
+    series = load_series(cfg_for(f"s3://{s3_bucket}/in/data.csv"))
+    assert series.values.shape == (400, 1)
+    with pytest.raises(DataError, match=f"s3://{s3_bucket}/in/missing.csv: cannot read from S3"):
+        load_series(cfg_for(f"s3://{s3_bucket}/in/missing.csv"))
