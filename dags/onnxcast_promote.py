@@ -1,0 +1,60 @@
+"""
+### onnxcast promote
+
+Promotes a registered MLflow model version (by number or alias, e.g. `challenger`) to
+rollout channels. The gates are **re-checked** first: the version's files are downloaded,
+checked against the sha256s of its report, its data window is prepared again and every
+ONNX variant is validated again (parity, accuracy, baseline). Only a passing version is
+written to the rollout store; the channel pointers move by compare-and-swap and the
+registry alias `champion` follows.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from airflow.sdk import DAG, Asset, Param
+
+from operators import PromoteModelOperator, StageRegisteredVersionOperator, ValidateModelOperator
+
+ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
+RUN_DIR = "{{ ti.xcom_pull(task_ids='stage_version', key='run_dir') }}"
+
+with DAG(
+    dag_id="onnxcast_promote",
+    description="Promote a registered version to rollout channels, gates re-checked",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    tags=["onnxcast", "rollout", "mlflow"],
+    render_template_as_native_obj=True,
+    default_args={"owner": "onnxcast", "retries": 0},
+    params={
+        "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                            description="Registered model name"),
+        "version": Param("challenger", type="string", minLength=1,
+                         description="Version number or alias (challenger, champion, ...) to promote"),
+        "channels": Param(["edge", "cloud"], type="array", minItems=1,
+                          items={"type": "string", "enum": ["edge", "cloud"]}, description="Channels to move"),
+        "store_uri": Param(None, type=["null", "string"],
+                           description="Rollout store: s3://bucket/prefix or a folder; empty: $ONNXCAST_HOME/rollout"),
+        "reason": Param("manual promotion", type="string", minLength=1,
+                        description="Why: recorded in the manifest, the channel history and the registry"),
+    },
+) as dag:
+    stage = StageRegisteredVersionOperator(task_id="stage_version", model_name="{{ params.model_name }}",
+                                           ref="{{ params.version }}")
+    validate = ValidateModelOperator(task_id="validate", run_dir=RUN_DIR,
+                                     family="{{ ti.xcom_pull(task_ids='stage_version')['family'] }}")
+    promote = PromoteModelOperator(
+        task_id="promote",
+        run_dir=RUN_DIR,
+        version="{{ ti.xcom_pull(task_ids='stage_version')['version'] }}",
+        channels="{{ params.channels }}",
+        store_uri="{{ params.store_uri }}",
+        reason="{{ params.reason }}",
+        assemble_report=True,
+        outlets=[ROLLOUT],
+    )
+    stage >> validate >> promote

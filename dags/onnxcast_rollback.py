@@ -1,0 +1,51 @@
+"""
+### onnxcast rollback
+
+Moves a rollout channel back to the version it was promoted from (or to a given
+version). Versions are never deleted; the move is recorded in the channel's history, and
+the registry alias `champion` follows the channel unless told otherwise.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from airflow.sdk import DAG, Asset, Param
+
+from operators import RollbackChannelOperator
+
+ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
+
+with DAG(
+    dag_id="onnxcast_rollback",
+    description="Move a rollout channel back to its previous version",
+    doc_md=__doc__,
+    schedule=None,
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    tags=["onnxcast", "rollout"],
+    render_template_as_native_obj=True,
+    default_args={"owner": "onnxcast", "retries": 0},
+    params={
+        "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                            description="Model in the rollout store"),
+        "channel": Param("edge", type="string", enum=["edge", "cloud"], description="Channel to move back"),
+        "to_version": Param(None, type=["null", "string"],
+                            description="Version to move to; empty: the version it was promoted from"),
+        "reason": Param(type="string", minLength=1, description="Why: recorded in the channel history"),
+        "store_uri": Param(None, type=["null", "string"],
+                           description="Rollout store: s3://bucket/prefix or a folder; empty: $ONNXCAST_HOME/rollout"),
+        "move_champion": Param(True, type="boolean",
+                               description="Point the registry alias champion at the version the channel now serves"),
+    },
+) as dag:
+    RollbackChannelOperator(
+        task_id="rollback",
+        model_name="{{ params.model_name }}",
+        channel="{{ params.channel }}",
+        to_version="{{ params.to_version }}",
+        reason="{{ params.reason }}",
+        store_uri="{{ params.store_uri }}",
+        move_champion="{{ params.move_champion }}",
+        outlets=[ROLLOUT],
+    )

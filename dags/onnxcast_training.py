@@ -1,0 +1,132 @@
+"""
+### onnxcast training
+
+Trains (or fetches) forecasters for a time series, exports them to ONNX, optimizes and
+validates every variant on the holdout, logs everything to MLflow, registers the winner
+as the `challenger` and promotes it to the rollout channels **only if it beats the
+`champion`** evaluated on the same holdout in this same run.
+
+| step | task | what it does |
+|---|---|---|
+| 1 | `check_data` | data-quality gate, time split, run directory, plan (families + champion) |
+| 2 | `train_or_fetch` | one mapped task per family (the champion is fetched, never retrained) |
+| 3 | `export` / `optimize` / `validate` | ONNX fp32, fp32-opt, int8, fp16; parity, accuracy, latency |
+| 4 | `register` | report.json, MLflow runs, model version with alias `challenger` |
+| 5 | `champion_challenger` | compares holdout MAE of challenger and champion |
+| 6 | `promote` | rollout store version + channel pointers, alias `champion` (skipped if the champion wins) |
+
+The training window ends at the run's data interval end (or *trained_until*), so clearing
+a past run reproduces it. Every task links to its MLflow run ("MLflow run" button).
+Connections: `mlflow_default` (tracking URI), `aws_default` (S3 rollout store).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from airflow.sdk import DAG, Asset, Param
+
+from operators import (
+    ChampionChallengerOperator,
+    CheckDataOperator,
+    ExportModelOperator,
+    OptimizeModelOperator,
+    PromoteModelOperator,
+    RegisterModelOperator,
+    TrainOrFetchModelOperator,
+    ValidateModelOperator,
+)
+
+ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
+RUN_DIR = "{{ ti.xcom_pull(task_ids='check_data', key='run_dir') }}"
+
+with DAG(
+    dag_id="onnxcast_training",
+    description="Train or fetch, export, optimize, validate, register and promote ONNX forecasters",
+    doc_md=__doc__,
+    schedule="@weekly",
+    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    tags=["onnxcast", "training", "mlflow"],
+    render_template_as_native_obj=True,
+    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=1)},
+    params={
+        "data_uri": Param("example", type="string", minLength=1,
+                          description="CSV or Parquet: local path, s3:// URI, or 'example' (Victoria electricity demand)"),
+        "time_column": Param("ds", type="string", description="Timestamp column"),
+        "target_column": Param("y", type="string", description="Column to forecast"),
+        "feature_columns": Param([], type="array", items={"type": "string"},
+                                 description="Extra numeric input columns (the target is always an input)"),
+        "freq": Param(None, type=["null", "string"],
+                      description="pandas frequency (h, 30min, D, W-SUN, MS); empty: inferred from the timestamps"),
+        "horizon": Param(24, type="integer", minimum=1, description="Steps to forecast"),
+        "lookback": Param(168, type="integer", minimum=2, description="History steps the model is trained on"),
+        "families": Param(["lstm", "transformer"], type="array", minItems=1,
+                          items={"type": "string", "enum": ["lstm", "transformer"]},
+                          description="Model families trained in parallel (one mapped task each)"),
+        "max_epochs": Param(30, type="integer", minimum=1, description="Training epochs at most (early stopping)"),
+        "channels": Param(["edge", "cloud"], type="array", minItems=1,
+                          items={"type": "string", "enum": ["edge", "cloud"]},
+                          description="Rollout channels to promote to when the challenger wins"),
+        "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                            description="Registered model name, MLflow experiment and rollout store folder"),
+        "fetch_from": Param(None, type=["null", "string"],
+                            description="Start from an existing model instead of training: models:/name@alias, "
+                                        "models:/name/version or s3://bucket/prefix/ (model.pt + model.json)"),
+        "store_uri": Param(None, type=["null", "string"],
+                           description="Rollout store: s3://bucket/prefix or a folder; empty: $ONNXCAST_HOME/rollout"),
+        "trained_until": Param(None, type=["null", "string"],
+                               description="Ignore data after this timestamp; empty: the run's data interval end"),
+        "compare_with_champion": Param(True, type="boolean",
+                                       description="Evaluate the registered champion on this run's holdout and "
+                                                   "promote only a challenger that beats it"),
+        "min_improvement": Param(0.0, type="number", minimum=0,
+                                 description="Relative MAE improvement over the champion required to promote"),
+        "extra_settings": Param({}, type="object",
+                                description="Other pipeline settings by name (hidden_size, d_model, n_heads, "
+                                            "num_layers, latency_repeats, accuracy_budget, quality, ...)"),
+    },
+) as dag:
+    check = CheckDataOperator(
+        task_id="check_data",
+        settings={
+            "data_uri": "{{ params.data_uri }}",
+            "time_column": "{{ params.time_column }}",
+            "target_column": "{{ params.target_column }}",
+            "feature_columns": "{{ params.feature_columns }}",
+            "freq": "{{ params.freq }}",
+            "horizon": "{{ params.horizon }}",
+            "lookback": "{{ params.lookback }}",
+            "models": "{{ params.families }}",
+            "max_epochs": "{{ params.max_epochs }}",
+            "model_name": "{{ params.model_name }}",
+        },
+        extra_settings="{{ params.extra_settings }}",
+        fetch_from="{{ params.fetch_from }}",
+        trained_until="{{ params.trained_until }}",
+        compare_with_champion="{{ params.compare_with_champion }}",
+    )
+    families = check.output
+    train = TrainOrFetchModelOperator.partial(task_id="train_or_fetch", run_dir=RUN_DIR,
+                                              max_active_tis_per_dag=2).expand(family=families)
+    export = ExportModelOperator.partial(task_id="export", run_dir=RUN_DIR).expand(family=families)
+    optimize = OptimizeModelOperator.partial(task_id="optimize", run_dir=RUN_DIR).expand(family=families)
+    validate = ValidateModelOperator.partial(task_id="validate", run_dir=RUN_DIR).expand(family=families)
+    register = RegisterModelOperator(task_id="register", run_dir=RUN_DIR, retries=2)
+    decide = ChampionChallengerOperator(
+        task_id="champion_challenger",
+        run_dir=RUN_DIR,
+        version="{{ ti.xcom_pull(task_ids='register')['version'] }}",
+        min_improvement="{{ params.min_improvement }}",
+    )
+    promote = PromoteModelOperator(
+        task_id="promote",
+        run_dir=RUN_DIR,
+        version="{{ ti.xcom_pull(task_ids='register')['version'] }}",
+        channels="{{ params.channels }}",
+        store_uri="{{ params.store_uri }}",
+        decision="{{ ti.xcom_pull(task_ids='champion_challenger') }}",
+        outlets=[ROLLOUT],
+    )
+    train >> export >> optimize >> validate >> register >> decide >> promote

@@ -1,0 +1,111 @@
+"""Champion/challenger: which models a run evaluates, and whether the challenger wins.
+
+A run evaluates its challengers (trained or fetched families) and, when a champion
+exists, the champion itself: it is fetched into the run as the family ``champion`` and
+goes through the same export, optimize and validate steps on the same holdout window.
+The decision then compares numbers measured in this run, never numbers from the past.
+
+The plan (``plan.json`` in the run directory) pins what each family is and where it comes
+from, so retried tasks see the same champion version even if the alias moved meanwhile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from onnxcast.errors import OnnxcastError
+
+PLAN = "plan.json"
+DECISION = "champion_challenger.json"
+CHAMPION_FAMILY = "champion"
+
+
+class PlanError(OnnxcastError):
+    """The run directory has no plan, or the plan does not name the family asked for."""
+
+
+def write_plan(run_dir: str | Path, entries: list[dict], notes: list[str] = ()) -> dict:
+    """Record the families of the run: ``[{"family", "source", "role"}]``, role challenger|champion."""
+    from onnxcast.report import write_json
+
+    names = [e["family"] for e in entries]
+    if len(set(names)) != len(names):
+        raise PlanError(f"duplicate family names in the plan: {names}")
+    plan = {"families": entries, "notes": list(notes)}
+    write_json(Path(run_dir) / PLAN, plan)
+    return plan
+
+
+def read_plan(run_dir: str | Path) -> dict:
+    from onnxcast.report import read_json
+
+    path = Path(run_dir) / PLAN
+    if not path.exists():
+        raise PlanError(f"{path}: no plan; run the data check step first")
+    return read_json(path)
+
+
+def plan_entry(run_dir: str | Path, family: str) -> dict:
+    plan = read_plan(run_dir)
+    for entry in plan["families"]:
+        if entry["family"] == family:
+            return entry
+    raise PlanError(f"{Path(run_dir) / PLAN}: no family {family!r}; the plan has "
+                    f"{[e['family'] for e in plan['families']]}")
+
+
+def challengers(run_dir: str | Path) -> list[str]:
+    return [e["family"] for e in read_plan(run_dir)["families"] if e.get("role", "challenger") == "challenger"]
+
+
+def champion_entry(run_dir: str | Path) -> dict | None:
+    return next((e for e in read_plan(run_dir)["families"] if e.get("role") == "champion"), None)
+
+
+def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True) -> dict:
+    """Compare the report's selected challenger with the champion evaluated in this run.
+
+    The challenger wins when its fp32 holdout MAE is lower than the champion's by more than
+    ``min_improvement`` (relative; 0.0: any improvement, a tie loses). No champion: it wins.
+    Writes ``champion_challenger.json`` and returns the decision.
+    """
+    from onnxcast.report import read_json, write_json
+
+    run_dir = Path(run_dir)
+    report = read_json(run_dir / "report.json")
+    family = report["selected"]["edge"]["family"]
+    entry = next(m for m in report["models"] if m["family"] == family)
+    decision = {
+        "challenger_family": family,
+        "challenger_mae": entry["fp32_holdout_mae"],
+        "holdout_start": report["split"]["holdout_start"],
+        "holdout_end": report["split"]["holdout_end"],
+        "min_improvement": float(min_improvement),
+        "champion_version": None, "champion_family": None, "champion_mae": None, "improvement": None,
+    }
+    champion = champion_entry(run_dir)
+    notes = read_plan(run_dir).get("notes", [])
+    if champion is None:
+        decision.update(promote=True, reason="no comparable champion: " + ("; ".join(notes) or "none registered"))
+    else:
+        validation = read_json(run_dir / "models" / CHAMPION_FAMILY / "validation.json")
+        spec = read_json(run_dir / "models" / CHAMPION_FAMILY / "model.json")["spec"]
+        champion_mae = validation["fp32_holdout_mae"]
+        improvement = 1.0 - decision["challenger_mae"] / champion_mae if champion_mae else 0.0
+        decision.update(champion_version=champion.get("version"), champion_family=spec["family"],
+                        champion_mae=champion_mae, improvement=improvement)
+        beats = decision["challenger_mae"] < champion_mae and improvement > min_improvement
+        if beats:
+            decision.update(promote=True, reason=f"challenger MAE {decision['challenger_mae']:.4g} beats champion "
+                                                 f"v{champion.get('version')} {champion_mae:.4g} "
+                                                 f"({improvement:+.2%}) on the same holdout")
+        elif not require_beats_champion:
+            decision.update(promote=True, reason=f"challenger MAE {decision['challenger_mae']:.4g} does not beat "
+                                                 f"champion {champion_mae:.4g}, promoted as asked "
+                                                 "(require_beats_champion is off)")
+        else:
+            decision.update(promote=False, reason=f"challenger MAE {decision['challenger_mae']:.4g} does not beat "
+                                                  f"champion v{champion.get('version')} {champion_mae:.4g} by more "
+                                                  f"than {min_improvement:.2%} ({improvement:+.2%})")
+    write_json(run_dir / DECISION, decision)
+    return decision

@@ -1,0 +1,278 @@
+"""Fetch an existing model into a run directory instead of training one.
+
+Sources:
+
+- ``models:/<name>@<alias>`` or ``models:/<name>/<version>``: a version registered by
+  onnxcast.tracking (its files hold ``model.pt`` and ``model.json``);
+- ``s3://bucket/prefix/`` (or a local folder): ``model.pt`` (a state dict) and
+  ``model.json`` (``{"spec": ModelSpec}``) under the prefix.
+
+Weights are loaded with ``torch.load(..., weights_only=True)`` and checked against the
+spec before anything is written; the result is ``models/<family>/model.pt`` and
+``model.json`` in the run directory, exactly what train_family would have written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onnxcast.errors import OnnxcastError
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.pt"
+SPEC_FILE = "model.json"
+_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
+
+
+class FetchError(OnnxcastError):
+    """The source names no model, or what it holds is not an onnxcast model."""
+
+
+@dataclass(frozen=True)
+class FetchedModel:
+    family: str
+    spec: dict
+    source: dict  # {"uri", "resolved", ...}: what was asked for and what it resolved to
+
+
+def parse_source(uri: str) -> dict:
+    """``{"kind": "mlflow"|"s3"|"local", ...}`` for a fetch source; FetchError if unusable."""
+    uri = (uri or "").strip()
+    if uri.startswith("models:/"):
+        match = _MODELS_URI.match(uri)
+        if not match:
+            raise FetchError(f"fetch source {uri!r}: expected models:/<name>@<alias> or models:/<name>/<version>")
+        return {"kind": "mlflow", "uri": uri, **{k: v for k, v in match.groupdict().items() if v}}
+    if uri.startswith("s3://"):
+        return {"kind": "s3", "uri": uri}
+    if uri and "://" not in uri:
+        return {"kind": "local", "uri": uri}
+    raise FetchError(f"fetch source {uri!r}: expected models:/..., s3://bucket/prefix/ or a folder")
+
+
+def read_source_spec(uri: str, *, tracking_uri: str | None = None, s3_settings: dict | None = None) -> dict:
+    """The ModelSpec dict of the model at ``uri`` without loading its weights."""
+    source = parse_source(uri)
+    if source["kind"] == "mlflow":
+        version = _resolve(source, tracking_uri)
+        family = version.tags.get("onnxcast.family")
+        with tempfile.TemporaryDirectory() as tmp:
+            files = _download_mlflow(source["name"], str(version.version), Path(tmp), tracking_uri)
+            spec = _read_spec(files[SPEC_FILE], f"{uri} (version {version.version})")
+        if family and family != spec["family"]:
+            log.warning("%s: tag onnxcast.family=%s but model.json says %s", uri, family, spec["family"])
+        return spec
+    return _read_spec(_read_bytes(source, SPEC_FILE, s3_settings), uri)
+
+
+def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = None,
+                s3_settings: dict | None = None, expect: dict | None = None) -> FetchedModel:
+    """Fetch the model at ``uri`` into ``family_dir`` (model.pt + model.json).
+
+    ``expect`` maps ModelSpec fields to required values (e.g. ``{"horizon": 24}``): a model
+    that forecasts another horizon or reads other features cannot be evaluated on this run.
+    """
+    import torch
+
+    from onnxcast.models import ModelSpec, build_model
+
+    source = parse_source(uri)
+    resolved: dict[str, Any] = {"uri": uri}
+    if source["kind"] == "mlflow":
+        version = _resolve(source, tracking_uri)
+        resolved.update(model=source["name"], version=str(version.version), run_id=version.run_id)
+        with tempfile.TemporaryDirectory() as staging:
+            files = _download_mlflow(source["name"], str(version.version), Path(staging), tracking_uri)
+            weights, spec_bytes = files[MODEL_FILE].read_bytes(), files[SPEC_FILE].read_bytes()
+    else:
+        weights = _read_bytes(source, MODEL_FILE, s3_settings)
+        spec_bytes = _read_bytes(source, SPEC_FILE, s3_settings)
+    where = f"{uri} ({MODEL_FILE})"
+    spec_dict = _read_spec(spec_bytes, uri)
+    try:
+        spec = ModelSpec(**spec_dict)
+    except TypeError as exc:
+        raise FetchError(f"{uri}: {SPEC_FILE} spec does not describe an onnxcast model ({exc})") from None
+    mismatched = {k: (getattr(spec, k), v) for k, v in (expect or {}).items() if getattr(spec, k) != v}
+    if mismatched:
+        detail = ", ".join(f"{k} is {got}, this run needs {want}" for k, (got, want) in mismatched.items())
+        raise FetchError(f"{uri}: the model does not fit this run: {detail}")
+    try:
+        state = torch.load(io.BytesIO(weights), weights_only=True, map_location="cpu")
+    except Exception as exc:  # pickle/zip errors and the weights-only unpickler's refusal
+        raise FetchError(f"{where}: not a state dict loadable with weights_only=True ({str(exc).splitlines()[0]})") from None
+    model = build_model(spec)
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise FetchError(f"{where}: weights do not match the spec in {SPEC_FILE} ({str(exc).splitlines()[0][:300]})") from None
+
+    original = json.loads(spec_bytes)
+    family_dir = Path(family_dir)
+    family_dir.mkdir(parents=True, exist_ok=True)
+    tmp = family_dir / f".{MODEL_FILE}.tmp"
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(family_dir / MODEL_FILE)
+    from onnxcast.report import write_json
+
+    record = {"spec": spec.to_dict(), "source": {"kind": source["kind"], **resolved},
+              "fetched_from": original.get("source", "unknown")}
+    if isinstance(original.get("training"), dict):
+        record["training"] = original["training"]
+    write_json(family_dir / SPEC_FILE, record)
+    log.info("fetched %s model from %s into %s", spec.family, uri, family_dir)
+    return FetchedModel(spec.family, spec.to_dict(), record["source"])
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def _resolve(source: dict, tracking_uri: str | None):
+    from onnxcast.tracking import TrackingError, resolve_version
+
+    try:
+        return resolve_version(source["name"], source.get("version") or source["alias"], tracking_uri)
+    except TrackingError as exc:
+        raise FetchError(f"fetch source {source['uri']}: {exc}") from None
+
+
+def _download_mlflow(name: str, version: str, dest: Path, tracking_uri: str | None) -> dict[str, Path]:
+    from mlflow.exceptions import MlflowException
+
+    from onnxcast.tracking import download_version_files
+
+    try:
+        folder = download_version_files(name, version, dest, tracking_uri)
+    except MlflowException as exc:
+        raise FetchError(f"models:/{name}/{version}: cannot download its files ({exc.error_code})") from None
+    found = {}
+    for wanted in (MODEL_FILE, SPEC_FILE):
+        matches = sorted(folder.rglob(wanted))
+        if not matches:
+            raise FetchError(f"models:/{name}/{version}: holds no {wanted}; was it registered by onnxcast?")
+        found[wanted] = matches[0]
+    return found
+
+
+def _read_bytes(source: dict, name: str, s3_settings: dict | None) -> bytes:
+    uri = source["uri"]
+    if source["kind"] == "local":
+        path = Path(uri) / name
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise FetchError(f"{path}: not found (a fetch folder holds {MODEL_FILE} and {SPEC_FILE})") from None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from onnxcast.s3 import split_s3_uri
+    from onnxcast.store import S3Settings
+
+    bucket, prefix = split_s3_uri(uri if uri.endswith("/") else uri + "/")
+    key = f"{prefix}{name}"
+    client = _s3_client(S3Settings.from_values(s3_settings or {}))
+    try:
+        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "error")
+        if code in ("NoSuchKey", "404", "NoSuchBucket"):
+            raise FetchError(f"s3://{bucket}/{key}: not found ({code}); a fetch prefix holds {MODEL_FILE} "
+                             f"and {SPEC_FILE}") from None
+        raise FetchError(f"s3://{bucket}/{key}: cannot read ({code})") from None
+    except BotoCoreError as exc:
+        raise FetchError(f"s3://{bucket}/{key}: cannot reach S3 ({exc})") from None
+
+
+def _s3_client(settings):
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.session.Session(profile_name=settings.profile_name) if settings.profile_name else boto3
+    return session.client(
+        "s3", endpoint_url=settings.endpoint_url, region_name=settings.region_name,
+        aws_access_key_id=settings.aws_access_key_id, aws_secret_access_key=settings.aws_secret_access_key,
+        aws_session_token=settings.aws_session_token,
+        config=Config(retries={"max_attempts": settings.max_attempts, "mode": "standard"},
+                      connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout))
+
+
+def _read_spec(data: bytes | Path, where: str) -> dict:
+    if isinstance(data, Path):
+        data = data.read_bytes()
+    try:
+        spec = json.loads(data)["spec"]
+    except (ValueError, KeyError, TypeError):
+        raise FetchError(f"{where}: {SPEC_FILE} is not JSON with a 'spec' object") from None
+    if not isinstance(spec, dict) or "family" not in spec:
+        raise FetchError(f"{where}: {SPEC_FILE} spec has no 'family'")
+    return spec
+
+
+# --- a registered version as a run directory (promotion with re-checked gates) -------------
+
+def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_uri: str | None = None) -> dict:
+    """Lay out registered version ``ref`` (number or alias) of ``model_name`` in ``run_dir`` as
+    the run that produced it: its data window again (the report's settings, trained_until
+    included), model.pt/model.json, every ONNX variant checked against the report's sha256.
+    Validation then re-checks the gates on this run directory before promotion."""
+    from onnxcast.champion import write_plan
+    from onnxcast.config import PipelineConfig
+    from onnxcast.errors import VerificationError
+    from onnxcast.pipeline import prepare_data
+    from onnxcast.report import write_json
+    from onnxcast.tracking import download_version_files
+    from onnxcast.validate import file_sha256
+
+    source = parse_source(f"models:/{model_name}/{ref}" if str(ref).isdigit() else f"models:/{model_name}@{ref}")
+    version = _resolve(source, tracking_uri)
+    number = str(version.version)
+    run_dir = Path(run_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = download_version_files(model_name, number, Path(tmp), tracking_uri)
+        reports = sorted(folder.rglob("report.json"))
+        if not reports:
+            raise FetchError(f"models:/{model_name}/{number}: holds no report.json; was it registered by onnxcast?")
+        report = json.loads(reports[0].read_text())
+        family = report["selected"]["edge"]["family"]
+        entry = next(m for m in report["models"] if m["family"] == family)
+        cfg = PipelineConfig.from_dict({**report["config"], "out_dir": str(run_dir)})
+        run_dir.mkdir(parents=True, exist_ok=True)
+        summary = prepare_data(cfg)
+        if summary["dataset"]["sha256"] != report["dataset"]["sha256"]:
+            raise VerificationError(f"{cfg.data_uri}: data up to {cfg.trained_until} now has sha256 "
+                                    f"{summary['dataset']['sha256'][:12]}, version {number} was validated on "
+                                    f"{report['dataset']['sha256'][:12]}: the data changed")
+        family_dir = run_dir / "models" / family
+        (family_dir / "onnx").mkdir(parents=True, exist_ok=True)
+        for name in (MODEL_FILE, SPEC_FILE):
+            (family_dir / name).write_bytes(_one(folder, name, model_name, number).read_bytes())
+        variants = []
+        for variant in entry["variants"]:
+            target = run_dir / variant["onnx_path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(_one(folder, Path(variant["onnx_path"]).name, model_name, number).read_bytes())
+            if file_sha256(target) != variant["sha256"]:
+                raise VerificationError(f"models:/{model_name}/{number}: {target.name} differs from the sha256 "
+                                        "its report records")
+            variants.append({"name": variant["name"], "path": target.name, "note": variant.get("note", "")})
+    write_json(family_dir / "onnx" / "variants.json", variants)
+    write_plan(run_dir, [{"family": family, "source": f"models:/{model_name}/{number}", "role": "challenger",
+                          "version": number}])
+    staged = {"version": number, "family": family, "source": source["uri"],
+              "mlflow": {**(report.get("mlflow") or {}), "model": model_name, "version": number,
+                         "run_id": version.run_id}}
+    write_json(run_dir / "staged.json", staged)
+    return staged
+
+
+def _one(folder: Path, name: str, model_name: str, version: str) -> Path:
+    matches = sorted(folder.rglob(name))
+    if not matches:
+        raise FetchError(f"models:/{model_name}/{version}: holds no {name}")
+    return matches[0]

@@ -1,0 +1,282 @@
+"""Operators for the pipeline steps: check data, train or fetch, export, optimize, validate.
+
+Every step works in the run directory of its DAG run (``<run_root>/<dag_id>/<run_id>``),
+which the data check creates and announces through XCom; the steps after it take it as
+the templated ``run_dir``. A retried step overwrites only its own outputs there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from onnxcast.config import PipelineConfig
+from onnxcast.errors import ConfigError
+from operators.hooks import MlflowHook, S3SettingsHook
+from operators.links import MlflowRunLink, persist_mlflow_run_url
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+RUN_DIR_KEY = "run_dir"
+SUMMARY_KEY = "summary"
+
+
+def default_run_root() -> str:
+    return str(Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve() / "runs")
+
+
+def run_key(context: Context) -> str:
+    """What identifies this pipeline run in MLflow and the registry: ``dag_id/run_id``."""
+    return f"{context['dag_run'].dag_id}/{context['run_id']}"
+
+
+def load_config(run_dir: str) -> PipelineConfig:
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise AirflowFailException(f"{path}: no config; did the data check of this run succeed?")
+    return PipelineConfig.load(path)
+
+
+class _TrackedOperator(BaseOperator):
+    """Shared: the MLflow hook and the link to the task's MLflow run."""
+
+    operator_extra_links = (MlflowRunLink(),)
+
+    def __init__(self, *, mlflow_conn_id: str | None = "mlflow_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mlflow_conn_id = mlflow_conn_id
+
+    @cached_property
+    def mlflow_hook(self) -> MlflowHook:
+        return MlflowHook(mlflow_conn_id=self.mlflow_conn_id)
+
+    def link_mlflow_run(self, context: Context, model_name: str, family: str | None = None,
+                        role: str | None = None) -> dict:
+        from onnxcast.tracking import ensure_run
+
+        run = ensure_run(model_name=model_name, run_key=run_key(context), family=family, role=role,
+                         tracking_uri=self.mlflow_hook.tracking_uri, ui_url=self.mlflow_hook.ui_url)
+        persist_mlflow_run_url(context, run["url"])
+        return run
+
+
+class CheckDataOperator(_TrackedOperator):
+    """Check and split the data into a fresh run directory; plan the families to evaluate.
+
+    The training window ends at ``trained_until`` when given, else at the run's data
+    interval end, so a rerun of a past run sees the same rows. When ``fetch_from`` is set
+    the run evaluates that model instead of training; when ``compare_with_champion`` is on
+    and the registry has a ``champion`` that forecasts the same horizon from the same
+    features, it is evaluated alongside as the family ``champion``.
+
+    XCom: the family names (return value: the mapping input of the family steps), and
+    under the keys ``run_dir`` and ``summary`` the run directory and data facts.
+    """
+
+    template_fields: Sequence[str] = ("settings", "extra_settings", "run_root", "fetch_from", "trained_until",
+                                      "compare_with_champion")
+    template_fields_renderers = {"settings": "json", "extra_settings": "json"}
+
+    def __init__(self, *, settings: dict[str, Any], extra_settings: dict[str, Any] | str | None = None,
+                 run_root: str | None = None, fetch_from: str | None = None, trained_until: str | None = None,
+                 compare_with_champion: bool | str = True, aws_conn_id: str | None = "aws_default",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.extra_settings = extra_settings
+        self.run_root = run_root
+        self.fetch_from = fetch_from
+        self.trained_until = trained_until
+        self.compare_with_champion = compare_with_champion
+        self.aws_conn_id = aws_conn_id
+
+    @cached_property
+    def s3_hook(self) -> S3SettingsHook:
+        return S3SettingsHook(aws_conn_id=self.aws_conn_id)
+
+    def execute(self, context: Context) -> list[str]:
+        from onnxcast.champion import CHAMPION_FAMILY, write_plan
+        from onnxcast.pipeline import prepare_data
+
+        run_dir = Path(self.run_root or default_run_root()) / context["dag_run"].dag_id / _safe(context["run_id"])
+        extra = self.extra_settings if isinstance(self.extra_settings, dict) else {}
+        values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
+        if values.get("data_uri") == "example":
+            from onnxcast.data import example_data_path
+
+            values["data_uri"] = example_data_path()
+        values["out_dir"] = str(run_dir)
+        values["trained_until"] = self.trained_until or values.get("trained_until") or _interval_end(context)
+        try:
+            cfg = PipelineConfig.from_dict(values)
+        except ConfigError as exc:  # bad settings: retrying cannot help
+            raise AirflowFailException(str(exc)) from None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        summary = prepare_data(cfg)
+        self.link_mlflow_run(context, cfg.model_name)
+
+        entries, notes = self._challengers(cfg), []
+        compare = as_bool(self.compare_with_champion)
+        champion = self._champion(cfg, notes) if compare else None
+        if champion:
+            entries.append({"family": CHAMPION_FAMILY, "source": champion["source"], "role": "champion",
+                            "version": champion["version"]})
+        elif not compare:
+            notes.append("comparison with the champion is off")
+        write_plan(run_dir, entries, notes)
+        families = [e["family"] for e in entries]
+        summary = {"run_dir": str(run_dir), "rows": summary["dataset"]["rows"], "end": summary["dataset"]["end"],
+                   "dataset_sha256": summary["dataset"]["sha256"], "trained_until": cfg.trained_until,
+                   "champion_version": champion["version"] if champion else None, "notes": notes}
+        context["ti"].xcom_push(key=RUN_DIR_KEY, value=str(run_dir))
+        context["ti"].xcom_push(key=SUMMARY_KEY, value=summary)
+        self.log.info("Run %s: %d rows up to %s; families %s; %s", run_dir, summary["rows"], summary["end"],
+                      families, "; ".join(notes) or "champion included")
+        return families
+
+    def _challengers(self, cfg: PipelineConfig) -> list[dict]:
+        if self.fetch_from in (None, "", "None"):
+            return [{"family": f, "source": None, "role": "challenger"} for f in cfg.models]
+        from onnxcast.fetch import FetchError, read_source_spec
+
+        try:
+            spec = read_source_spec(self.fetch_from, tracking_uri=self.mlflow_hook.tracking_uri,
+                                    s3_settings=self.s3_hook.get_settings())
+        except FetchError as exc:
+            raise AirflowFailException(str(exc)) from None
+        return [{"family": spec["family"], "source": self.fetch_from, "role": "challenger"}]
+
+    def _champion(self, cfg: PipelineConfig, notes: list[str]) -> dict | None:
+        from onnxcast.fetch import read_source_spec
+        from onnxcast.tracking import CHAMPION, alias_version
+
+        version = alias_version(cfg.model_name, CHAMPION, self.mlflow_hook.tracking_uri)
+        if version is None:
+            notes.append(f"no {CHAMPION} registered for {cfg.model_name}")
+            return None
+        source = f"models:/{cfg.model_name}/{version}"
+        spec = read_source_spec(source, tracking_uri=self.mlflow_hook.tracking_uri)
+        wanted = {"horizon": cfg.horizon, "n_features": cfg.n_features}
+        different = {k: spec.get(k) for k, v in wanted.items() if spec.get(k) != v}
+        if different:
+            notes.append(f"{CHAMPION} v{version} is not comparable ({different} vs {wanted})")
+            return None
+        return {"version": version, "source": source}
+
+
+class _FamilyStepOperator(_TrackedOperator):
+    """A step for one model family in the run directory (mapped over the families)."""
+
+    template_fields: Sequence[str] = ("run_dir", "family")
+
+    def __init__(self, *, run_dir: str, family: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.family = family
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.champion import plan_entry
+
+        cfg = load_config(self.run_dir)
+        entry = plan_entry(self.run_dir, self.family)
+        role = "champion-evaluation" if entry.get("role") == "champion" else "family"
+        self.link_mlflow_run(context, cfg.model_name, self.family, role)
+        return self.run_step(context, cfg, entry)
+
+    def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
+        raise NotImplementedError
+
+
+class TrainOrFetchModelOperator(_FamilyStepOperator):
+    """Train the family, or fetch it (MLflow ``models:/`` or ``s3://``) when the plan names a source."""
+
+    def __init__(self, *, aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
+
+    @cached_property
+    def s3_hook(self) -> S3SettingsHook:
+        return S3SettingsHook(aws_conn_id=self.aws_conn_id)
+
+    def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
+        from onnxcast.pipeline import family_dir, train_family
+
+        if not entry.get("source"):
+            result = train_family(cfg, self.family)
+            self.log.info("Trained %s: %s epochs, best validation loss %.4g", self.family, result["epochs"],
+                          result["best_validation_loss"])
+            return {"family": self.family, "source": "trained", "epochs": result["epochs"],
+                    "best_validation_loss": result["best_validation_loss"]}
+        from onnxcast.fetch import FetchError, fetch_model
+
+        try:
+            fetched = fetch_model(entry["source"], family_dir(cfg, self.family),
+                                  tracking_uri=self.mlflow_hook.tracking_uri,
+                                  s3_settings=self.s3_hook.get_settings(),
+                                  expect={"horizon": cfg.horizon, "n_features": cfg.n_features})
+        except FetchError as exc:
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("Fetched %s (%s) from %s", self.family, fetched.family, entry["source"])
+        return {"family": self.family, "source": entry["source"], "spec_family": fetched.family}
+
+
+class ExportModelOperator(_FamilyStepOperator):
+    """Export the family's model to ``onnx/fp32.onnx``."""
+
+    def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
+        from onnxcast.pipeline import export_family
+
+        path = export_family(cfg, self.family)
+        self.log.info("Exported %s to %s", self.family, path)
+        return {"family": self.family, "onnx_path": path}
+
+
+class OptimizeModelOperator(_FamilyStepOperator):
+    """Build the fp32-opt, int8 and fp16 variants from fp32.onnx."""
+
+    def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
+        from onnxcast.pipeline import optimize_family
+
+        variants = optimize_family(cfg, self.family)
+        self.log.info("Optimized %s: %s", self.family, variants)
+        return {"family": self.family, "variants": variants}
+
+
+class ValidateModelOperator(_FamilyStepOperator):
+    """Validate every variant on the holdout; XCom: the family's fp32 MAE and eligible variants."""
+
+    def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
+        from onnxcast.pipeline import validate_family
+
+        result = validate_family(cfg, self.family)
+        eligible = [v["name"] for v in result["variants"] if v.get("eligible")]
+        self.log.info("Validated %s: fp32 holdout MAE %.4g, gates passed %s, eligible %s", self.family,
+                      result["fp32_holdout_mae"], result["gates_passed"], eligible)
+        return {"family": self.family, "fp32_holdout_mae": result["fp32_holdout_mae"],
+                "gates_passed": result["gates_passed"], "eligible": eligible, "failures": result["failures"]}
+
+
+def as_bool(value: Any) -> bool:
+    """A templated flag: rendered natively (bool) or as text ("True", "false", "0")."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "0", "false", "no", "off", "none")
+    return bool(value)
+
+
+def _interval_end(context: Context) -> str | None:
+    """The run's data interval end (manual runs in Airflow 3 may have none: then run_after)."""
+    end = context.get("data_interval_end") or getattr(context.get("dag_run"), "run_after", None)
+    return end.isoformat() if end is not None else None
+
+
+def _safe(run_id: str) -> str:
+    """A run id as one path segment (run ids may hold ``:`` and ``+``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)

@@ -1,0 +1,108 @@
+"""Operators for MLflow: log the run and register the challenger; decide champion/challenger."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from onnxcast.errors import GateError
+from operators.links import persist_mlflow_run_url
+from operators.pipeline import _TrackedOperator, load_config, run_key
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class RegisterModelOperator(_TrackedOperator):
+    """Assemble report.json, log the run to MLflow and register the winning family.
+
+    The registered version gets the alias ``challenger``; a retry finds the version it
+    registered before (tagged with the DAG run) instead of adding another. When a required
+    gate fails, the failed report is still logged (run status FAILED) and the task fails.
+    XCom: ``{name, version, run_id, model_uri, family, created, parent_run_id}``.
+    """
+
+    template_fields: Sequence[str] = ("run_dir",)
+
+    def __init__(self, *, run_dir: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.champion import challengers, champion_entry
+        from onnxcast.pipeline import assemble_report
+        from onnxcast.report import read_json, write_json
+        from onnxcast.tracking import log_pipeline_run, register_model, run_url
+
+        cfg = load_config(self.run_dir)
+        families = challengers(self.run_dir)
+        champion = champion_entry(self.run_dir)
+        extra = [champion["family"]] if champion else []
+        key = run_key(context)
+        tags = {"airflow.dag_id": context["dag_run"].dag_id, "airflow.run_id": context["run_id"]}
+        try:
+            assemble_report(cfg, families)
+        except GateError as exc:
+            tracked = log_pipeline_run(self.run_dir, model_name=cfg.model_name, run_key=key, families=families,
+                                       extra_families=extra, tracking_uri=self.mlflow_hook.tracking_uri, tags=tags)
+            persist_mlflow_run_url(context, run_url(self.mlflow_hook.tracking_uri, tracked.experiment_id,
+                                                    tracked.parent_run_id, self.mlflow_hook.ui_url))
+            raise AirflowFailException(str(exc)) from None
+        tracked = log_pipeline_run(self.run_dir, model_name=cfg.model_name, run_key=key, families=families,
+                                   extra_families=extra, tracking_uri=self.mlflow_hook.tracking_uri, tags=tags)
+        persist_mlflow_run_url(context, run_url(self.mlflow_hook.tracking_uri, tracked.experiment_id,
+                                                tracked.parent_run_id, self.mlflow_hook.ui_url))
+        version = register_model(self.run_dir, tracked, model_name=cfg.model_name, run_key=key,
+                                 tracking_uri=self.mlflow_hook.tracking_uri)
+        # promotion names the registry version in the rollout manifest (report["mlflow"])
+        report_path = f"{self.run_dir}/report.json"
+        report = read_json(report_path)
+        report["mlflow"] = {"tracking_uri": _public(self.mlflow_hook.tracking_uri), "model": cfg.model_name,
+                            "version": version.version, "run_id": version.run_id,
+                            "parent_run_id": tracked.parent_run_id, "experiment_id": tracked.experiment_id}
+        write_json(report_path, report)
+        self.log.info("Registered %s version %s (%s)%s", cfg.model_name, version.version, version.family,
+                      "" if version.created else " (found from an earlier try)")
+        return {**version.as_xcom(), "parent_run_id": tracked.parent_run_id}
+
+
+class ChampionChallengerOperator(_TrackedOperator):
+    """Decide whether the registered challenger replaces the champion (both measured in this run).
+
+    Records the comparison as tags on the model version and metrics on the parent run.
+    XCom: the decision (``promote``, ``reason``, both MAEs, versions).
+    """
+
+    template_fields: Sequence[str] = ("run_dir", "version", "min_improvement")
+
+    def __init__(self, *, run_dir: str, version: str, min_improvement: float | str = 0.0,
+                 require_beats_champion: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.version = version
+        self.min_improvement = min_improvement
+        self.require_beats_champion = require_beats_champion
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.champion import decide
+        from onnxcast.report import read_json
+        from onnxcast.tracking import record_decision
+
+        cfg = load_config(self.run_dir)
+        decision = decide(self.run_dir, min_improvement=float(self.min_improvement or 0.0),
+                          require_beats_champion=self.require_beats_champion)
+        decision["challenger_version"] = str(self.version)
+        parent = (read_json(f"{self.run_dir}/report.json").get("mlflow") or {}).get("parent_run_id")
+        record_decision(cfg.model_name, str(self.version), decision, parent_run_id=parent,
+                        tracking_uri=self.mlflow_hook.tracking_uri)
+        self.link_mlflow_run(context, cfg.model_name)
+        self.log.info("%s: %s", "Promote" if decision["promote"] else "Keep the champion", decision["reason"])
+        return decision
+
+
+def _public(uri: str) -> str:
+    from onnxcast.tracking import redact_uri
+
+    return redact_uri(uri)

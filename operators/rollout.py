@@ -1,0 +1,193 @@
+"""Operators for the rollout store: promote a run or a registered version, roll a channel back.
+
+The store is a local directory or an ``s3://`` prefix (``aws_default`` for endpoint,
+region and keys). After a promotion the registry alias ``champion`` follows, and the
+move is recorded as tags (MLflow keeps no alias history).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from onnxcast.errors import ConfigError, GateError, OnnxcastError
+from operators.hooks import S3SettingsHook
+from operators.pipeline import (
+    _safe,
+    _TrackedOperator,
+    as_bool,
+    default_run_root,
+    load_config,
+    run_key,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def default_store_uri() -> str:
+    return str(Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve() / "rollout")
+
+
+def _actor(context: Context) -> str:
+    user = getattr(context.get("dag_run"), "triggering_user_name", None)
+    return f"airflow:{run_key(context)}" + (f" ({user})" if user else "")
+
+
+class _StoreOperator(_TrackedOperator):
+    def __init__(self, *, store_uri: str | None = None, aws_conn_id: str | None = "aws_default",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.store_uri = store_uri
+        self.aws_conn_id = aws_conn_id
+
+    @cached_property
+    def s3_hook(self) -> S3SettingsHook:
+        return S3SettingsHook(aws_conn_id=self.aws_conn_id)
+
+    def open_store(self):
+        try:
+            uri = None if self.store_uri in (None, "", "None") else str(self.store_uri)
+            return self.s3_hook.open_store(uri or default_store_uri())
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
+
+
+class PromoteModelOperator(_StoreOperator):
+    """Publish the run's report and ONNX files as store version ``version``, move ``channels``.
+
+    Skips when ``decision`` (the champion/challenger XCom) says not to promote. With
+    ``assemble_report`` the report is first rebuilt from this run's validation (the gates
+    are evaluated again; a failed gate fails the task). Re-running is a no-op: the version
+    is immutable and the pointers already point at it. Emits the task's outlet asset
+    events with the promoted model and version as extra.
+    """
+
+    template_fields: Sequence[str] = ("run_dir", "version", "channels", "store_uri", "decision", "reason")
+
+    def __init__(self, *, run_dir: str, version: str, channels: Sequence[str] | str = ("edge", "cloud"),
+                 decision: dict | str | None = None, assemble_report: bool = False, reason: str = "",
+                 move_champion: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.version = version
+        self.channels = channels
+        self.decision = decision
+        self.assemble_report = assemble_report
+        self.reason = reason
+        self.move_champion = move_champion
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.promote import promote
+        from onnxcast.tracking import set_champion
+
+        decision = self.decision if isinstance(self.decision, dict) else None
+        if decision is not None and not decision.get("promote"):
+            raise AirflowSkipException(f"not promoted: {decision.get('reason')}")
+        cfg = load_config(self.run_dir)
+        if self.assemble_report:
+            self._assemble(cfg)
+        reason = self.reason or (decision or {}).get("reason") or "promoted by Airflow"
+        store = self.open_store()
+        try:
+            result = promote(self.run_dir, store, cfg.model_name, self.channels, version=str(self.version),
+                             actor=_actor(context), reason=reason)
+        except OnnxcastError as exc:
+            raise AirflowFailException(str(exc)) from None
+        manifest = store.url(store.version_key(cfg.model_name, result.version))
+        if self.move_champion:
+            previous = set_champion(cfg.model_name, str(self.version), tracking_uri=self.mlflow_hook.tracking_uri,
+                                    record={"action": "promote", "channels": result.channels, "store": result.store,
+                                            "by": _actor(context), "reason": reason})
+            self.log.info("Alias champion: v%s -> v%s", previous, self.version)
+        self.link_mlflow_run(context, cfg.model_name)
+        for outlet in self.outlets:
+            context["outlet_events"][outlet].extra = {"model": cfg.model_name, "version": result.version,
+                                                      "channels": sorted(result.channels), "manifest": manifest}
+        self.log.info("Promoted %s v%s to %s in %s (%s)", cfg.model_name, result.version, result.channels,
+                      result.store, "changed" if result.changed else "already there: nothing to do")
+        return {**result.as_xcom(), "manifest": manifest}
+
+    def _assemble(self, cfg) -> None:
+        from onnxcast.champion import challengers
+        from onnxcast.pipeline import assemble_report
+        from onnxcast.report import read_json, write_json
+
+        staged = read_json(Path(self.run_dir) / "staged.json")
+        try:
+            report = assemble_report(cfg, challengers(self.run_dir))
+        except GateError as exc:
+            raise AirflowFailException(f"gates re-checked and failed: {exc}") from None
+        report["mlflow"] = staged["mlflow"]
+        write_json(Path(self.run_dir) / "report.json", report)
+
+
+class StageRegisteredVersionOperator(_TrackedOperator):
+    """Download a registered version (number or alias) into a fresh run directory, laid out as
+    the run that produced it, and prepare that run's data window again, so the validate step
+    can re-check its gates before promotion. XCom: ``run_dir``, ``families``, ``version``."""
+
+    template_fields: Sequence[str] = ("model_name", "ref", "run_root")
+
+    def __init__(self, *, model_name: str, ref: str, run_root: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.ref = ref
+        self.run_root = run_root
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.fetch import stage_version
+        from onnxcast.tracking import TrackingError
+
+        run_dir = Path(self.run_root or default_run_root()) / context["dag_run"].dag_id / _safe(context["run_id"])
+        try:
+            staged = stage_version(self.model_name, str(self.ref), run_dir, tracking_uri=self.mlflow_hook.tracking_uri)
+        except (TrackingError, OnnxcastError) as exc:
+            raise AirflowFailException(str(exc)) from None
+        context["ti"].xcom_push(key="run_dir", value=str(run_dir))
+        self.link_mlflow_run(context, self.model_name)
+        self.log.info("Staged %s v%s (%s) in %s", self.model_name, staged["version"], staged["family"], run_dir)
+        return {"run_dir": str(run_dir), "version": staged["version"], "family": staged["family"]}
+
+
+class RollbackChannelOperator(_StoreOperator):
+    """Move a channel back to its previous version (or ``to_version``); never deletes a version.
+
+    With ``move_champion`` the registry alias ``champion`` follows the channel.
+    """
+
+    template_fields: Sequence[str] = ("model_name", "channel", "to_version", "store_uri", "reason", "move_champion")
+
+    def __init__(self, *, model_name: str, channel: str, reason: str, to_version: str | None = None,
+                 move_champion: bool | str = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.channel = channel
+        self.reason = reason
+        self.to_version = to_version
+        self.move_champion = move_champion
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.promote import rollback
+        from onnxcast.tracking import set_champion
+
+        store = self.open_store()
+        try:
+            to_version = None if self.to_version in (None, "", "None") else str(self.to_version)
+            result = rollback(store, self.model_name, self.channel, to_version=to_version,
+                              actor=_actor(context), reason=self.reason)
+        except OnnxcastError as exc:
+            raise AirflowFailException(str(exc)) from None
+        if result.changed and as_bool(self.move_champion):
+            set_champion(self.model_name, result.version, tracking_uri=self.mlflow_hook.tracking_uri,
+                         record={"action": "rollback", "channel": self.channel, "from_version": result.from_version,
+                                 "by": _actor(context), "reason": self.reason})
+        self.log.info("Channel %s of %s: v%s -> v%s%s", self.channel, self.model_name, result.from_version,
+                      result.version, "" if result.changed else " (already there)")
+        return {"model": self.model_name, "channel": self.channel, "version": result.version,
+                "from_version": result.from_version, "changed": result.changed}

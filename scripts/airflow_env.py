@@ -1,0 +1,48 @@
+"""Environment for running the project's Airflow on one machine (demo, UI, tests).
+
+Airflow reads its settings when ``airflow`` is first imported, so :func:`configure` must
+run before that. It points Airflow at the repository's ``airflow.cfg`` (AIRFLOW_CONFIG)
+and keeps all state under ``$ONNXCAST_HOME/airflow`` (AIRFLOW_HOME): SQLite metadata DB,
+logs, generated passwords. The repository goes on PYTHONPATH so that DAG files and task
+processes can import ``operators``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def configure(home: str | Path | None = None) -> dict[str, str]:
+    """Set the environment variables for Airflow and onnxcast; returns what it set."""
+    onnxcast_home = Path(home or os.environ.get("ONNXCAST_HOME") or REPO / ".onnxcast").resolve()
+    airflow_home = onnxcast_home / "airflow"
+    airflow_home.mkdir(parents=True, exist_ok=True)
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    values = {
+        "ONNXCAST_HOME": str(onnxcast_home),
+        "ONNXCAST_REPO": str(REPO),
+        "AIRFLOW_HOME": str(airflow_home),
+        "AIRFLOW_CONFIG": str(REPO / "airflow.cfg"),
+        "PYTHONPATH": python_path,
+        # no telemetry calls from a machine that may have no internet
+        "SCARF_ANALYTICS": "false",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    }
+    os.environ.update(values)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return values
+
+
+def init_db() -> None:
+    """Create or upgrade the Airflow metadata DB (``airflow db migrate``), in this process."""
+    from airflow import settings
+    from airflow.utils import db
+
+    settings.configure_orm()
+    db.upgradedb()
