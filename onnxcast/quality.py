@@ -26,7 +26,7 @@ from typing import Any
 
 from onnxcast.config import PipelineConfig
 from onnxcast.data import SeriesData, infer_freq, load_series, split_by_time
-from onnxcast.errors import DataError, DataQualityError
+from onnxcast.errors import ConfigError, DataError, DataQualityError
 
 SUITE_NAME = "onnxcast-data-quality"
 RESULT_JSON = "validation_result.json"
@@ -99,7 +99,6 @@ class PreparedFrame:
     """The raw rows in use plus ``_qc_`` helper columns, and the facts the suite needs."""
 
     frame: Any  # pandas.DataFrame
-    columns: list[str]  # columns of the file as read
     time_ok: bool  # the time column exists
     value_columns: list[str]  # target and features that exist in the file
     freq: str | None = None  # None when fewer than two timestamps parse
@@ -114,7 +113,7 @@ class PreparedFrame:
 def prepare_frame(frame, cfg: PipelineConfig, source: str) -> PreparedFrame:
     """Add the helper columns the suite checks; raise DataError only for an unusable ``freq``."""
     columns = [str(c) for c in frame.columns]
-    prepared = PreparedFrame(frame=frame.copy(), columns=columns, time_ok=cfg.time_column in columns,
+    prepared = PreparedFrame(frame=frame.copy(), time_ok=cfg.time_column in columns,
                              value_columns=[c for c in (cfg.target_column, *cfg.feature_columns) if c in columns])
     if prepared.time_ok:
         _add_time_helpers(prepared, cfg)
@@ -184,9 +183,8 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
                 observed="{} missing"))
     for column in prepared.value_columns:
         expectations += _value_expectations(E, cfg, prepared, column)
-    suite = gx.ExpectationSuite(name=SUITE_NAME, expectations=expectations,
-                                meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(q)}})
-    return suite
+    return gx.ExpectationSuite(name=SUITE_NAME, expectations=expectations,
+                               meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(q)}})
 
 
 def run_suite(frame, suite):
@@ -308,10 +306,13 @@ def _add_time_helpers(prepared: PreparedFrame, cfg: PipelineConfig) -> None:
 
     frame = prepared.frame
     raw = frame[cfg.time_column]
-    prepared.time_is_numeric = raw.dtype.kind in "iuf"
+    prepared.time_is_numeric = raw.dtype.kind in "iuf" and bool(raw.notna().any())
     times = parse_times(raw)
     if cfg.trained_until:
-        cutoff = pd.Timestamp(cfg.trained_until)
+        try:
+            cutoff = pd.Timestamp(cfg.trained_until)
+        except ValueError:
+            raise ConfigError(f"trained_until {cfg.trained_until!r} is not a timestamp") from None
         cutoff = cutoff.tz_localize("UTC") if cutoff.tzinfo is None else cutoff.tz_convert("UTC")
         keep = times.isna() | (times <= cutoff)
         frame, times, raw = frame[keep].copy(), times[keep], raw[keep]
@@ -368,6 +369,7 @@ def _add_grid_helpers(prepared: PreparedFrame, cfg: PipelineConfig, source: str)
     else:
         edge = np.ones(len(steps), bool)
     frame[f"{HELPER}edge_missing"] = _where(pd.Series(frame.index.isin(rows[edge]), index=frame.index), raw)
+
 
 def _value_expectations(E, cfg: PipelineConfig, prepared: PreparedFrame, column: str) -> list:
     q, h = cfg.quality, HELPER
@@ -470,8 +472,10 @@ def _describe(result: dict, kwargs: dict, kind: str, observed: str | None = None
         if rows:
             text += f" (row {', '.join(map(str, rows))}{', ...' if count > len(rows) else ''})"
         return text
+    if result.get("observed_value") is None:
+        return "nothing to measure (no complete rows)"
     if observed:
-        return observed.format(_plain(result.get("observed_value")))
+        return observed.format(_plain(result["observed_value"]))
     bounds = [f"{word} {_plain(kwargs[key])}" for key, word in (("min_value", ">="), ("max_value", "<="))
               if kwargs.get(key) is not None]
     return f"observed {_plain(result.get('observed_value'))}, expected {' and '.join(bounds)}"
