@@ -79,7 +79,10 @@ def pull(store_uri: str, model: str, channel: str, dest: str | Path, **settings:
         raise StoreError(f"{store.url(store.channel_key(model, channel))}: no such channel for model {model!r}")
     want = _pointer_fields(pointer.value, store.url(store.channel_key(model, channel)))
     dest = Path(dest).absolute()
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{dest}: cannot use as the device folder ({exc.strerror})") from None
     with _locked(dest / ".pull.lock"):
         current = _installed(dest / "current")
         if current and current.get("version") == want["version"] and current.get("sha256") == want["sha256"] \
@@ -287,8 +290,11 @@ def _download(store, model: str, channel: str, want: dict, staging: Path) -> Non
     if sha256_hex(data) != want["manifest_sha256"]:
         raise VerificationError(f"{manifest_url}: sha256 {sha256_hex(data)[:12]} does not match the "
                                 f"channel pointer's {want['manifest_sha256'][:12]}; refusing version {version}")
-    manifest = json.loads(data)
-    entry = manifest.get("artifacts", {}).get(artifact, {})
+    try:
+        manifest = json.loads(data)
+        entry = manifest.get("artifacts", {}).get(artifact, {})
+    except (ValueError, AttributeError):
+        raise VerificationError(f"{manifest_url}: not a manifest; refusing version {version}") from None
     if manifest.get("channels", {}).get(channel, {}).get("artifact") != artifact \
             or entry.get("sha256") != want["sha256"]:
         raise VerificationError(f"{manifest_url}: does not list {artifact} with the pointer's sha256 "

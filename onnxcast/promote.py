@@ -10,6 +10,12 @@ complete new version, never a pointer to something missing:
 3. read the version back and verify every artifact against the manifest;
 4. only then move each pointer by compare-and-swap, appending to its history.
 
+A channel pointer (``<model>/channels/<channel>.json``) holds ``version``, ``artifact``,
+``family``, ``variant``, the artifact's ``sha256``, the ``manifest_sha256`` (so a device
+can check the manifest it fetches), ``updated_at``/``updated_by`` and ``history``: one
+entry per move (``action`` promote|rollback, ``version``, ``from_version``, ``by``,
+``at``, ``reason``).
+
 A version holds the variants of every channel the report selects, so promoting ``edge``
 today and ``cloud`` tomorrow from one report lands on the same immutable version.
 Versions are never deleted; rollback only moves a pointer.

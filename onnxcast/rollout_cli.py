@@ -81,8 +81,11 @@ def run_edge_pull(args: argparse.Namespace) -> int:
     if args.watch:
         if args.max_polls is not None and args.max_polls < 1:
             raise ConfigError(f"--max-polls must be >= 1, got {args.max_polls}")
-        failures = watch(args.store, args.model, args.channel, args.dest, interval=args.interval,
-                         max_polls=args.max_polls, on_poll=lambda line: print(line, flush=True))
+        try:
+            failures = watch(args.store, args.model, args.channel, args.dest, interval=args.interval,
+                             max_polls=args.max_polls, on_poll=lambda line: print(line, flush=True))
+        except KeyboardInterrupt:  # the usual way to stop an unbounded watch
+            return 130
         return 1 if failures else 0
     result = pull(args.store, args.model, args.channel, args.dest)
     state = "installed" if result.changed else "already at"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from onnxcast.errors import ConfigError, ConflictError, StoreError
+from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
 
 MANIFEST = "manifest.json"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -353,7 +353,7 @@ class S3Store(RolloutStore):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _get(self, key: str) -> tuple[bytes, str] | None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key), ChecksumMode="ENABLED")
@@ -362,6 +362,8 @@ class S3Store(RolloutStore):
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
             raise self._error(exc, "GetObject", key) from None
+        except FlexibleChecksumError as exc:
+            raise VerificationError(f"{self.url(key)}: bytes received do not match the checksum S3 stored ({exc})") from None
         except BotoCoreError as exc:
             raise StoreError(f"{self.url(key)}: cannot read from S3 ({exc})") from None
 

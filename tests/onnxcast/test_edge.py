@@ -141,8 +141,8 @@ class TestInspect:
 
 
 class TestPredict:
-    def test_equals_onnxruntime_on_the_same_window(self, store_uri, make_run, tmp_path, history_csv):
-        import onnxruntime as ort
+    def test_equals_the_pipelines_forecast_for_the_same_window(self, store_uri, make_run, tmp_path, history_csv):
+        from onnxcast.validate import onnx_predict, onnx_session
 
         report = make_run("a")
         promote(report, store_uri, "m", "edge")
@@ -154,9 +154,8 @@ class TestPredict:
         printed = np.array([np.float32(line.split(",")[1]) for line in lines[1:]])
         rows = np.genfromtxt(history_csv, delimiter=",", names=True, dtype=None, encoding=None)
         window = np.stack([rows["y"], rows["x1"]], axis=1)[-16:].astype(np.float32)
-        session = ort.InferenceSession(str(report.parent / "models/lstm/onnx/fp32-opt.onnx"),
-                                       providers=["CPUExecutionProvider"])
-        expected = session.run(None, {"history": window[None]})[0][0]
+        # What the pipeline computes for this window with the promoted file (onnxcast.validate).
+        expected = onnx_predict(onnx_session(report.parent / "models/lstm/onnx/fp32-opt.onnx"), window[None])[0]
         assert np.array_equal(printed, expected)
 
     @pytest.mark.parametrize("content, message", [

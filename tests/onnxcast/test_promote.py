@@ -325,3 +325,14 @@ def _fail_nth_write(store, n: int) -> None:
             return create(key, data)
 
         store.create = failing
+
+
+def test_store_and_promote_import_light_for_airflow():
+    """Operators import these at task run time, and DAG files must parse fast."""
+    import subprocess
+    import sys
+
+    code = ("import sys, onnxcast.store, onnxcast.promote, onnxcast.rollout_cli\n"
+            "print(sorted(m for m in ('boto3', 'onnx', 'onnxruntime', 'torch', 'numpy', 'pandas') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from onnxcast.errors import ConfigError, ConflictError, StoreError
+from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
 from onnxcast.store import LocalStore, S3Store, check_name, open_store
 
 
@@ -144,6 +144,21 @@ class TestS3:
         store.replace_pointer("m/channels/edge.json", {"version": "2"}, token)
         assert store.read_pointer("m/channels/edge.json").value == {"version": "2"}
 
+    def test_bytes_not_matching_the_stored_checksum_are_refused(self, s3_bucket):
+        from botocore.awsrequest import AWSResponse
+
+        store = open_store(f"s3://{s3_bucket}/p")
+        store.create("m/versions/1/a.onnx", b"model")
+        wrong = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+
+        def corrupted(request, **_):  # a body damaged in transit, with S3's checksum header
+            return AWSResponse(request.url, 200, {"x-amz-checksum-sha256": wrong, "ETag": '"e"',
+                                                  "Content-Length": "5"}, _Raw(b"model"))
+
+        store.client.meta.events.register("before-send.s3.GetObject", corrupted)
+        with pytest.raises(VerificationError, match="bytes received do not match the checksum S3 stored"):
+            store.read("m/versions/1/a.onnx")
+
     def test_missing_bucket_and_unreachable_endpoint(self, s3_env):
         with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
             open_store("s3://no-such-bucket/p").create("m/versions/1/a.onnx", b"x")
@@ -161,13 +176,6 @@ def _inject(store, failures: list[tuple[int, str]], send_first: bool = False) ->
     sent: list[str] = []
     pending = list(failures)
 
-    class Raw:
-        def __init__(self, body: bytes):
-            self.body = body
-
-        def stream(self, **_):
-            yield self.body
-
     def before_send(request, **_):
         sent.append(request.url)
         if not pending:
@@ -176,7 +184,21 @@ def _inject(store, failures: list[tuple[int, str]], send_first: bool = False) ->
         if send_first and len(sent) == 1:
             URLLib3Session().send(request)
         body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
-        return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, Raw(body))
+        return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Raw(body))
 
     store.client.meta.events.register("before-send.s3.PutObject", before_send)
     return sent
+
+
+class _Raw:
+    """The raw body of a fabricated botocore response."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def stream(self, **_):
+        yield self.body
+
+    def read(self, *_):
+        body, self.body = self.body, b""
+        return body
