@@ -86,10 +86,11 @@ class PromoteModelOperator(_StoreOperator):
         from onnxcast.promote import promote
         from onnxcast.tracking import set_champion
 
+        cfg = load_config(self.run_dir)
+        self.link_mlflow_run(context, cfg.model_name)
         decision = self.decision if isinstance(self.decision, dict) else None
         if decision is not None and not decision.get("promote"):
             raise AirflowSkipException(f"not promoted: {decision.get('reason')}")
-        cfg = load_config(self.run_dir)
         if self.assemble_report:
             self._assemble(cfg)
         reason = self.reason or (decision or {}).get("reason") or "promoted by Airflow"
@@ -105,7 +106,6 @@ class PromoteModelOperator(_StoreOperator):
                                     record={"action": "promote", "channels": result.channels, "store": result.store,
                                             "by": _actor(context), "reason": reason})
             self.log.info("Alias champion: v%s -> v%s", previous, self.version)
-        self.link_mlflow_run(context, cfg.model_name)
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = {"model": cfg.model_name, "version": result.version,
                                                       "channels": sorted(result.channels), "manifest": manifest}
@@ -177,6 +177,12 @@ class RollbackChannelOperator(_StoreOperator):
         from onnxcast.tracking import set_champion
 
         store = self.open_store()
+        done = self._done_by_earlier_try(store, _actor(context))
+        if done is not None:
+            self.log.info("Channel %s of %s was rolled back to v%s by an earlier try: nothing to do",
+                          self.channel, self.model_name, done["version"])
+            return {"model": self.model_name, "channel": self.channel, "version": done["version"],
+                    "from_version": done.get("from_version"), "changed": False}
         try:
             to_version = None if self.to_version in (None, "", "None") else str(self.to_version)
             result = rollback(store, self.model_name, self.channel, to_version=to_version,
@@ -191,3 +197,19 @@ class RollbackChannelOperator(_StoreOperator):
                       result.version, "" if result.changed else " (already there)")
         return {"model": self.model_name, "channel": self.channel, "version": result.version,
                 "from_version": result.from_version, "changed": result.changed}
+
+    def _done_by_earlier_try(self, store, actor: str) -> dict | None:
+        """The history entry of this task's own rollback, when an earlier try already made it
+        (a second rollback would walk one version further back)."""
+        from onnxcast.errors import StoreError
+
+        try:
+            pointer = store.read_channel(self.model_name, self.channel).value or {}
+        except StoreError:
+            return None
+        history = pointer.get("history") or []
+        last = history[-1] if history else {}
+        if last.get("action") == "rollback" and last.get("by") == actor and last.get("reason") == self.reason \
+                and last.get("version") == pointer.get("version"):
+            return last
+        return None

@@ -1,0 +1,3 @@
+import airflow_support
+
+airflow_support.configure()

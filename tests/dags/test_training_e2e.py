@@ -1,0 +1,168 @@
+"""onnxcast_training end to end with Airflow's dag.test() on the real example data, then the
+promote and rollback DAGs on what it registered. Embedded defaults: SQLite Airflow, SQLite
+MLflow and a local rollout store under the session's ONNXCAST_HOME."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import airflow_support
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "e2e-forecaster"
+
+
+def load_dag(dag_id: str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    airflow_support.ensure_db()
+    bag = DagBag(dag_folder=str(airflow_support.REPO / "dags" / f"{dag_id}.py"))
+    assert bag.import_errors == {}
+    return bag.dags[dag_id]
+
+
+def store_dir() -> Path:
+    return airflow_support.configure() / "rollout" / MODEL
+
+
+def client():
+    from onnxcast.tracking import client_for
+
+    return client_for()
+
+
+@pytest.fixture(scope="module")
+def first_run():
+    conf = {**airflow_support.TINY, "families": ["lstm", "transformer"], "model_name": MODEL}
+    run = load_dag("onnxcast_training").test(run_conf=conf)
+    return run
+
+
+@pytest.fixture(scope="module")
+def second_run(first_run):
+    """Same data and settings, LSTM only: the LSTM trains to the same weights as in the first
+    run (same seed), so it cannot beat the champion, the better of the first run's two."""
+    pointers = {p.name: p.read_bytes() for p in (store_dir() / "channels").glob("*.json")}
+    conf = {**airflow_support.TINY, "families": ["lstm"], "model_name": MODEL}
+    run = load_dag("onnxcast_training").test(run_conf=conf)
+    return run, pointers
+
+
+class TestFirstRun:
+    def test_every_task_succeeded(self, first_run):
+        states = airflow_support.task_states(first_run)
+        assert set(states.values()) == {"success"}, states
+        assert {"train_or_fetch[0]", "train_or_fetch[1]", "validate[1]", "register", "promote"} <= set(states)
+        assert airflow_support.xcom(first_run, "check_data") == ["lstm", "transformer"]
+
+    def test_registered_version_is_champion_with_artifacts(self, first_run, tmp_path):
+        import mlflow
+
+        registered = airflow_support.xcom(first_run, "register")
+        version = client().get_model_version_by_alias(MODEL, "champion")
+        assert str(version.version) == str(registered["version"])
+        assert version.tags["onnxcast.run_key"] == f"onnxcast_training/{first_run.run_id}"
+        assert version.tags["onnxcast.decision.promote"] == "True"
+        files = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}/{version.version}", dst_path=str(tmp_path)))
+        names = {p.name for p in files.rglob("*") if p.is_file()}
+        assert {"MLmodel", "model.onnx", "fp32.onnx", "fp32-opt.onnx", "int8.onnx", "model.pt", "model.json",
+                "report.json", "input_example.json"} <= names
+        mlmodel = (files / "MLmodel").read_text()
+        assert "onnx:" in mlmodel and "signature:" in mlmodel and "CPUExecutionProvider" in mlmodel
+        inputs = json.loads(mlflow.models.get_model_info(f"models:/{MODEL}/{version.version}").signature.to_dict()["inputs"])
+        assert inputs == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, -1, 1]}, "name": "history"}]
+
+    def test_mlflow_runs_hold_report_plot_quality_and_variant_metrics(self, first_run):
+        registered = airflow_support.xcom(first_run, "register")
+        c = client()
+        parent = c.get_run(registered["parent_run_id"])
+        artifacts = {a.path for a in c.list_artifacts(parent.info.run_id)}
+        assert {"report.json", "plots", "quality"} <= artifacts
+        assert parent.data.params["horizon"] == "12"
+        child = c.get_run(registered["run_id"])
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert {"fp32.holdout_mae", "int8.holdout_mae", "fp32-opt.latency_batch1_p50_ms"} <= set(child.data.metrics)
+        assert {a.path for a in c.list_artifacts(child.info.run_id, "onnx")} >= {"onnx/fp32.onnx", "onnx/int8.onnx"}
+
+    def test_rollout_manifest_sha256s_match_files(self, first_run):
+        version = str(airflow_support.xcom(first_run, "register")["version"])
+        folder = store_dir() / "versions" / version
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["artifacts"]
+        for name, entry in manifest["artifacts"].items():
+            data = (folder / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+            assert len(data) == entry["size_bytes"]
+        for channel in ("edge", "cloud"):
+            pointer = json.loads((store_dir() / "channels" / f"{channel}.json").read_text())
+            assert pointer["version"] == version
+            assert pointer["artifact"] in manifest["artifacts"]
+
+    def test_each_task_links_to_its_mlflow_run(self, first_run):
+        registered = airflow_support.xcom(first_run, "register")
+        for task_id, index in (("check_data", -1), ("train_or_fetch", 0), ("validate", 1), ("promote", -1)):
+            url = airflow_support.xcom(first_run, task_id, "_link_MlflowRunLink", index)
+            assert url and "/#/experiments/" in url, (task_id, url)
+        assert airflow_support.xcom(first_run, "register", "_link_MlflowRunLink").endswith(registered["parent_run_id"])
+
+    def test_promotion_published_the_asset(self, first_run):
+        from airflow.models.asset import AssetEvent
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == first_run.run_id)).all()
+            assert [(e.source_task_id, e.extra["model"]) for e in events] == [("promote", MODEL)]
+
+
+class TestSecondRunThatDoesNotBeatTheChampion:
+    def test_registered_but_not_promoted(self, first_run, second_run):
+        run, pointers_before = second_run
+        states = airflow_support.task_states(run)
+        assert states.pop("promote") == "skipped"
+        assert set(states.values()) == {"success"}, states
+        assert airflow_support.xcom(run, "check_data") == ["lstm", "champion"]
+        first = str(airflow_support.xcom(first_run, "register")["version"])
+        second = str(airflow_support.xcom(run, "register")["version"])
+        assert second != first
+        c = client()
+        assert str(c.get_model_version_by_alias(MODEL, "champion").version) == first
+        assert str(c.get_model_version_by_alias(MODEL, "challenger").version) == second
+        assert pointers_before == {p.name: p.read_bytes() for p in (store_dir() / "channels").glob("*.json")}
+        assert not (store_dir() / "versions" / second).exists()
+
+    def test_decision_compares_both_on_the_same_holdout(self, second_run):
+        run, _ = second_run
+        decision = airflow_support.xcom(run, "champion_challenger")
+        assert decision["promote"] is False
+        assert decision["challenger_mae"] >= decision["champion_mae"]
+        tags = client().get_model_version(MODEL, decision["challenger_version"]).tags
+        assert tags["onnxcast.decision.promote"] == "False"
+        assert float(tags["onnxcast.decision.champion_mae"]) == pytest.approx(decision["champion_mae"])
+
+
+class TestPromoteAndRollbackDags:
+    def test_promote_challenger_to_edge_then_roll_back(self, first_run, second_run):
+        run, _ = second_run
+        first = str(airflow_support.xcom(first_run, "register")["version"])
+        second = str(airflow_support.xcom(run, "register")["version"])
+
+        promoted = load_dag("onnxcast_promote").test(run_conf={"model_name": MODEL, "version": "challenger",
+                                                               "channels": ["edge"], "reason": "e2e"})
+        assert set(airflow_support.task_states(promoted).values()) == {"success"}
+        edge = json.loads((store_dir() / "channels" / "edge.json").read_text())
+        cloud = json.loads((store_dir() / "channels" / "cloud.json").read_text())
+        assert (edge["version"], cloud["version"]) == (second, first)
+        assert str(client().get_model_version_by_alias(MODEL, "champion").version) == second
+
+        rolled = load_dag("onnxcast_rollback").test(run_conf={"model_name": MODEL, "channel": "edge",
+                                                              "reason": "e2e rollback"})
+        assert set(airflow_support.task_states(rolled).values()) == {"success"}
+        edge = json.loads((store_dir() / "channels" / "edge.json").read_text())
+        assert edge["version"] == first
+        assert [h["action"] for h in edge["history"]] == ["promote", "promote", "rollback"]
+        assert str(client().get_model_version_by_alias(MODEL, "champion").version) == first

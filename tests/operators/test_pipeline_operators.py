@@ -1,0 +1,108 @@
+"""Pipeline-step operators: templated fields, and a retry (execute twice) is harmless."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import OPS_SETTINGS, assert_template_fields_stored_unchanged, make_context
+
+pytestmark = pytest.mark.slow
+
+
+def read(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+class TestCheckDataOperator:
+    def test_template_fields(self):
+        from operators import CheckDataOperator
+
+        values = {"settings": {"horizon": "{{ params.horizon }}"}, "extra_settings": "{{ params.extra_settings }}",
+                  "run_root": "/r", "fetch_from": "{{ params.fetch_from }}", "trained_until": "{{ ds }}",
+                  "compare_with_champion": "{{ params.compare_with_champion }}"}
+        op = CheckDataOperator(task_id="check_data", **values)
+        assert set(op.template_fields) == set(values)
+        assert_template_fields_stored_unchanged(op, values)
+
+    def test_retry_gives_the_same_run(self, tmp_path):
+        from operators import CheckDataOperator
+
+        op = CheckDataOperator(task_id="check_data", settings=OPS_SETTINGS, run_root=str(tmp_path),
+                               compare_with_champion=False)
+        first, second = make_context(), make_context()
+        assert op.execute(first) == op.execute(second) == ["lstm"]
+        run_dir = Path(first["ti"].xcoms["run_dir"])
+        assert second["ti"].xcoms["run_dir"] == str(run_dir)
+        assert run_dir.parent.name == "operator_tests" and ":" not in run_dir.name
+        config = read(run_dir / "config.json")
+        assert config["trained_until"] == "2026-11-29T00:00:00+00:00"  # the run's data interval end
+        assert read(run_dir / "plan.json")["notes"] == ["comparison with the champion is off"]
+
+    def test_bad_settings_fail_without_retry(self, tmp_path):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from operators import CheckDataOperator
+
+        op = CheckDataOperator(task_id="check_data", settings={**OPS_SETTINGS, "horizon": 0}, run_root=str(tmp_path))
+        with pytest.raises(AirflowFailException, match="horizon must be >= 1"):
+            op.execute(make_context())
+
+
+class TestTrainOrFetchModelOperator:
+    def test_template_fields(self):
+        from operators import TrainOrFetchModelOperator
+
+        op = TrainOrFetchModelOperator(task_id="t", run_dir="{{ ti.xcom_pull('check_data', key='run_dir') }}",
+                                       family="lstm")
+        assert set(op.template_fields) == {"run_dir", "family"}
+        assert_template_fields_stored_unchanged(op, {"run_dir": "{{ ti.xcom_pull('check_data', key='run_dir') }}"})
+
+    def test_retry_trains_the_same_weights(self, run_dir):
+        import torch
+
+        from operators import TrainOrFetchModelOperator
+
+        op = TrainOrFetchModelOperator(task_id="t", run_dir=run_dir, family="lstm", mlflow_conn_id=None)
+        first = op.execute(make_context())
+        weights = torch.load(Path(run_dir, "models/lstm/model.pt"), weights_only=True)
+        assert op.execute(make_context()) == first
+        again = torch.load(Path(run_dir, "models/lstm/model.pt"), weights_only=True)
+        assert all(torch.equal(weights[k], again[k]) for k in weights)
+
+    def test_fetch_from_a_folder_when_the_plan_names_a_source(self, run_dir, prepared_run):
+        from onnxcast.champion import write_plan
+        from operators import TrainOrFetchModelOperator
+
+        write_plan(run_dir, [{"family": "lstm", "source": str(prepared_run / "models/lstm"), "role": "challenger"}])
+        op = TrainOrFetchModelOperator(task_id="t", run_dir=run_dir, family="lstm", mlflow_conn_id=None)
+        assert op.execute(make_context()) == op.execute(make_context())
+        record = read(Path(run_dir, "models/lstm/model.json"))
+        assert record["source"]["kind"] == "local"
+
+
+@pytest.mark.parametrize("name", ["ExportModelOperator", "OptimizeModelOperator", "ValidateModelOperator"])
+class TestFamilyStepOperators:
+    def test_template_fields(self, name):
+        import operators
+
+        op = getattr(operators, name)(task_id="x", run_dir="{{ run_dir }}", family="{{ family }}")
+        assert tuple(op.template_fields) == ("run_dir", "family")
+        assert_template_fields_stored_unchanged(op, {"run_dir": "{{ run_dir }}", "family": "{{ family }}"})
+
+    def test_retry_gives_the_same_result(self, name, run_dir):
+        import operators
+
+        op = getattr(operators, name)(task_id="x", run_dir=run_dir, family="lstm")
+        first_context, second_context = make_context(), make_context()
+        first = op.execute(first_context)
+        files = {p.name: p.read_bytes() for p in Path(run_dir, "models/lstm/onnx").glob("*.onnx")}
+        second = op.execute(second_context)
+        if name == "ValidateModelOperator":  # latency differs between runs, accuracy does not
+            assert second["fp32_holdout_mae"] == first["fp32_holdout_mae"]
+            assert second["gates_passed"] is first["gates_passed"] is True
+        else:
+            assert second == first
+            assert {p.name: p.read_bytes() for p in Path(run_dir, "models/lstm/onnx").glob("*.onnx")}.keys() == files.keys()
+        assert "/#/experiments/" in second_context["ti"].xcoms["mlflow_run_url"]

@@ -1,0 +1,120 @@
+"""Rollout operators: promote, stage a registered version, roll back; retries are no-ops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import assert_template_fields_stored_unchanged, make_context
+from test_registry_operators import rename
+
+pytestmark = pytest.mark.slow
+
+
+def register(run_dir: str, model: str, run_id: str) -> str:
+    from operators import RegisterModelOperator
+
+    rename(run_dir, model)
+    return RegisterModelOperator(task_id="register", run_dir=run_dir).execute(make_context(run_id=run_id))["version"]
+
+
+class TestPromoteModelOperator:
+    def test_template_fields(self):
+        from operators import PromoteModelOperator
+
+        values = {"run_dir": "{{ r }}", "version": "{{ v }}", "channels": "{{ params.channels }}",
+                  "store_uri": "{{ params.store_uri }}", "decision": "{{ ti.xcom_pull('decide') }}", "reason": "why"}
+        op = PromoteModelOperator(task_id="promote", **values)
+        assert set(op.template_fields) == set(values)
+        assert_template_fields_stored_unchanged(op, values)
+
+    def test_skips_when_the_champion_wins(self, run_dir):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from operators import PromoteModelOperator
+
+        op = PromoteModelOperator(task_id="promote", run_dir=run_dir, version="1",
+                                  decision={"promote": False, "reason": "champion is better"})
+        with pytest.raises(AirflowSkipException, match="champion is better"):
+            op.execute(make_context())
+
+    def test_retry_is_a_no_op(self, run_dir, tmp_path):
+        from onnxcast.tracking import alias_version
+        from operators import PromoteModelOperator
+
+        version = register(run_dir, "ops-promote", "promote-retry")
+        store = tmp_path / "store"
+        op = PromoteModelOperator(task_id="promote", run_dir=run_dir, version=version, channels=["edge", "cloud"],
+                                  store_uri=str(store), decision={"promote": True, "reason": "first"})
+        first, second = op.execute(make_context()), op.execute(make_context())
+        assert first["changed"] is True and second["changed"] is False
+        assert first["version"] == second["version"] == version
+        assert second["channels"] == {"edge": "unchanged", "cloud": "unchanged"}
+        assert alias_version("ops-promote", "champion") == version
+        manifest = json.loads(Path(first["manifest"]).read_text())
+        assert manifest["mlflow"]["version"] == version
+
+
+class TestStageRegisteredVersionOperator:
+    def test_template_fields(self):
+        from operators import StageRegisteredVersionOperator
+
+        values = {"model_name": "{{ params.model_name }}", "ref": "{{ params.version }}", "run_root": "/r"}
+        op = StageRegisteredVersionOperator(task_id="stage", **values)
+        assert set(op.template_fields) == set(values)
+        assert_template_fields_stored_unchanged(op, values)
+
+    def test_retry_stages_the_same_files(self, run_dir, tmp_path):
+        from operators import StageRegisteredVersionOperator
+
+        version = register(run_dir, "ops-stage", "stage-retry")
+        op = StageRegisteredVersionOperator(task_id="stage", model_name="ops-stage", ref="challenger",
+                                            run_root=str(tmp_path))
+        first, second = op.execute(make_context()), op.execute(make_context())
+        assert first == second and first["version"] == version and first["family"] == "lstm"
+        staged = Path(first["run_dir"])
+        original = json.loads(Path(run_dir, "report.json").read_text())
+        for variant in original["models"][0]["variants"]:
+            assert (staged / variant["onnx_path"]).read_bytes() == Path(run_dir, variant["onnx_path"]).read_bytes()
+
+    def test_unknown_alias_fails_with_a_clear_message(self, tmp_path):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from operators import StageRegisteredVersionOperator
+
+        op = StageRegisteredVersionOperator(task_id="stage", model_name="ops-stage-none", ref="champion",
+                                            run_root=str(tmp_path))
+        with pytest.raises(AirflowFailException, match="no alias 'champion'"):
+            op.execute(make_context())
+
+
+class TestRollbackChannelOperator:
+    def test_template_fields(self):
+        from operators import RollbackChannelOperator
+
+        values = {"model_name": "m", "channel": "{{ params.channel }}", "to_version": "{{ params.to_version }}",
+                  "store_uri": "{{ params.store_uri }}", "reason": "{{ params.reason }}",
+                  "move_champion": "{{ params.move_champion }}"}
+        op = RollbackChannelOperator(task_id="rollback", **values)
+        assert set(op.template_fields) == set(values)
+        assert_template_fields_stored_unchanged(op, values)
+
+    def test_retry_is_a_no_op(self, run_dir, tmp_path):
+        from onnxcast.tracking import alias_version
+        from operators import PromoteModelOperator, RollbackChannelOperator
+
+        store = str(tmp_path / "store")
+        versions = []
+        for run_id in ("rollback-1", "rollback-2"):
+            version = register(run_dir, "ops-rollback", run_id)
+            PromoteModelOperator(task_id="promote", run_dir=run_dir, version=version, channels=["edge", "cloud"],
+                                 store_uri=store).execute(make_context(run_id=run_id))
+            versions.append(version)
+        op = RollbackChannelOperator(task_id="rollback", model_name="ops-rollback", channel="edge", store_uri=store,
+                                     reason="bad edge results")
+        first, second = op.execute(make_context()), op.execute(make_context())
+        assert (first["version"], first["from_version"], first["changed"]) == (versions[0], versions[1], True)
+        # a retry of the same task walks back no further
+        assert (second["version"], second["changed"]) == (versions[0], False)
+        assert alias_version("ops-rollback", "champion") == versions[0]
