@@ -13,16 +13,34 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from onnxcast.errors import ExportError
 from onnxcast.export import check_model, read_metadata, set_metadata
 
 log = logging.getLogger(__name__)
 
-# Per family, the op types dynamic INT8 quantizes. Attention's activation-by-activation
-# MatMuls stay float in the Transformer (quantizing them cost accuracy, PITFALLS.md).
-QUANTIZED_OPS = {"lstm": ["LSTM", "MatMul", "Gemm"], "transformer": ["MatMul", "Gemm"]}
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """What dynamic INT8 quantizes in a family, and how."""
+
+    op_types: tuple[str, ...]
+    # per-channel scales cost 4 bytes per output channel; for the LSTM (1,024 gate rows) that
+    # was 5% of the int8 file and holdout MAE moved < 0.05% either way, so per-tensor there
+    per_channel: bool
+    # 7-bit weights: U8S8 kernels without VNNI (AVX2, AVX-512F) can saturate otherwise, and
+    # the file must stay portable to whichever edge CPU pulls it (ORT quantization docs)
+    reduce_range: bool = True
+
+
+# The Transformer keeps attention's activation-by-activation products in float (they are
+# inside MultiHeadAttention after fusion; quantizing them cost accuracy, PITFALLS.md).
+QUANTIZATION = {
+    "lstm": QuantSettings(("LSTM", "MatMul", "Gemm"), per_channel=False),
+    "transformer": QuantSettings(("MatMul", "Gemm"), per_channel=True),
+}
 
 
 @dataclass(frozen=True)
@@ -48,12 +66,17 @@ def make_variants(fp32_path: str | Path, out_dir: str | Path, family: str,
 
 
 def optimize_graph(source: Path, target: Path, *, family: str) -> str:
-    """onnxslim, then ORT offline optimisation at the portable EXTENDED level."""
+    """Attention fusion (Transformer), onnxslim, then ORT offline optimisation at the portable
+    EXTENDED level (SkipLayerNormalization, BiasGelu, FusedMatMul; no CPU-specific layouts)."""
     import onnxruntime as ort
     import onnxslim
 
     model = onnx.load(source)
     metadata = read_metadata(model)
+    notes = []
+    if family == "transformer":
+        model, fused = fuse_attention(model, ATTENTION_KIND)
+        notes.append(f"{fused} attention blocks -> com.microsoft.{ATTENTION_KIND}")
     slimmed = onnxslim.slim(model)
     with tempfile.TemporaryDirectory() as tmp:
         slim_path = Path(tmp) / "slim.onnx"
@@ -64,25 +87,36 @@ def optimize_graph(source: Path, target: Path, *, family: str) -> str:
         ort.InferenceSession(str(slim_path), options, providers=["CPUExecutionProvider"])
         optimized = onnx.load(options.optimized_model_filepath)
     _finish(optimized, target, metadata, "fp32")
-    return "onnxslim + ORT_ENABLE_EXTENDED"
+    return " + ".join([*notes, "onnxslim", "ORT_ENABLE_EXTENDED"])
 
 
 def quantize_dynamic_int8(source: Path, target: Path, *, family: str) -> str:
-    """Dynamic INT8 (weights int8, activations quantized at run time) after quant_pre_process."""
+    """Dynamic INT8 (weights int8, activations quantized at run time) after quant_pre_process.
+
+    The Transformer is quantized after attention fusion, so its packed q/k/v projection is
+    one int8 GEMM and attention itself runs in the fused float kernel.
+    """
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    metadata = read_metadata(onnx.load(source))
-    op_types = QUANTIZED_OPS.get(family, ["MatMul", "Gemm"])
+    model = onnx.load(source)
+    metadata = read_metadata(model)
+    settings = QUANTIZATION.get(family, QuantSettings(("MatMul", "Gemm"), per_channel=True))
+    notes = []
     with tempfile.TemporaryDirectory() as tmp:
-        pre = Path(tmp) / "pre.onnx"
-        quantized = Path(tmp) / "int8.onnx"
-        quant_pre_process(str(source), str(pre), skip_symbolic_shape=False)
-        quantize_dynamic(str(pre), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
-                         reduce_range=True, op_types_to_quantize=op_types)
+        fused_path, pre, quantized = Path(tmp) / "fused.onnx", Path(tmp) / "pre.onnx", Path(tmp) / "int8.onnx"
+        if family == "transformer":
+            model, fused = fuse_attention(model, ATTENTION_KIND)
+            notes.append(f"{fused} attention blocks -> com.microsoft.{ATTENTION_KIND}")
+        onnx.save_model(model, fused_path)
+        quant_pre_process(str(fused_path), str(pre), skip_symbolic_shape=False)
+        quantize_dynamic(str(pre), str(quantized), weight_type=QuantType.QInt8, per_channel=settings.per_channel,
+                         reduce_range=settings.reduce_range, op_types_to_quantize=list(settings.op_types))
         model = onnx.load(quantized)
     _finish(model, target, metadata, "int8")
-    return f"dynamic int8 of {','.join(op_types)}, per-channel, reduce_range"
+    scales = "per-channel" if settings.per_channel else "per-tensor"
+    range_note = ", reduce_range" if settings.reduce_range else ""
+    return " + ".join([*notes, f"dynamic int8 of {','.join(settings.op_types)}, {scales}{range_note}"])
 
 
 def convert_fp16(source: Path, target: Path, *, family: str) -> str:
@@ -108,10 +142,159 @@ def _topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _finish(model: onnx.ModelProto, target: Path, metadata: dict[str, str], precision: str) -> None:
     set_metadata(model, {**metadata, "precision": precision})
-    try:
-        model = check_model(model, str(target))
-    except ExportError:
-        raise
+    model = check_model(model, str(target))
+    _strip_annotations(model)
     tmp = target.with_suffix(".tmp.onnx")
     onnx.save_model(model, tmp)
     os.replace(tmp, target)
+
+
+def _strip_annotations(model: onnx.ModelProto) -> None:
+    """Drop what only describes the graph: inferred value_info (ORT infers shapes itself),
+    per-node exporter annotations (stack traces, ~1 KB a node) and doc strings. On small
+    models they were a tenth of the file and more, which edge devices download for nothing."""
+    del model.graph.value_info[:]
+    for node in model.graph.node:
+        node.doc_string = ""
+        del node.metadata_props[:]
+
+
+# --- attention fusion -------------------------------------------------------------------------
+#
+# The exported EncoderLayer attention is 16 nodes per layer (3 x MatMul+Add+Reshape+Transpose
+# for q/k/v, MatMul, Div, Softmax, MatMul, Transpose, Reshape). ORT's transformer optimizer
+# (model_type "bert") fused only the second layer here: its BERT pattern wants the layer's
+# input to come from a LayerNormalization, while the first layer reads embedding + position.
+# The rewrite below matches the pattern our own EncoderLayer exports (and nothing looser),
+# and replaces it with a com.microsoft attention op (q/k/v weights packed into one GEMM).
+
+# MultiHeadAttention runs MLAS flash attention on CPU (no [time, time] probability matrix);
+# Attention packs q/k/v into one GEMM but materialises the probabilities.
+ATTENTION_KIND = "MultiHeadAttention"
+_Q_PERM = [0, 2, 1, 3]  # [batch, time, heads, head_dim] -> [batch, heads, time, head_dim]
+_K_PERM = [0, 2, 3, 1]  # k transposed for q @ k^T
+
+
+def fuse_attention(model: onnx.ModelProto, kind: str = ATTENTION_KIND) -> tuple[onnx.ModelProto, int]:
+    """Replace each exported scaled-dot-product attention block with a com.microsoft op.
+
+    ``kind`` "Attention": one node with packed q/k/v weights. "MultiHeadAttention": one
+    MatMul with the packed weights, a Split, and MultiHeadAttention (which adds the biases).
+
+    Returns the model and how many blocks were fused. A block that deviates from the exact
+    pattern is left alone (the variant is validated either way).
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    initializers = {t.name: t for t in graph.initializer}
+    shapes = {v.name: v.type.tensor_type.shape for v in graph.value_info}
+
+    def const(name: str):
+        if name in initializers:
+            return numpy_helper.to_array(initializers[name])
+        node = producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def parent(name: str, op_type: str) -> onnx.NodeProto | None:
+        node = producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    def only_child(name: str, op_type: str) -> onnx.NodeProto | None:
+        children = consumers.get(name, [])
+        return children[0] if len(children) == 1 and children[0].op_type == op_type else None
+
+    def perm(node: onnx.NodeProto | None) -> list[int] | None:
+        if node is None:
+            return None
+        return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+    def projection(head_input: str, expected_perm: list[int]):
+        """Transpose <- Reshape <- Add(bias) <- MatMul(x, W): (x, W, b, reshape, nodes)."""
+        transpose = parent(head_input, "Transpose")
+        if perm(transpose) != expected_perm:
+            return None
+        reshape = parent(transpose.input[0], "Reshape")
+        add = reshape and parent(reshape.input[0], "Add")
+        if add is None:
+            return None
+        matmul = parent(add.input[0], "MatMul")
+        bias_name = add.input[1]
+        if matmul is None:
+            matmul, bias_name = parent(add.input[1], "MatMul"), add.input[0]
+        if matmul is None:
+            return None
+        weight, bias = const(matmul.input[1]), const(bias_name)
+        if weight is None or bias is None or weight.ndim != 2 or bias.ndim != 1:
+            return None
+        return matmul.input[0], weight, bias, reshape, [transpose, reshape, add, matmul]
+
+    fused, remove, add_nodes, new_inits = 0, set(), [], []
+    for softmax in [n for n in graph.node if n.op_type == "Softmax"]:
+        scale_node = producer.get(softmax.input[0])
+        if scale_node is None or scale_node.op_type not in ("Div", "Mul"):
+            continue
+        factor = const(scale_node.input[1])
+        qk = parent(scale_node.input[0], "MatMul")
+        av = only_child(softmax.output[0], "MatMul")
+        if factor is None or factor.size != 1 or qk is None or av is None or av.input[0] != softmax.output[0]:
+            continue
+        scale = float(1.0 / factor.item()) if scale_node.op_type == "Div" else float(factor.item())
+        q, k, v = projection(qk.input[0], _Q_PERM), projection(qk.input[1], _K_PERM), projection(av.input[1], _Q_PERM)
+        out_t = only_child(av.output[0], "Transpose")
+        out_r = out_t and only_child(out_t.output[0], "Reshape")
+        if not (q and k and v and out_r) or perm(out_t) != _Q_PERM or not (q[0] == k[0] == v[0]):
+            continue
+        head_shape = shapes.get(q[3].output[0])
+        if head_shape is None or len(head_shape.dim) != 4 or not head_shape.dim[2].HasField("dim_value"):
+            continue
+        num_heads = head_shape.dim[2].dim_value
+        prefix = f"fused_attention_{fused}"
+        weight = np.concatenate([q[1], k[1], v[1]], axis=1).astype(np.float32)
+        bias = np.concatenate([q[2], k[2], v[2]]).astype(np.float32)
+        new_inits += [numpy_helper.from_array(weight, f"{prefix}_qkv_weight"),
+                      numpy_helper.from_array(bias, f"{prefix}_qkv_bias")]
+        if kind == "Attention":
+            add_nodes.append((out_r, [helper.make_node(
+                "Attention", [q[0], f"{prefix}_qkv_weight", f"{prefix}_qkv_bias"], [out_r.output[0]],
+                name=prefix, domain="com.microsoft", num_heads=num_heads, scale=scale)]))
+        else:
+            d = q[1].shape[1]
+            new_inits.append(numpy_helper.from_array(np.array([d, d, d], dtype=np.int64), f"{prefix}_split"))
+            add_nodes.append((out_r, [
+                helper.make_node("MatMul", [q[0], f"{prefix}_qkv_weight"], [f"{prefix}_qkv_mm"], name=f"{prefix}_mm"),
+                helper.make_node("Split", [f"{prefix}_qkv_mm", f"{prefix}_split"], [f"{prefix}_q", f"{prefix}_k", f"{prefix}_v"], name=f"{prefix}_sp", axis=-1),
+                helper.make_node("MultiHeadAttention", [f"{prefix}_q", f"{prefix}_k", f"{prefix}_v", f"{prefix}_qkv_bias"],
+                                 [out_r.output[0]], name=prefix, domain="com.microsoft", num_heads=num_heads, scale=scale)]))
+        for node in (*q[4], *k[4], *v[4], qk, scale_node, softmax, av, out_t, out_r):
+            remove.add(id(node))
+        fused += 1
+
+    if not fused:
+        return model, 0
+    # keep topological order: each fused node takes the place of the block's final Reshape
+    replacement = {id(old): new for old, new in add_nodes}
+    nodes = []
+    for node in graph.node:
+        if id(node) in replacement:
+            nodes.extend(replacement[id(node)])
+        elif id(node) not in remove:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(new_inits)
+    used = {name for node in graph.node for name in node.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    del graph.value_info[:]  # stale for the removed tensors; check_model re-infers
+    return model, fused
