@@ -10,7 +10,8 @@ import argparse
 import logging
 import sys
 
-from onnxcast.errors import ConfigError, DataError, GateError, OnnxcastError
+from onnxcast.config import QualitySettings
+from onnxcast.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
 
 log = logging.getLogger("onnxcast")
 
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accuracy-budget", type=float, default=0.01)
     p.add_argument("--fill-gaps", type=int, default=0, metavar="STEPS", help="repair: interpolate gaps up to STEPS long")
     p.add_argument("--drop-duplicates", action="store_true", help="repair: keep the last row of duplicate timestamps")
+    p.add_argument("--max-missing-fraction", type=float, default=QualitySettings.max_missing_fraction,
+                   help="data check: largest share of missing target values (default %(default)s)")
     p.set_defaults(handler=run_pipeline_command)
 
     try:
@@ -75,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
-    from onnxcast.config import PipelineConfig, QualitySettings
+    from onnxcast.config import PipelineConfig
     from onnxcast.pipeline import run_pipeline
 
     data = args.data
@@ -91,7 +94,8 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         "hidden_size": args.hidden_size, "num_layers": args.num_layers, "seed": args.seed,
         "threads": args.threads, "opset": args.opset, "trained_until": args.trained_until,
         "accuracy_budget": args.accuracy_budget,
-        "quality": QualitySettings(fill_gaps_max_steps=args.fill_gaps, drop_duplicate_timestamps=args.drop_duplicates),
+        "quality": QualitySettings(fill_gaps_max_steps=args.fill_gaps, drop_duplicate_timestamps=args.drop_duplicates,
+                                   max_missing_fraction=args.max_missing_fraction),
     })
     report = run_pipeline(cfg)
     print(summarize_report(report, args.out))
@@ -126,6 +130,12 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def _print_error(exc: BaseException) -> None:
+    if isinstance(exc, DataQualityError):  # a header, then one line per failed check
+        where = f" (report: {exc.report_path})" if exc.report_path else ""
+        print(f"error: {exc.source}: {len(exc.failures)} data check(s) failed{where}", file=sys.stderr)
+        for failure in exc.failures:
+            print(f"  - {' '.join(failure.split())}", file=sys.stderr)
+        return
     message = " ".join(str(exc).split())  # one line, whatever the exception held
     print(f"error: {message}", file=sys.stderr)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,11 @@ class PipelineConfig:
             problems.append(f"target column {self.target_column!r} is also listed as a feature")
         if self.time_column == self.target_column:
             problems.append(f"time column and target column are both {self.time_column!r}")
+        if self.trained_until:
+            try:
+                datetime.fromisoformat(str(self.trained_until).replace("Z", "+00:00"))
+            except ValueError:
+                problems.append(f"trained_until must be an ISO timestamp, got {self.trained_until!r}")
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
 

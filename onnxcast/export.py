@@ -23,28 +23,26 @@ log = logging.getLogger(__name__)
 INPUT_NAME = "history"
 OUTPUT_NAME = "forecast"
 METADATA_PREFIX = "onnxcast."
+EXPORTER = {"lstm": "torchscript", "transformer": "dynamo"}
+TORCHSCRIPT_OPSET = 17
 REQUIRED_METADATA = ("model_family", "lookback", "horizon", "freq", "target", "features",
                      "precision", "trained_until", "dataset_sha256")
 
 
 def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lookback: int,
-                metadata: dict[str, str], opset: int | None = None) -> Path:
+                metadata: dict[str, str], opset: int | None = None, exporter: str | None = None) -> Path:
     """Export ``model`` to ``path`` (written atomically), check it, and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model.eval()
     example = torch.zeros(2, lookback, n_features)
     example[:, :, 0] = torch.linspace(0.0, 1.0, lookback)  # non-constant, like real data
-    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+    exporter = exporter or EXPORTER.get(str(metadata.get("model_family")), "dynamo")
     tmp = path.with_suffix(".tmp.onnx")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                model, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                dynamic_shapes={"history": {0: batch, 1: time}}, optimize=True, verbose=False,
-            )
-        proto = program.model_proto
+            proto = _export_dynamo(model, example) if exporter == "dynamo" else _export_torchscript(model, example)
     except Exception as exc:  # torch.export raises many types; report them as one
         raise ExportError(f"torch.onnx.export failed for {type(model.core).__name__}: {str(exc).splitlines()[0]}") from exc
     if opset is not None:
@@ -55,6 +53,27 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     os.replace(tmp, path)
     log.info("exported %s (%d bytes, opset %d)", path, path.stat().st_size, opset_of(proto))
     return path
+
+
+def _export_dynamo(model: torch.nn.Module, example: torch.Tensor) -> onnx.ModelProto:
+    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+    program = torch.onnx.export(
+        model, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        dynamic_shapes={"history": {0: batch, 1: time}}, optimize=True, verbose=False,
+    )
+    return program.model_proto
+
+
+def _export_torchscript(model: torch.nn.Module, example: torch.Tensor) -> onnx.ModelProto:
+    import io
+
+    buffer = io.BytesIO()
+    torch.onnx.export(
+        model, (example,), buffer, dynamo=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        dynamic_axes={INPUT_NAME: {0: "batch", 1: "time"}, OUTPUT_NAME: {0: "batch"}},
+        opset_version=TORCHSCRIPT_OPSET, do_constant_folding=True,
+    )
+    return onnx.load_from_string(buffer.getvalue())
 
 
 def check_model(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:

@@ -28,7 +28,7 @@ import numpy as np
 
 from onnxcast import __version__
 from onnxcast.config import PipelineConfig
-from onnxcast.errors import GateError
+from onnxcast.errors import ConfigError, DataQualityError, GateError
 from onnxcast.report import read_json, select_variants, write_json
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,10 @@ def prepare_data(cfg: PipelineConfig) -> dict:
 
     result = check_data(cfg, cfg.run_dir / "quality")
     series = result.series
+    if cfg.lookback < series.season:
+        raise ConfigError(f"lookback {cfg.lookback} is shorter than the season {series.season} of "
+                          f"{series.freq!r} data: the models start from the last season of history; "
+                          f"use a lookback of at least {series.season} or set season")
     split = split_by_time(len(series.values), cfg)
     series.save(cfg.run_dir / "data")
     dataset = {
@@ -68,8 +72,6 @@ def prepare_data(cfg: PipelineConfig) -> dict:
 
 def train_family(cfg: PipelineConfig, family: str) -> dict:
     """Train one model family on the saved series; save its state dict and config."""
-    import torch
-
     from onnxcast.data import windows
     from onnxcast.models import ModelSpec, build_model
     from onnxcast.training import seed_everything, train_model
@@ -215,8 +217,10 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
             _step(4, f"optimize {family}", optimize_family, work, family)
             _step(5, f"validate {family}", validate_family, work, family)
         report = _step(6, "report", assemble_report, work)
-    except BaseException:
+    except BaseException as exc:
         _keep_diagnostics(staging, out)
+        if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
+            exc.report_path = str(out / Path(exc.report_path).relative_to(staging))
         raise
     _publish(staging, out)
     log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, out / REPORT)

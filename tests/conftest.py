@@ -165,3 +165,40 @@ def store_uri(request, tmp_path):
     bucket = request.getfixturevalue("s3_bucket")
     request.getfixturevalue("atomic_s3_puts")
     return f"s3://{bucket}/rollout"
+
+
+# --- tiny real pipeline runs (shared across test modules) -----------------------------------
+
+TINY = {"horizon": 12, "lookback": 48, "hidden_size": 16, "num_layers": 1, "d_model": 16, "n_heads": 2,
+        "max_epochs": 2, "latency_repeats": 3, "batch_size": 64}
+
+
+@pytest.fixture(scope="session")
+def tiny_csv(tmp_path_factory, example_csv) -> str:
+    """The last 1200 hourly rows of the example data: small enough to train in seconds."""
+    path = tmp_path_factory.mktemp("tiny-data") / "elec_tail.csv"
+    lines = Path(example_csv).read_text().splitlines()
+    path.write_text("\n".join([lines[0], *lines[-1200:]]) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny_csv, tmp_path_factory):
+    """Settings for a real but tiny run of both families on real data."""
+    from onnxcast.config import PipelineConfig
+
+    def make(**overrides):
+        values = {"data_uri": tiny_csv, "out_dir": str(tmp_path_factory.mktemp("run")), **TINY, **overrides}
+        return PipelineConfig.from_dict(values)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_config):
+    """One full pipeline run (both families) on tiny settings; returns (cfg, report)."""
+    from onnxcast.pipeline import run_pipeline
+
+    cfg = tiny_config(max_epochs=4)
+    return cfg, run_pipeline(cfg)
+

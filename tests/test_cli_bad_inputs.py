@@ -81,6 +81,6 @@ def test_each_failed_check_has_its_own_line(case, cli_runs):
     stderr = cli_runs[case.name].stderr
     count = int(FAILED.search(stderr).group(1))
     lines = [line for line in stderr.splitlines() if line.strip() and not LOG_LINE.match(line)]
-    if count > 1 and len(lines) < count:
-        pytest.xfail("the CLI prints all failed checks on one 'error:' line (DataQualityError.failures unused)")
-    assert len(lines) >= count
+    assert len(lines) == count + 1  # the header, then one line per failed check
+    report = re.search(r"report: (\S+quality_report\.html)\)", lines[0])
+    assert report and Path(report.group(1)).exists(), lines[0]

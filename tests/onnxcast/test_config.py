@@ -21,6 +21,7 @@ def test_defaults_are_valid():
         ({"feature_columns": ("y",)}, "target column 'y' is also listed as a feature"),
         ({"time_column": "y"}, "time column and target column are both 'y'"),
         ({"max_minutes": 0}, "max_minutes must be > 0"),
+        ({"trained_until": "last tuesday"}, "trained_until must be an ISO timestamp, got 'last tuesday'"),
     ],
 )
 def test_bad_settings_name_the_setting(values, fragment):

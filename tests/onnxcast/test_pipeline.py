@@ -1,0 +1,103 @@
+"""The whole pipeline on real data at tiny settings: what a user of report.json relies on."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxcast.errors import ConfigError, GateError
+from onnxcast.export import read_metadata, signature
+from onnxcast.pipeline import run_pipeline
+from onnxcast.report import validate_report
+from onnxcast.validate import file_sha256, onnx_session
+
+pytestmark = pytest.mark.slow
+
+
+def test_report_follows_the_contract(tiny_run):
+    cfg, report = tiny_run
+    validate_report(report)
+    on_disk = json.loads((Path(cfg.out_dir) / "report.json").read_text())
+    assert on_disk["selected"] == report["selected"]
+    assert [m["family"] for m in report["models"]] == ["lstm", "transformer"]
+    assert report["dataset"]["rows"] == 1200 and report["dataset"]["freq"] == "h"
+    assert report["split"]["holdout_end"].startswith("2012-05-29T23:00")
+
+
+def test_both_families_pass_parity_at_several_shapes_and_beat_the_baseline(tiny_run):
+    _, report = tiny_run
+    baseline = report["baselines"]["seasonal_naive"]["mae"]
+    for model in report["models"]:
+        assert model["gates_passed"], model["failures"]
+        for variant in model["variants"]:
+            if variant["name"] in ("fp32", "fp32-opt"):
+                assert variant["gates"]["parity"]["passed"]
+                shapes = {(s["batch"], s["time"]) for s in variant["parity_shapes"]}
+                assert len(shapes) >= 4 and any(t != 48 for _, t in shapes) and any(b != 2 for b, _ in shapes)
+        fp32 = model["variants"][0]
+        assert fp32["name"] == "fp32" and fp32["holdout"]["mae"] < baseline
+
+
+def test_onnx_files_match_the_report_and_carry_metadata(tiny_run):
+    cfg, report = tiny_run
+    for model in report["models"]:
+        for variant in model["variants"]:
+            path = Path(cfg.out_dir) / variant["onnx_path"]
+            assert file_sha256(path) == variant["sha256"]
+            assert path.stat().st_size == variant["size_bytes"]
+            proto = onnx.load(path)
+            meta = read_metadata(proto)
+            assert meta["model_family"] == model["family"] and meta["horizon"] == "12"
+            assert meta["dataset_sha256"] == report["dataset"]["sha256"]
+            assert signature(proto)["inputs"][0]["shape"][:2] == ["batch", "time"]
+
+
+def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
+    _, report = tiny_run
+    by_name = {(m["family"], v["name"]): v for m in report["models"] for v in m["variants"]}
+    for channel in ("edge", "cloud"):
+        choice = report["selected"][channel]
+        assert by_name[(choice["family"], choice["variant"])]["eligible"]
+    for family in ("lstm", "transformer"):
+        assert by_name[(family, "int8")]["size_bytes"] < by_name[(family, "fp32")]["size_bytes"]
+
+
+def test_onnx_forecast_equals_the_reported_holdout_accuracy(tiny_run):
+    """Re-run the selected model on the holdout windows: the same MAE as in the report."""
+    from onnxcast.data import SeriesData, split_by_time
+    from onnxcast.validate import holdout_metrics, holdout_windows, onnx_predict
+
+    cfg, report = tiny_run
+    series = SeriesData.load(Path(cfg.out_dir) / "data")
+    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg))
+    choice = report["selected"]["cloud"]
+    variant = next(v for m in report["models"] if m["family"] == choice["family"] for v in m["variants"]
+                   if v["name"] == choice["variant"])
+    session = onnx_session(Path(cfg.out_dir) / variant["onnx_path"])
+    mae = holdout_metrics(onnx_predict(session, holdout.history), holdout)["mae"]
+    assert mae == pytest.approx(variant["holdout"]["mae"], rel=1e-6)
+
+
+def test_an_unbeatable_baseline_fails_the_run_and_leaves_no_model(tmp_path, tiny_config):
+    """A perfectly periodic series: seasonal naive is exact, no model can beat it."""
+    periodic = np.tile(np.array([5.0, 9.0, 4.0, 7.0, 6.0, 8.0, 3.0, 2.0, 6.5, 7.5, 5.5, 4.5] * 2), 40)
+    times = np.arange("2024-01-01T00", len(periodic), dtype="datetime64[h]")
+    data = tmp_path / "periodic.csv"
+    data.write_text("ds,y\n" + "".join(f"{t},{v}\n" for t, v in zip(times.astype(str), periodic, strict=True)))
+    cfg = tiny_config(data_uri=str(data), out_dir=str(tmp_path / "out"), models=("lstm",), max_epochs=1)
+    with pytest.raises(GateError, match="does not beat seasonal naive"):
+        run_pipeline(cfg)
+    out = tmp_path / "out"
+    assert not (out / "report.json").exists()
+    assert not (out / "models").exists() and not (out / ".staging").exists()
+    failed = json.loads((out / "failed-report.json").read_text())
+    assert failed["status"] == "failed" and failed["failures"]
+
+
+def test_lookback_shorter_than_the_season_is_a_settings_error(tmp_path, tiny_config):
+    cfg = tiny_config(out_dir=str(tmp_path / "out"), lookback=16)
+    with pytest.raises(ConfigError, match="lookback 16 is shorter than the season 24"):
+        run_pipeline(cfg)
+    assert not (tmp_path / "out" / "report.json").exists()
