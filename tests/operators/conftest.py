@@ -1,16 +1,17 @@
 """Operator tests call ``execute(context)`` directly (as the Amazon provider's tests do) with
-a small context; connections come through ``AIRFLOW_CONN_*`` variables. One prepared run
-directory (tiny LSTM, real example data) is shared by the session and copied per test."""
+a small context; connections come through ``AIRFLOW_CONN_*`` variables. One finished run
+directory (``tiny_lstm_run``: tiny LSTM, real example data) is shared by the session and copied
+per test."""
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import airflow_support
 import pytest
+from run_fixtures import tiny_lstm_run, tiny_lstm_run_copy  # noqa: F401  (fixtures)
 
 airflow_support.configure()
 
@@ -47,35 +48,12 @@ def assert_template_fields_stored_unchanged(operator, values: dict) -> None:
 
 
 @pytest.fixture(scope="session")
-def prepared_run(tmp_path_factory) -> Path:
-    """A run directory after check, train, export, optimize and validate of a tiny LSTM."""
-    from operators import (
-        CheckDataOperator,
-        ExportModelOperator,
-        OptimizeModelOperator,
-        TrainOrFetchModelOperator,
-        ValidateModelOperator,
-    )
-
-    root = tmp_path_factory.mktemp("prepared")
-    context = make_context(run_id="prepared")
-    CheckDataOperator(task_id="check_data", settings=OPS_SETTINGS, run_root=str(root),
-                      compare_with_champion=False).execute(context)
-    run_dir = context["ti"].xcoms["run_dir"]
-    for cls in (TrainOrFetchModelOperator, ExportModelOperator, OptimizeModelOperator, ValidateModelOperator):
-        cls(task_id=cls.__name__, run_dir=run_dir, family="lstm").execute(make_context(run_id="prepared"))
-    return Path(run_dir)
+def prepared_run(tiny_lstm_run) -> Path:  # noqa: F811
+    """A run directory after check, train, export, optimize, validate and report (tests/run_fixtures.py)."""
+    return tiny_lstm_run
 
 
 @pytest.fixture
-def run_dir(prepared_run, tmp_path) -> str:
+def run_dir(tiny_lstm_run_copy) -> str:  # noqa: F811
     """A private copy of the prepared run directory."""
-    target = tmp_path / "run"
-    shutil.copytree(prepared_run, target)
-    from onnxcast.config import PipelineConfig
-
-    cfg = PipelineConfig.load(target / "config.json")
-    from dataclasses import replace
-
-    replace(cfg, out_dir=str(target)).save(target / "config.json")
-    return str(target)
+    return str(tiny_lstm_run_copy)

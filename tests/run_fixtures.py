@@ -1,0 +1,45 @@
+"""Shared fixtures of the tracking, fetch and operator tests: one finished tiny LSTM run.
+
+Import the fixtures into a test module or conftest (``from run_fixtures import ...``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_PIPELINE = {"horizon": 12, "lookback": 48, "max_epochs": 1, "models": ["lstm"], "hidden_size": 16,
+                 "num_layers": 1, "latency_repeats": 3, "model_name": "tiny-forecaster"}
+
+
+@pytest.fixture(scope="session")
+def tiny_lstm_run(tmp_path_factory, example_csv) -> Path:
+    """A finished pipeline run directory (tiny LSTM on the example data, no Airflow):
+    data, model, ONNX variants, validation, report.json and plan.json. Copy before changing."""
+    from onnxcast import pipeline
+    from onnxcast.champion import write_plan
+    from onnxcast.config import PipelineConfig
+
+    out = tmp_path_factory.mktemp("tiny-run") / "run"
+    cfg = PipelineConfig.from_dict({**TINY_PIPELINE, "data_uri": example_csv, "out_dir": str(out)})
+    pipeline.prepare_data(cfg)
+    for step in (pipeline.train_family, pipeline.export_family, pipeline.optimize_family, pipeline.validate_family):
+        step(cfg, "lstm")
+    pipeline.assemble_report(cfg, ["lstm"])
+    write_plan(out, [{"family": "lstm", "source": None, "role": "challenger"}], ["no champion registered"])
+    return out
+
+
+@pytest.fixture
+def tiny_lstm_run_copy(tiny_lstm_run, tmp_path) -> Path:
+    """A private copy of ``tiny_lstm_run`` whose config points at the copy."""
+    import shutil
+    from dataclasses import replace
+
+    from onnxcast.config import PipelineConfig
+
+    target = tmp_path / "run"
+    shutil.copytree(tiny_lstm_run, target)
+    cfg = PipelineConfig.load(target / "config.json")
+    replace(cfg, out_dir=str(target)).save(target / "config.json")
+    return target
