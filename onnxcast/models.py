@@ -91,8 +91,11 @@ class LSTMCore(nn.Module):
         self.head = nn.Linear(hidden, horizon)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(x)
-        return self.head(out[:, -1])
+        # The last layer's final hidden state (the same numbers as ``out[:, -1]``): read from
+        # the LSTM op's Y_h output, its per-step output Y becomes unused, so ONNX Runtime does
+        # not write and transpose [time, batch, hidden] of it (see onnxcast.optimize).
+        _, (hidden, _) = self.lstm(x)
+        return self.head(hidden[-1])
 
 
 class TransformerCore(nn.Module):

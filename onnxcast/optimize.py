@@ -35,11 +35,12 @@ class QuantSettings:
     reduce_range: bool = True
 
 
-# The Transformer keeps attention's activation-by-activation products in float (they are
-# inside MultiHeadAttention after fusion; quantizing them cost accuracy, PITFALLS.md).
+# The Transformer keeps attention's activation-by-activation products in float: after fusion
+# they are inside (Q)Attention, which quantizes only the packed q/k/v projection (quantizing
+# the products cost accuracy, PITFALLS.md).
 QUANTIZATION = {
     "lstm": QuantSettings(("LSTM", "MatMul", "Gemm"), per_channel=False),
-    "transformer": QuantSettings(("MatMul", "Gemm"), per_channel=True),
+    "transformer": QuantSettings(("MatMul", "Gemm", "Attention"), per_channel=True),
 }
 
 
@@ -65,6 +66,12 @@ def make_variants(fp32_path: str | Path, out_dir: str | Path, family: str,
     return made
 
 
+# ORT fusions that made these models slower on CPU (onnxruntime 1.32, measured with
+# bench/run.py): SkipLayerNormalization took 4-5x as long as the Add + LayerNormalization it
+# replaces ([batch, 168, 64]: 59 vs 14 us at batch 1, 3.4 vs 0.7 ms at batch 64).
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
+
+
 def optimize_graph(source: Path, target: Path, *, family: str) -> str:
     """Attention fusion (Transformer), onnxslim, then ORT offline optimisation at the portable
     EXTENDED level (SkipLayerNormalization, BiasGelu, FusedMatMul; no CPU-specific layouts)."""
@@ -74,9 +81,7 @@ def optimize_graph(source: Path, target: Path, *, family: str) -> str:
     model = onnx.load(source)
     metadata = read_metadata(model)
     notes = []
-    if family == "transformer":
-        model, fused = fuse_attention(model, ATTENTION_KIND)
-        notes.append(f"{fused} attention blocks -> com.microsoft.{ATTENTION_KIND}")
+    model, notes = _restructure(model, family)
     slimmed = onnxslim.slim(model)
     with tempfile.TemporaryDirectory() as tmp:
         slim_path = Path(tmp) / "slim.onnx"
@@ -84,10 +89,22 @@ def optimize_graph(source: Path, target: Path, *, family: str) -> str:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
-        ort.InferenceSession(str(slim_path), options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(slim_path), options, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=DISABLED_OPTIMIZERS)
         optimized = onnx.load(options.optimized_model_filepath)
     _finish(optimized, target, metadata, "fp32")
     return " + ".join([*notes, "onnxslim", "ORT_ENABLE_EXTENDED"])
+
+
+def _restructure(model: onnx.ModelProto, family: str) -> tuple[onnx.ModelProto, list[str]]:
+    """The family-specific graph rewrites shared by fp32-opt and int8."""
+    if family == "transformer":
+        model, fused = fuse_attention(model, ATTENTION_KIND)
+        return model, [f"{fused} attention blocks -> com.microsoft.{ATTENTION_KIND}"]
+    if family == "lstm":
+        model, changes = simplify_lstm(model)
+        return model, [f"LSTM clean-up ({len(changes)} changes)"] if changes else []
+    return model, []
 
 
 def quantize_dynamic_int8(source: Path, target: Path, *, family: str) -> str:
@@ -102,12 +119,9 @@ def quantize_dynamic_int8(source: Path, target: Path, *, family: str) -> str:
     model = onnx.load(source)
     metadata = read_metadata(model)
     settings = QUANTIZATION.get(family, QuantSettings(("MatMul", "Gemm"), per_channel=True))
-    notes = []
+    model, notes = _restructure(model, family)
     with tempfile.TemporaryDirectory() as tmp:
         fused_path, pre, quantized = Path(tmp) / "fused.onnx", Path(tmp) / "pre.onnx", Path(tmp) / "int8.onnx"
-        if family == "transformer":
-            model, fused = fuse_attention(model, ATTENTION_KIND)
-            notes.append(f"{fused} attention blocks -> com.microsoft.{ATTENTION_KIND}")
         onnx.save_model(model, fused_path)
         quant_pre_process(str(fused_path), str(pre), skip_symbolic_shape=False)
         quantize_dynamic(str(pre), str(quantized), weight_type=QuantType.QInt8, per_channel=settings.per_channel,
@@ -168,9 +182,13 @@ def _strip_annotations(model: onnx.ModelProto) -> None:
 # The rewrite below matches the pattern our own EncoderLayer exports (and nothing looser),
 # and replaces it with a com.microsoft attention op (q/k/v weights packed into one GEMM).
 
-# MultiHeadAttention runs MLAS flash attention on CPU (no [time, time] probability matrix);
-# Attention packs q/k/v into one GEMM but materialises the probabilities.
-ATTENTION_KIND = "MultiHeadAttention"
+# Attention: one node with the q/k/v weights packed into one GEMM (quantizable as
+# QAttention). MultiHeadAttention: a packed MatMul, a Split and the op, which runs MLAS flash
+# attention on CPU. Measured on the example model (1 thread, same run, p50): Attention
+# 0.59 ms at batch 1 and 54 ms at 64, MultiHeadAttention 0.68 ms and 46 ms, unfused 0.90
+# and 70 ms. Attention is chosen: batch 1 is the harder goal and QAttention makes the
+# int8 variant the fastest at batch 64.
+ATTENTION_KIND = "Attention"
 _Q_PERM = [0, 2, 1, 3]  # [batch, time, heads, head_dim] -> [batch, heads, time, head_dim]
 _K_PERM = [0, 2, 3, 1]  # k transposed for q @ k^T
 
@@ -298,3 +316,111 @@ def fuse_attention(model: onnx.ModelProto, kind: str = ATTENTION_KIND) -> tuple[
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     del graph.value_info[:]  # stale for the removed tensors; check_model re-infers
     return model, fused
+
+
+# --- LSTM clean-up ---------------------------------------------------------------------------
+#
+# The exported nn.LSTM feeds each ONNX LSTM op zero initial states built at run time
+# (Shape -> Concat -> ConstantOfShape -> Slice) and concatenates both layers' Y_h only to
+# pick the last one. Zero is the op's default for absent initial states, and an absent
+# output is not computed: at batch 64 the last layer's per-step output Y alone is
+# [168, 64, 64] floats written for nothing.
+
+_PASS_THROUGH = {"Slice", "Split", "Expand", "Reshape", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def simplify_lstm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """Drop zero initial states and unused outputs of LSTM ops; read a single layer's Y_h
+    directly instead of through Concat + Gather. Returns the model and what changed."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    initializers = {t.name: t for t in graph.initializer}
+    graph_outputs = {o.name for o in graph.output}
+    changes: list[str] = []
+
+    def consumers(name: str) -> list[onnx.NodeProto]:
+        return [n for n in graph.node if name in n.input]
+
+    def constant_value(name: str):
+        if name in initializers:
+            return numpy_helper.to_array(initializers[name])
+        node = producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def is_zeros(name: str) -> bool:
+        """``name`` is all zeros: a zero constant, or ConstantOfShape(0), through shape-only ops."""
+        for _ in range(8):
+            value = constant_value(name)
+            if value is not None:
+                return not np.any(value)
+            node = producer.get(name)
+            if node is None:
+                return False
+            if node.op_type == "ConstantOfShape":
+                fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
+                return fill is None or not np.any(fill)
+            if node.op_type not in _PASS_THROUGH:
+                return False
+            name = node.input[0]
+        return False
+
+    lstms = [n for n in graph.node if n.op_type == "LSTM" and n.domain in ("", "ai.onnx")]
+    for node in lstms:
+        for index in (5, 6):  # initial_h, initial_c
+            if len(node.input) > index and node.input[index] and is_zeros(node.input[index]):
+                node.input[index] = ""
+                changes.append(f"{node.name}: zero {'initial_h' if index == 5 else 'initial_c'} dropped")
+        while node.input and not node.input[-1]:
+            node.input.pop()
+
+    # Gather(Concat(Y_h of single-direction LSTMs), const index, axis 0) -> Squeeze(that Y_h)
+    lstm_yh = {n.output[1] for n in lstms if len(n.output) > 1 and n.output[1]
+               and next((a.s for a in n.attribute if a.name == "direction"), b"forward") != b"bidirectional"}
+    for gather in [n for n in graph.node if n.op_type == "Gather"]:
+        concat = producer.get(gather.input[0])
+        index = constant_value(gather.input[1])
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+        if (concat is None or concat.op_type != "Concat" or index is None or index.ndim != 0 or axis != 0
+                or next((a.i for a in concat.attribute if a.name == "axis"), None) != 0
+                or not all(i in lstm_yh for i in concat.input)):
+            continue
+        chosen = concat.input[int(index)]
+        axes = f"{gather.name or gather.output[0]}_axes"
+        graph.initializer.append(numpy_helper.from_array(np.array([0], dtype=np.int64), axes))
+        squeeze = helper.make_node("Squeeze", [chosen, axes], list(gather.output), name=f"{gather.name}_squeeze")
+        graph.node.insert(list(graph.node).index(gather), squeeze)
+        graph.node.remove(gather)
+        changes.append(f"{gather.name}: last layer's Y_h read directly")
+
+    _remove_dead_nodes(graph)  # rebuilds graph.node: look the LSTM nodes up again
+    for node in [n for n in graph.node if n.op_type == "LSTM" and n.domain in ("", "ai.onnx")]:
+        for index, output in enumerate(node.output):
+            if output and output not in graph_outputs and not consumers(output):
+                node.output[index] = ""
+                changes.append(f"{node.name}: unused output {('Y', 'Y_h', 'Y_c')[index]} not computed")
+        while node.output and not node.output[-1]:
+            node.output.pop()
+    _remove_dead_nodes(graph)
+    del graph.value_info[:]
+    return model, changes
+
+
+def _remove_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove nodes none of whose outputs is used, then initializers nothing reads."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(list(graph.node)):
+        if any(o and o in needed for o in node.output):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {i for n in graph.node for i in n.input} | needed
+    live = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(live)

@@ -72,15 +72,21 @@ def test_fp32_opt_matches_fp32_within_the_parity_tolerance(variants):
         assert np.all(np.abs(got - expected) <= 1e-4 + 1e-3 * np.abs(expected)), (batch, time)
 
 
-def test_transformer_attention_is_fused_and_lstm_keeps_its_op(variants):
+def test_transformer_attention_is_fused_and_lstm_outputs_are_trimmed(variants):
     import onnx
 
     family, paths = variants
     ops = [n.op_type for n in onnx.load(paths["fp32-opt"]).graph.node]
+    int8_ops = [n.op_type for n in onnx.load(paths["int8"]).graph.node]
     if family == "transformer":
-        assert ops.count("MultiHeadAttention") == 2 and "Softmax" not in ops
+        assert ops.count("Attention") == 2 and "Softmax" not in ops
+        assert int8_ops.count("QAttention") == 2
     else:
-        assert ops.count("LSTM") == 2
+        lstms = [n for n in onnx.load(paths["fp32-opt"]).graph.node if n.op_type == "LSTM"]
+        assert len(lstms) == 2
+        assert [len(n.input) for n in lstms] == [4, 4]  # zero initial states dropped
+        assert lstms[1].output[0] == ""  # the last layer's per-step output is not computed
+        assert int8_ops.count("DynamicQuantizeLSTM") == 2
 
 
 def test_int8_is_at_most_30_percent_of_fp32(variants):
