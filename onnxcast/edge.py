@@ -32,14 +32,20 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from onnxcast.contract import (
+    INPUT_NAME,
+    METADATA_PREFIX,
+    OUTPUT_NAME,
+    contract_problems,
+    opset_of,
+    read_metadata,
+    signature,
+)
 from onnxcast.errors import ConfigError, DataError, OnnxcastError, StoreError, VerificationError
 from onnxcast.store import MANIFEST, check_name, open_store, sha256_hex
 
 log = logging.getLogger(__name__)
 
-INPUT_NAME = "history"
-OUTPUT_NAME = "forecast"
-METADATA_PREFIX = "onnxcast."
 PREDICT_METADATA = ("target", "features", "lookback", "horizon")
 PULLED = "pulled.json"
 
@@ -197,57 +203,17 @@ def inspect_model(path: str | Path, expected_signature: dict | None = None) -> M
     except Exception as exc:  # protobuf decode errors have no common public type
         raise VerificationError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
     problems = external_data_problems(proto, path.parent)
-    signature = model_signature(proto)
-    problems += contract_problems(signature)
-    metadata = _prefixed({p.key: p.value for p in proto.metadata_props})
+    found = signature(proto)
+    problems += contract_problems(found)
+    metadata = read_metadata(proto)
     problems += [f"metadata lacks onnxcast.{k}" for k in PREDICT_METADATA if k not in metadata]
-    if expected_signature is not None and signature != expected_signature:
-        problems.append(f"I/O signature {signature} differs from the manifest's {expected_signature}")
+    if expected_signature is not None and found != expected_signature:
+        problems.append(f"I/O signature {found} differs from the manifest's {expected_signature}")
     if not problems:
         problems += _ort_load_problems(path)
     if problems:
         raise VerificationError(f"{path}: " + "; ".join(problems))
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    return ModelInfo(signature, opset, metadata)
-
-
-def model_signature(proto) -> dict:
-    """``{"inputs": [{name, dtype, shape}], "outputs": [...]}``; symbolic dims by name
-    (the same form as onnxcast.export.signature, without importing torch)."""
-    import onnx
-
-    def describe(values) -> list[dict]:
-        out = []
-        for v in values:
-            t = v.type.tensor_type
-            shape = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in t.shape.dim]
-            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "undefined"
-            out.append({"name": v.name, "dtype": dtype, "shape": shape})
-        return out
-
-    initializers = {t.name for t in proto.graph.initializer}
-    return {"inputs": describe([i for i in proto.graph.input if i.name not in initializers]),
-            "outputs": describe(proto.graph.output)}
-
-
-def contract_problems(signature: dict) -> list[str]:
-    """Differences from the ONNX contract: ``history`` float32 [batch, time, n] in,
-    ``forecast`` float32 [batch, horizon] out, batch and time dynamic."""
-    problems = []
-    for kind, name, rank, dynamic in (("inputs", INPUT_NAME, 3, (0, 1)), ("outputs", OUTPUT_NAME, 2, (0,))):
-        values = signature[kind]
-        if [v["name"] for v in values] != [name]:
-            problems.append(f"expected one {kind[:-1]} {name!r}, found {[v['name'] for v in values]}")
-            continue
-        value = values[0]
-        if value["dtype"] != "float32":
-            problems.append(f"{name} is {value['dtype']}, expected float32")
-        if len(value["shape"]) != rank:
-            problems.append(f"{name} has rank {len(value['shape'])}, expected {rank}")
-        else:
-            problems += [f"{name} axis {a} is fixed at {value['shape'][a]}, expected dynamic"
-                         for a in dynamic if isinstance(value["shape"][a], int)]
-    return problems
+    return ModelInfo(found, opset_of(proto), metadata)
 
 
 def external_data_problems(proto, folder: Path) -> list[str]:

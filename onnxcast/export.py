@@ -16,17 +16,23 @@ from pathlib import Path
 import onnx
 import torch
 
+from onnxcast.contract import (  # noqa: F401  (re-exported: the exporter's view of the contract)
+    INPUT_NAME,
+    OUTPUT_NAME,
+    REQUIRED_METADATA,
+    contract_problems,
+    missing_metadata,
+    opset_of,
+    read_metadata,
+    signature,
+)
+from onnxcast.contract import set_metadata as write_metadata
 from onnxcast.errors import ExportError
 
 log = logging.getLogger(__name__)
 
-INPUT_NAME = "history"
-OUTPUT_NAME = "forecast"
-METADATA_PREFIX = "onnxcast."
 EXPORTER = {"lstm": "torchscript", "transformer": "dynamo"}
 TORCHSCRIPT_OPSET = 17
-REQUIRED_METADATA = ("model_family", "lookback", "horizon", "freq", "target", "features",
-                     "precision", "trained_until", "dataset_sha256")
 
 
 def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lookback: int,
@@ -92,62 +98,15 @@ def check_model(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
 
 def io_contract_problems(proto: onnx.ModelProto) -> list[str]:
     """Differences between the model's inputs/outputs and the ONNX contract."""
-    problems = []
-    inputs = [i for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
-    if [i.name for i in inputs] != [INPUT_NAME]:
-        problems.append(f"expected one input {INPUT_NAME!r}, found {[i.name for i in inputs]}")
-    if [o.name for o in proto.graph.output] != [OUTPUT_NAME]:
-        problems.append(f"expected one output {OUTPUT_NAME!r}, found {[o.name for o in proto.graph.output]}")
-    for value, rank, dynamic in ((inputs[:1], 3, (0, 1)), (proto.graph.output[:1], 2, (0,))):
-        for v in value:
-            t = v.type.tensor_type
-            if t.elem_type != onnx.TensorProto.FLOAT:
-                problems.append(f"{v.name} is {onnx.TensorProto.DataType.Name(t.elem_type)}, expected FLOAT")
-            dims = t.shape.dim
-            if len(dims) != rank:
-                problems.append(f"{v.name} has rank {len(dims)}, expected {rank}")
-                continue
-            for axis in dynamic:
-                if dims[axis].HasField("dim_value"):
-                    problems.append(f"{v.name} axis {axis} is fixed at {dims[axis].dim_value}, expected dynamic")
-    return problems
-
-
-def signature(proto: onnx.ModelProto) -> dict:
-    """``{"inputs": [{name, dtype, shape}], "outputs": [...]}`` with symbolic dims as names."""
-    def describe(values):
-        out = []
-        for v in values:
-            t = v.type.tensor_type
-            shape = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in t.shape.dim]
-            out.append({"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": shape})
-        return out
-
-    init = {t.name for t in proto.graph.initializer}
-    return {"inputs": describe([i for i in proto.graph.input if i.name not in init]),
-            "outputs": describe(proto.graph.output)}
+    return contract_problems(signature(proto))
 
 
 def set_metadata(proto: onnx.ModelProto, metadata: dict[str, str]) -> None:
-    missing = [k for k in REQUIRED_METADATA if k not in metadata]
+    """Write the contract's metadata; ExportError if a required key is missing."""
+    missing = missing_metadata(metadata)
     if missing:
         raise ExportError(f"missing ONNX metadata: {missing}")
-    existing = {p.key: p for p in proto.metadata_props}
-    for key, value in metadata.items():
-        full = key if key.startswith(METADATA_PREFIX) else METADATA_PREFIX + key
-        if full in existing:
-            existing[full].value = str(value)
-        else:
-            proto.metadata_props.add(key=full, value=str(value))
-
-
-def read_metadata(proto: onnx.ModelProto) -> dict[str, str]:
-    return {p.key.removeprefix(METADATA_PREFIX): p.value for p in proto.metadata_props
-            if p.key.startswith(METADATA_PREFIX)}
-
-
-def opset_of(proto: onnx.ModelProto) -> int:
-    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    write_metadata(proto, metadata)
 
 
 def convert_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:

@@ -127,10 +127,10 @@ class TestInspect:
         with pytest.raises(VerificationError, match="differs from the manifest's"):
             inspect_model(tiny_onnx, expected_signature=changed)
 
-    def test_same_signature_as_export(self, tiny_onnx):
+    def test_signature_is_the_contract_modules(self, tiny_onnx):
         import onnx
 
-        from onnxcast.export import signature
+        from onnxcast.contract import signature
 
         assert inspect_model(tiny_onnx).signature == signature(onnx.load(tiny_onnx))
 
