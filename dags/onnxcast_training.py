@@ -108,11 +108,12 @@ with DAG(
         compare_with_champion="{{ params.compare_with_champion }}",
     )
     families = check.output
-    train = TrainOrFetchModelOperator.partial(task_id="train_or_fetch", run_dir=RUN_DIR,
-                                              max_active_tis_per_dag=2).expand(family=families)
-    export = ExportModelOperator.partial(task_id="export", run_dir=RUN_DIR).expand(family=families)
-    optimize = OptimizeModelOperator.partial(task_id="optimize", run_dir=RUN_DIR).expand(family=families)
-    validate = ValidateModelOperator.partial(task_id="validate", run_dir=RUN_DIR).expand(family=families)
+    per_family = {"run_dir": RUN_DIR, "map_index_template": "{{ task.family }}"}
+    train = TrainOrFetchModelOperator.partial(task_id="train_or_fetch", max_active_tis_per_dag=2,
+                                              **per_family).expand(family=families)
+    export = ExportModelOperator.partial(task_id="export", **per_family).expand(family=families)
+    optimize = OptimizeModelOperator.partial(task_id="optimize", **per_family).expand(family=families)
+    validate = ValidateModelOperator.partial(task_id="validate", **per_family).expand(family=families)
     register = RegisterModelOperator(task_id="register", run_dir=RUN_DIR, retries=2)
     decide = ChampionChallengerOperator(
         task_id="champion_challenger",

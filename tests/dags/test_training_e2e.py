@@ -166,3 +166,22 @@ class TestPromoteAndRollbackDags:
         assert edge["version"] == first
         assert [h["action"] for h in edge["history"]] == ["promote", "promote", "rollback"]
         assert str(client().get_model_version_by_alias(MODEL, "champion").version) == first
+
+
+class TestFetchPath:
+    def test_start_from_a_registered_model_instead_of_training(self, first_run):
+        """fetch_from: the first run's model is fetched (weights_only), then exported, optimized,
+        validated, registered and promoted under another name, without training."""
+        fetched_model = "e2e-fetched"
+        conf = {**airflow_support.TINY, "model_name": fetched_model, "fetch_from": f"models:/{MODEL}@champion"}
+        run = load_dag("onnxcast_training").test(run_conf=conf)
+        states = airflow_support.task_states(run)
+        assert set(states.values()) == {"success"}, states
+        family = client().get_model_version_by_alias(MODEL, "champion").tags["onnxcast.family"]
+        assert airflow_support.xcom(run, "check_data") == [family]
+        trained = airflow_support.xcom(run, "train_or_fetch", map_index=0)
+        assert trained["source"] == f"models:/{MODEL}@champion"
+        version = client().get_model_version_by_alias(fetched_model, "champion")
+        assert version.tags["onnxcast.family"] == family
+        store = airflow_support.configure() / "rollout" / fetched_model
+        assert json.loads((store / "channels" / "edge.json").read_text())["version"] == str(version.version)
