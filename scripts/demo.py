@@ -85,7 +85,9 @@ def report(run, conf: dict, home: Path, wall: float) -> int:
     with create_session() as session:
         tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == run.dag_id,
                                                          TaskInstance.run_id == run.run_id)).all()
-        states = sorted((ti.task_id, ti.map_index, str(ti.state), ti.duration or 0.0) for ti in tis)
+        states = sorted((ti.task_id, ti.map_index, str(ti.state),
+                         (ti.end_date - ti.start_date).total_seconds() if ti.end_date and ti.start_date else 0.0)
+                        for ti in tis)
     print(f"\nDAG run {run.run_id}: {run.state} in {wall:.0f} s")
     for task_id, index, state, duration in states:
         label = task_id if index < 0 else f"{task_id}[{index}]"
