@@ -180,6 +180,9 @@ def time_interleaved(candidates: list[Candidate], inputs: dict[int, np.ndarray],
         for _ in range(rounds):
             for c in candidates:
                 run = runners[c.variant]
+                # PyTorch's OpenMP workers spin for a while after a parallel region (libgomp's
+                # default); let them go to sleep so they do not take a core from the next one
+                time.sleep(0.02)
                 for _ in range(repeats[batch]):
                     start = time.perf_counter()
                     run(x)
@@ -449,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         "lookback": cfg.lookback, "horizon": cfg.horizon,
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
         "ort_session": "CPUExecutionProvider, intra-op threads as listed, inter-op 1, spinning off",
-        "torch_mode": "eager, torch.set_num_threads as listed, inference_mode",
+        "torch_mode": f"eager, torch.set_num_threads as listed, inference_mode, "
+                      f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
         "memory_method": "peak RSS growth (VmHWM) over the size after imports, in a fresh process per "
                          "candidate: loading the model, then runs at batch 1, then at 64 (1 thread)",
         "timing": {"rounds": rounds, "repeats_per_round": repeats, "warmup": warmup, "quick": args.quick},
