@@ -298,6 +298,8 @@ def _selection_entry(family: str, rows: list[dict], candidates: list[Candidate],
 def prepare_run(out_dir: Path, epochs: int, max_minutes: float):
     """Train, export and optimize both families with the pipeline's own steps (no validation:
     this script measures everything itself, in one process)."""
+    import torch
+
     from onnxcast.config import PipelineConfig
     from onnxcast.data import example_data_path
     from onnxcast.pipeline import export_family, optimize_family, prepare_data, train_family
@@ -305,6 +307,9 @@ def prepare_run(out_dir: Path, epochs: int, max_minutes: float):
     cfg = PipelineConfig(data_uri=example_data_path(), out_dir=str(out_dir), max_epochs=epochs,
                          max_minutes=max_minutes)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # One thread: with another job on the second core, PyTorch's two OpenMP threads made an
+    # epoch 30x slower (60 s instead of 2), hit the time cap and left a different model.
+    torch.set_num_threads(1)
     prepare_data(cfg)
     for family in cfg.models:
         train_family(cfg, family)

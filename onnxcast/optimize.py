@@ -308,10 +308,9 @@ def fuse_attention(model: onnx.ModelProto, kind: str = ATTENTION_KIND) -> tuple[
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(new_inits)
-    used = {name for node in graph.node for name in node.input}
-    kept = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    # the removed Reshapes' shape computations (Shape -> Gather -> Concat) are dead now; ORT
+    # would still run them (the int8 variant is not simplified by onnxslim afterwards)
+    _remove_dead_nodes(graph)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     del graph.value_info[:]  # stale for the removed tensors; check_model re-infers
