@@ -55,6 +55,8 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
         proto = convert_opset(proto, opset)
     set_metadata(proto, metadata)
     proto = check_model(proto, str(path))
+    # value_info stays: the exporter's symbolic shapes are what attention fusion reads
+    strip_annotations(proto, keep_value_info=True)
     onnx.save_model(proto, tmp)
     os.replace(tmp, path)
     log.info("exported %s (%d bytes, opset %d)", path, path.stat().st_size, opset_of(proto))
@@ -94,6 +96,17 @@ def check_model(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
     if problems:
         raise ExportError(f"{name}: " + "; ".join(problems))
     return inferred
+
+
+def strip_annotations(model: onnx.ModelProto, keep_value_info: bool = False) -> None:
+    """Drop what only describes the graph: inferred value_info (ORT infers shapes itself),
+    per-node exporter annotations (stack traces, ~1 KB a node) and doc strings. On small
+    models they were a tenth of the file and more, which edge devices download for nothing."""
+    if not keep_value_info:
+        del model.graph.value_info[:]
+    for node in model.graph.node:
+        node.doc_string = ""
+        del node.metadata_props[:]
 
 
 def io_contract_problems(proto: onnx.ModelProto) -> list[str]:
