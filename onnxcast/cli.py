@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--threads", type=int, default=1, help="threads for validation and latency figures")
+    p.add_argument("--threads", type=int, default=1, help="threads per step (training, validation, latency figures); 1 keeps parallel workers from thrashing")
     p.add_argument("--opset", type=int, default=None, help="convert the export to this ONNX opset")
     p.add_argument("--trained-until", default=None, help="ignore rows after this timestamp")
     p.add_argument("--accuracy-budget", type=float, default=0.01)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ class PipelineConfig:
     seed: int = 42
     # export / optimize / validate
     opset: int | None = None  # convert the exported graph to this opset when set
-    threads: int = 1  # intra-op threads for ORT and torch in validation (workers share cores)
+    threads: int = 1  # torch and ORT intra-op threads in every step (parallel workers share cores)
     accuracy_budget: float = 0.01  # allowed relative holdout-MAE loss of a variant vs fp32
     parity_rtol: float = 1e-3
     parity_atol: float = 1e-4

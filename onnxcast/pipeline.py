@@ -75,6 +75,7 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     from onnxcast.data import windows
     from onnxcast.models import ModelSpec, build_model
     from onnxcast.training import seed_everything, train_model
+    from onnxcast.validate import torch_threads
 
     series, split = _load_data(cfg)
     values = series.values
@@ -88,9 +89,12 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
     log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
              family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
-    result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
-                         patience=cfg.patience, batch_size=cfg.batch_size,
-                         learning_rate=cfg.learning_rate, seed=cfg.seed)
+    # cfg.threads (default 1): two OpenMP threads per task made epochs up to 30x slower when
+    # another task shared the two cores (docs/performance.md)
+    with torch_threads(cfg.threads):
+        result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
+                             patience=cfg.patience, batch_size=cfg.batch_size,
+                             learning_rate=cfg.learning_rate, seed=cfg.seed)
     log.info("trained %s: %d epochs (best %d, %s) in %.1fs", family, result.epochs, result.best_epoch,
              result.stopped, result.seconds)
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
