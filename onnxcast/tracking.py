@@ -85,8 +85,15 @@ def client_for(tracking_uri: str | None = None):
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    users_uri = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
+    # mlflow also exports the URI as MLFLOW_TRACKING_URI (for subprocesses); restore the
+    # user's own setting, or the next default_tracking_uri() would return this one
+    if users_uri is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = users_uri
     return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

@@ -122,3 +122,14 @@ def test_run_url_points_at_the_server_or_the_local_ui():
     assert run_url("http://mlflow:5000/", "3", "abc") == "http://mlflow:5000/#/experiments/3/runs/abc"
     assert run_url("sqlite:///x.db", "3", "abc", ui_url="http://ui:1") == "http://ui:1/#/experiments/3/runs/abc"
     assert redact_uri("https://user:secret@mlflow:443/x") == "https://mlflow:443/x"
+
+
+def test_using_one_tracking_uri_does_not_change_the_default(tmp_path, monkeypatch):
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; a task talking to one server must
+    not make the next task (same process, e.g. dag.test) talk to it too."""
+    from onnxcast.tracking import client_for, default_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("ONNXCAST_HOME", str(tmp_path))
+    client_for("http://127.0.0.1:9")
+    assert default_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
