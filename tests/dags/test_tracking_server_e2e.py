@@ -77,7 +77,6 @@ def connections(mlflow_server, s3_env, s3_bucket, monkeypatch):
 def test_training_dag_promotes_through_mlflow_server_and_s3(connections):
     import boto3
     import mlflow
-
     from airflow.dag_processing.dagbag import DagBag
 
     tracking, bucket = connections
