@@ -34,9 +34,27 @@ def configure(home: str | Path | None = None) -> dict[str, str]:
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     }
     os.environ.update(values)
+    # Airflow 3 components authenticate task API calls with a JWT: scheduler/executor and
+    # API server must share the secret, or every task fails with "Signature verification
+    # failed". Without a configured one each process would invent its own.
+    for variable, filename in (("AIRFLOW__API_AUTH__JWT_SECRET", "jwt_secret"),
+                               ("AIRFLOW__API__SECRET_KEY", "api_secret_key")):
+        if not os.environ.get(variable):
+            os.environ[variable] = _local_secret(airflow_home / filename)
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     return values
+
+
+def _local_secret(path: Path) -> str:
+    """A random secret kept in ``path`` (mode 0600) so every process of this home shares it."""
+    import secrets
+
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
 
 
 def init_db() -> None:
