@@ -24,14 +24,19 @@ class PlanError(OnnxcastError):
     """The run directory has no plan, or the plan does not name the family asked for."""
 
 
-def write_plan(run_dir: str | Path, entries: list[dict], notes: list[str] = ()) -> dict:
-    """Record the families of the run: ``[{"family", "source", "role"}]``, role challenger|champion."""
+def write_plan(run_dir: str | Path, entries: list[dict], notes: list[str] = (),
+               incomparable_champion: dict | None = None) -> dict:
+    """Record the families of the run: ``[{"family", "source", "role"}]``, role challenger|champion.
+
+    ``incomparable_champion`` (``{"version", "differences"}``) records a champion that this
+    run cannot evaluate (another horizon or other features): decide() then refuses to
+    replace it automatically, since its consumers expect its input and output shapes."""
     from onnxcast.report import write_json
 
     names = [e["family"] for e in entries]
     if len(set(names)) != len(names):
         raise PlanError(f"duplicate family names in the plan: {names}")
-    plan = {"families": entries, "notes": list(notes)}
+    plan = {"families": entries, "notes": list(notes), "incomparable_champion": incomparable_champion}
     write_json(Path(run_dir) / PLAN, plan)
     return plan
 
@@ -84,9 +89,16 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
         "champion_version": None, "champion_family": None, "champion_mae": None, "improvement": None,
     }
     champion = champion_entry(run_dir)
-    notes = read_plan(run_dir).get("notes", [])
-    if champion is None:
-        decision.update(promote=True, reason="no comparable champion: " + ("; ".join(notes) or "none registered"))
+    plan = read_plan(run_dir)
+    incomparable = plan.get("incomparable_champion")
+    if champion is None and incomparable and require_beats_champion:
+        decision.update(promote=False, champion_version=incomparable.get("version"),
+                        reason=f"champion v{incomparable.get('version')} is not comparable with this run "
+                               f"({incomparable.get('differences')}); its consumers expect its shapes: promote "
+                               "this version explicitly (onnxcast_promote) if that is intended")
+    elif champion is None:
+        decision.update(promote=True, reason="no champion to compare with: " + ("; ".join(plan.get("notes", []))
+                                                                               or "none registered"))
     else:
         validation = read_json(run_dir / "models" / CHAMPION_FAMILY / "validation.json")
         spec = read_json(run_dir / "models" / CHAMPION_FAMILY / "model.json")["spec"]

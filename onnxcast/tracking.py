@@ -150,6 +150,21 @@ def ensure_run(*, model_name: str, run_key: str, family: str | None = None, role
             "url": run_url(client.tracking_uri, experiment_id, run_id, ui_url)}
 
 
+def log_failed_data_check(quality_dir: str | Path, *, model_name: str, run_key: str, error: str,
+                          tracking_uri: str | None = None, ui_url: str | None = None) -> dict:
+    """Record a run stopped by the data-quality gate: the GX report (HTML + JSON) as artifacts
+    of the pipeline run, the error as a tag, the run marked FAILED. Nothing is registered."""
+    run = ensure_run(model_name=model_name, run_key=run_key, tracking_uri=tracking_uri, ui_url=ui_url)
+    client = client_for(tracking_uri)
+    quality_dir = Path(quality_dir)
+    if quality_dir.is_dir():
+        client.log_artifacts(run["run_id"], str(quality_dir), "quality")
+    client.set_tag(run["run_id"], "onnxcast.status", "data-check-failed")
+    client.set_tag(run["run_id"], "onnxcast.error", error[:4900])
+    client.set_terminated(run["run_id"], "FAILED")
+    return run
+
+
 def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, families: list[str],
                      tracking_uri: str | None = None, tags: dict[str, str] | None = None,
                      extra_families: list[str] = ()) -> TrackedRun:

@@ -18,7 +18,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from onnxcast.config import PipelineConfig
-from onnxcast.errors import ConfigError
+from onnxcast.errors import ConfigError, DataError
 from operators.hooks import MlflowHook, S3SettingsHook
 from operators.links import MlflowRunLink, persist_mlflow_run_url
 
@@ -120,18 +120,22 @@ class CheckDataOperator(_TrackedOperator):
         except ConfigError as exc:  # bad settings: retrying cannot help
             raise AirflowFailException(str(exc)) from None
         run_dir.mkdir(parents=True, exist_ok=True)
-        summary = prepare_data(cfg)
+        try:
+            summary = prepare_data(cfg)
+        except (ConfigError, DataError) as exc:  # the same bytes fail the same way: no retry
+            self._record_failed_check(context, cfg, exc)
+            raise AirflowFailException(" ".join(str(exc).split())) from None
         self.link_mlflow_run(context, cfg.model_name)
 
-        entries, notes = self._challengers(cfg), []
+        entries, notes, incomparable = self._challengers(cfg), [], {}
         compare = as_bool(self.compare_with_champion)
-        champion = self._champion(cfg, notes) if compare else None
+        champion = self._champion(cfg, notes, incomparable) if compare else None
         if champion:
             entries.append({"family": CHAMPION_FAMILY, "source": champion["source"], "role": "champion",
                             "version": champion["version"]})
         elif not compare:
             notes.append("comparison with the champion is off")
-        write_plan(run_dir, entries, notes)
+        write_plan(run_dir, entries, notes, incomparable or None)
         families = [e["family"] for e in entries]
         summary = {"run_dir": str(run_dir), "rows": summary["dataset"]["rows"], "end": summary["dataset"]["end"],
                    "dataset_sha256": summary["dataset"]["sha256"], "trained_until": cfg.trained_until,
@@ -141,6 +145,17 @@ class CheckDataOperator(_TrackedOperator):
         self.log.info("Run %s: %d rows up to %s; families %s; %s", run_dir, summary["rows"], summary["end"],
                       families, "; ".join(notes) or "champion included")
         return families
+
+    def _record_failed_check(self, context: Context, cfg: PipelineConfig, exc: Exception) -> None:
+        """Log the GX report of a failed check to the run's MLflow run and link the task to it."""
+        from onnxcast.tracking import log_failed_data_check
+
+        failures = getattr(exc, "failures", [str(exc)])
+        self.log.error("data check failed for %s:\n  - %s", cfg.data_uri, "\n  - ".join(failures))
+        run = log_failed_data_check(Path(cfg.out_dir) / "quality", model_name=cfg.model_name,
+                                    run_key=run_key(context), error=str(exc),
+                                    tracking_uri=self.mlflow_hook.tracking_uri, ui_url=self.mlflow_hook.ui_url)
+        persist_mlflow_run_url(context, run["url"])
 
     def _challengers(self, cfg: PipelineConfig) -> list[dict]:
         if self.fetch_from in (None, "", "None"):
@@ -154,7 +169,7 @@ class CheckDataOperator(_TrackedOperator):
             raise AirflowFailException(str(exc)) from None
         return [{"family": spec["family"], "source": self.fetch_from, "role": "challenger"}]
 
-    def _champion(self, cfg: PipelineConfig, notes: list[str]) -> dict | None:
+    def _champion(self, cfg: PipelineConfig, notes: list[str], incomparable: dict) -> dict | None:
         from onnxcast.fetch import read_source_spec
         from onnxcast.tracking import CHAMPION, alias_version
 
@@ -168,6 +183,7 @@ class CheckDataOperator(_TrackedOperator):
         different = {k: spec.get(k) for k, v in wanted.items() if spec.get(k) != v}
         if different:
             notes.append(f"{CHAMPION} v{version} is not comparable ({different} vs {wanted})")
+            incomparable.update(version=version, differences={k: [v, wanted[k]] for k, v in different.items()})
             return None
         return {"version": version, "source": source}
 

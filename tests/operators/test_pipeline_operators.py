@@ -106,3 +106,23 @@ class TestFamilyStepOperators:
             assert second == first
             assert {p.name: p.read_bytes() for p in Path(run_dir, "models/lstm/onnx").glob("*.onnx")}.keys() == files.keys()
         assert "/#/experiments/" in second_context["ti"].xcoms["mlflow_run_url"]
+
+
+class TestCheckDataOperatorFailures:
+    def test_bad_data_fails_without_retry_and_is_recorded_in_mlflow(self, tmp_path, example_csv):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onnxcast.tracking import client_for
+        from operators import CheckDataOperator
+
+        settings = {**OPS_SETTINGS, "data_uri": example_csv, "model_name": "ops-bad-data",
+                    "time_column": "no_such_column"}
+        op = CheckDataOperator(task_id="check_data", settings=settings, run_root=str(tmp_path))
+        context = make_context(run_id="bad-data")
+        with pytest.raises(AirflowFailException, match="no_such_column"):
+            op.execute(context)
+        client = client_for()
+        experiment = client.get_experiment_by_name("ops-bad-data")
+        (run,) = client.search_runs([experiment.experiment_id])
+        assert run.info.status == "FAILED" and "no_such_column" in run.data.tags["onnxcast.error"]
+        assert run.info.run_id in context["ti"].xcoms["mlflow_run_url"]
