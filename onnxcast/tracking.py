@@ -195,6 +195,8 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     for channel, choice in (report.get("selected") or {}).items():
         client.set_tag(parent, f"onnxcast.selected.{channel}", f"{choice['family']}/{choice['variant']}")
     client.log_artifact(parent, str(report_path if report_path.exists() else run_dir / "failed-report.json"))
+    if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
+        client.log_table(parent, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
     if (run_dir / "quality").is_dir():
         client.log_artifacts(parent, str(run_dir / "quality"), "quality")
     selected = (report.get("selected") or {}).get("edge", {}).get("family")
@@ -412,6 +414,13 @@ def _find_or_create_run(client, experiment_id: str, run_key: str, role: str, fam
     if found:
         return found[0].info.run_id
     return client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
+
+
+def _ranking_table(ranking: list[dict]) -> dict[str, list]:
+    """Column-wise table of the ranking rows (nested values as JSON text)."""
+    columns = list(dict.fromkeys(key for row in ranking for key in row))
+    return {c: [row.get(c) if isinstance(row.get(c), str | int | float | bool | type(None))
+                else json.dumps(row.get(c)) for row in ranking] for c in columns}
 
 
 def _log_family(client, run_id: str, run_dir: Path, family: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from run_fixtures import tiny_lstm_run, tiny_lstm_run_copy  # noqa: F401  (fixtures)
@@ -69,7 +70,10 @@ class TestLogAndRegister:
         assert parent.info.status == "FINISHED"
         assert parent.data.params["lookback"] == "48" and parent.data.params["quality.max_gap_fraction"]
         assert "baseline.seasonal_naive.mae" in parent.data.metrics
-        assert {a.path for a in client.list_artifacts(tracked.parent_run_id)} >= {"report.json", "plots"}
+        assert {a.path for a in client.list_artifacts(tracked.parent_run_id)} >= {"report.json", "plots", "ranking.json"}
+        ranking = json.loads(Path(client.download_artifacts(tracked.parent_run_id, "ranking.json")).read_text())
+        assert {"family", "variant", "eligible"} <= set(ranking["columns"])
+        assert len(ranking["data"]) == 4  # every lstm variant is a candidate
         assert [a.path for a in client.list_artifacts(tracked.parent_run_id, "plots")] == [
             "plots/forecast_vs_actual.png"]
         child = client.get_run(tracked.family_run_ids["lstm"])
