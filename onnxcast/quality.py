@@ -130,7 +130,7 @@ def prepare_frame(frame, cfg: PipelineConfig, source: str) -> PreparedFrame:
 
 def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
     """The expectation suite for this run's settings and this file's columns."""
-    import great_expectations as gx
+    gx = _import_gx()
 
     E = gx.expectations
     q = cfg.quality
@@ -189,7 +189,7 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
 
 def run_suite(frame, suite):
     """Validate ``frame`` as one whole-dataframe batch in an ephemeral GX context."""
-    import great_expectations as gx
+    gx = _import_gx()
     from great_expectations.data_context.types.base import (
         DataContextConfig,
         InMemoryStoreBackendDefaults,
@@ -589,6 +589,15 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def _import_gx():
+    # GX logs an INFO line per decorated closure on first import ("Skipping registering
+    # function ..."): dozens of lines in every Airflow task log.
+    logging.getLogger("great_expectations._docs_decorators").setLevel(logging.WARNING)
+    import great_expectations
+
+    return great_expectations
 
 
 @contextlib.contextmanager
