@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(run, conf: dict, home: Path, wall: float) -> int:
     from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
@@ -85,6 +86,9 @@ def report(run, conf: dict, home: Path, wall: float) -> int:
     with create_session() as session:
         tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == run.dag_id,
                                                          TaskInstance.run_id == run.run_id)).all()
+        xcom_run_dir = session.scalar(select(XComModel.value).where(
+            XComModel.dag_id == run.dag_id, XComModel.run_id == run.run_id,
+            XComModel.task_id == "check_data", XComModel.key == "run_dir"))
         states = sorted((ti.task_id, ti.map_index, str(ti.state),
                          (ti.end_date - ti.start_date).total_seconds() if ti.end_date and ti.start_date else 0.0)
                         for ti in tis)
@@ -92,6 +96,13 @@ def report(run, conf: dict, home: Path, wall: float) -> int:
     for task_id, index, state, duration in states:
         label = task_id if index < 0 else f"{task_id}[{index}]"
         print(f"  {label:<26} {state:<10} {duration:6.1f} s")
+
+    run_dir = Path(str(xcom_run_dir or ""))
+    if xcom_run_dir and (run_dir / "report.json").exists():
+        from onnxcast.cli import summarize_report
+
+        print(f"\nValidation ({run_dir})")
+        print("  " + summarize_report(json.loads((run_dir / "report.json").read_text()), str(run_dir)).replace("\n", "\n  "))
 
     name = conf["model_name"]
     uri = default_tracking_uri()
