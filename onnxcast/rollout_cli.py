@@ -1,6 +1,6 @@
 """CLI commands for rollout: ``promote``, ``rollback``, ``edge pull`` and ``edge predict``.
 
-``add_rollout_commands(subparsers)`` registers them; each sets ``func`` to a handler that
+``add_rollout_commands(subparsers)`` registers them; each sets ``handler`` (what ``onnxcast.cli.main`` calls) to a function that
 takes the parsed namespace and returns an exit code. User errors are raised as
 OnnxcastError for the main CLI to print on one line. S3 endpoint, region, credentials and
 encryption come from the environment (``AWS_*``, ``ONNXCAST_STORE_SSE``,
@@ -25,7 +25,7 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version", help="version id (default: the MLflow version, else derived from the content)")
     p.add_argument("--actor", help="who promotes (default: $ONNXCAST_ACTOR or user@host)")
     p.add_argument("--reason", default="", help="why, recorded in the channel history")
-    p.set_defaults(func=run_promote)
+    p.set_defaults(handler=run_promote)
 
     p = subparsers.add_parser("rollback", help="move a channel back to an earlier version")
     _store_arguments(p)
@@ -33,7 +33,7 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--to", dest="to_version", help="version to move to (default: the one before the current)")
     p.add_argument("--reason", required=True, help="why, recorded in the channel history")
     p.add_argument("--actor", help="who rolls back (default: $ONNXCAST_ACTOR or user@host)")
-    p.set_defaults(func=run_rollback)
+    p.set_defaults(handler=run_rollback)
 
     edge = subparsers.add_parser("edge", help="device side: pull a channel's model, run it")
     commands = edge.add_subparsers(dest="edge_command", required=True)
@@ -44,12 +44,12 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--watch", action="store_true", help="keep polling the channel")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between polls (default 60)")
     p.add_argument("--max-polls", type=int, help="stop after this many polls (default: never)")
-    p.set_defaults(func=run_edge_pull)
+    p.set_defaults(handler=run_edge_pull)
 
     p = commands.add_parser("predict", help="forecast from a CSV with the installed model")
     p.add_argument("--dir", required=True, help="device folder given to 'edge pull --dest'")
     p.add_argument("--input", required=True, help="CSV with the target and feature columns")
-    p.set_defaults(func=run_edge_predict)
+    p.set_defaults(handler=run_edge_predict)
 
 
 def run_promote(args: argparse.Namespace) -> int:

@@ -3,7 +3,6 @@ promotions, crashes midway, reruns, immutability, bad input and the CLI."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 
@@ -11,7 +10,7 @@ import pytest
 
 from onnxcast.errors import ConfigError, ConflictError, OnnxcastError, StoreError, VerificationError
 from onnxcast.promote import ReportError, promote, rollback, verify_version
-from onnxcast.rollout_cli import add_rollout_commands
+from onnxcast import cli
 from onnxcast.store import LocalStore, open_store
 
 
@@ -222,9 +221,10 @@ class TestBadInput:
         assert not (tmp_path / "store").exists()
 
     @pytest.mark.parametrize("uri", ["gs://b/x", "s3://Bad_Bucket/x", ""])
-    def test_bad_store_uri_through_the_cli(self, tmp_path, make_run, uri):
-        with pytest.raises(ConfigError, match="store URI"):
-            _cli("promote", "--report", str(make_run("a")), "--store", uri, "--model", "m", "--channel", "edge")
+    def test_bad_store_uri_through_the_cli(self, tmp_path, make_run, uri, capsys):
+        assert _cli("promote", "--report", str(make_run("a")), "--store", uri, "--model", "m", "--channel", "edge") == 2
+        err = capsys.readouterr().err
+        assert "store URI" in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
     def test_bad_model_name(self, tmp_path, make_run):
         with pytest.raises(ConfigError, match=r"invalid model name '../m'"):
@@ -287,17 +287,17 @@ class TestCli:
         with pytest.raises(SystemExit):
             _cli("rollback", "--store", str(tmp_path), "--model", "m", "--channel", "edge")
 
-    def test_errors_are_onnxcast_errors(self, tmp_path):
-        with pytest.raises(OnnxcastError, match="report not found"):
-            _cli("promote", "--report", str(tmp_path / "x.json"), "--store", str(tmp_path), "--model", "m",
-                 "--channel", "edge")
+    def test_errors_are_one_line_without_traceback(self, tmp_path, capsys):
+        code = _cli("promote", "--report", str(tmp_path / "x.json"), "--store", str(tmp_path), "--model", "m",
+                    "--channel", "edge")
+        err = capsys.readouterr().err
+        assert code in (1, 2) and err.startswith("error: ") and "report not found" in err
+        assert len(err.splitlines()) == 1
 
 
 def _cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="onnxcast")
-    add_rollout_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """The real entry point (the ``onnxcast`` console script calls ``cli.main``)."""
+    return cli.main(list(argv))
 
 
 def _raise_crash(*args, **kwargs):
