@@ -48,3 +48,8 @@ class ConflictError(StoreError):
 
 class VerificationError(StoreError):
     """Downloaded bytes or an ONNX signature do not match the manifest."""
+
+
+class RefusedError(VerificationError):
+    """Release metadata is not trusted: unsigned, wrongly signed, expired, replayed, older
+    than what the device verified, or a file differs from its signed length or digest."""

@@ -1,10 +1,16 @@
-"""CLI commands for rollout: ``promote``, ``rollback``, ``edge pull`` and ``edge predict``.
+"""CLI commands for rollout: ``promote``, ``rollback``, ``refresh``, ``keys ...`` and
+``edge pull|predict|trust``.
 
 ``add_rollout_commands(subparsers)`` registers them; each sets ``handler`` (what ``onnxcast.cli.main`` calls) to a function that
 takes the parsed namespace and returns an exit code. User errors are raised as
 OnnxcastError for the main CLI to print on one line. S3 endpoint, region, credentials and
 encryption come from the environment (``AWS_*``, ``ONNXCAST_STORE_SSE``,
 ``ONNXCAST_STORE_SSE_KMS_KEY_ID``), never from flags that would land in shell history.
+Signing keys: ``--signing-key`` or ``$ONNXCAST_SIGNING_KEY`` (key files or ``awskms:KEY``);
+a device's trust root: ``--trust`` or ``$ONNXCAST_TRUST`` or ``DEST/trust/root.json``.
+
+``edge_main`` is the light device entry point (``onnxcast-edge``): the same edge and keys
+commands without the training CLI's imports.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from onnxcast.errors import ConfigError
+from onnxcast.errors import ConfigError, DataError, OnnxcastError
 
 
 def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -25,22 +31,70 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version", help="version id (default: the MLflow version, else derived from the content)")
     p.add_argument("--actor", help="who promotes (default: $ONNXCAST_ACTOR or user@host)")
     p.add_argument("--reason", default="", help="why, recorded in the channel history")
+    _signing_arguments(p)
     p.set_defaults(handler=run_promote)
 
-    p = subparsers.add_parser("rollback", help="move a channel back to an earlier version")
+    p = subparsers.add_parser("rollback", help="move a channel back to an earlier version (a signed rollback record)")
     _store_arguments(p)
     p.add_argument("--channel", required=True)
     p.add_argument("--to", dest="to_version", help="version to move to (default: the one before the current)")
     p.add_argument("--reason", required=True, help="why, recorded in the channel history")
     p.add_argument("--actor", help="who rolls back (default: $ONNXCAST_ACTOR or user@host)")
+    _signing_arguments(p)
     p.set_defaults(handler=run_rollback)
 
-    edge = subparsers.add_parser("edge", help="device side: pull a channel's model, run it")
+    p = subparsers.add_parser("refresh", help="re-sign a channel pointer (new counter and expiry, same version)")
+    _store_arguments(p)
+    p.add_argument("--channel", required=True)
+    _signing_arguments(p)
+    p.set_defaults(handler=run_refresh)
+
+    add_keys_commands(subparsers)
+    add_edge_commands(subparsers)
+
+
+def add_keys_commands(subparsers: argparse._SubParsersAction) -> None:
+    keys = subparsers.add_parser("keys", help="release keys and trust roots")
+    commands = keys.add_subparsers(dest="keys_command", required=True)
+    p = commands.add_parser("generate", help="a development key pair and a 1-of-1 trust root")
+    p.add_argument("--out", required=True, help="folder for signing.key (mode 0600), signing.pub and root.json")
+    p.add_argument("--root-expires-days", type=int, default=365)
+    p.set_defaults(handler=run_keys_generate)
+
+    p = commands.add_parser("root", help="write a trust root (t of n keys per role), signed by the given keys; "
+                                         "with --previous, the next root of that chain (key rotation)")
+    p.add_argument("--out", required=True, help="root file to write")
+    p.add_argument("--root-key", action="append", required=True, help="public key file of a root key (repeat)")
+    p.add_argument("--release-key", action="append", required=True,
+                   help="public key file of a release key: signs manifests and channel pointers (repeat)")
+    p.add_argument("--root-threshold", type=int, default=1)
+    p.add_argument("--release-threshold", type=int, default=1)
+    p.add_argument("--previous", help="the root this one replaces (its version + 1 is written)")
+    p.add_argument("--sign-with", action="append", required=True,
+                   help="private key file or awskms:KEY to sign with: old and new root keys (repeat)")
+    p.add_argument("--expires-days", type=int, default=365)
+    p.set_defaults(handler=run_keys_root)
+
+    p = commands.add_parser("publish-root", help="publish a root in the store (root/<version>.root.json) "
+                                                 "for devices to walk to")
+    p.add_argument("--store", required=True, help="rollout store: a folder or s3://bucket/prefix")
+    p.add_argument("--root", required=True, help="root file from 'onnxcast keys root'")
+    p.set_defaults(handler=run_keys_publish_root)
+
+    p = commands.add_parser("kms-pub", help="write the public key of an AWS KMS signing key (for 'keys root')")
+    p.add_argument("--key-id", required=True, help="KMS key id, ARN or alias")
+    p.add_argument("--out", required=True, help="public key file to write")
+    p.set_defaults(handler=run_keys_kms_pub)
+
+
+def add_edge_commands(subparsers: argparse._SubParsersAction) -> None:
+    edge = subparsers.add_parser("edge", help="device side: trust, pull a channel's model, run it")
     commands = edge.add_subparsers(dest="edge_command", required=True)
     p = commands.add_parser("pull", help="download, verify and install the channel's model")
     _store_arguments(p)
     p.add_argument("--channel", required=True)
     p.add_argument("--dest", required=True, help="device folder (DEST/current is the served model)")
+    p.add_argument("--trust", help="trust root file (default: $ONNXCAST_TRUST, else DEST/trust/root.json)")
     p.add_argument("--watch", action="store_true", help="keep polling the channel")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between polls (default 60)")
     p.add_argument("--max-polls", type=int, help="stop after this many polls (default: never)")
@@ -51,12 +105,40 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--input", required=True, help="CSV with the target and feature columns")
     p.set_defaults(handler=run_edge_predict)
 
+    p = commands.add_parser("trust", help="install a trust root into a device folder (once per device)")
+    p.add_argument("--dest", required=True, help="device folder")
+    p.add_argument("--root", required=True, help="root.json from 'onnxcast keys generate' or 'keys root'")
+    p.add_argument("--replace", action="store_true", help="replace a newer installed root")
+    p.set_defaults(handler=run_edge_trust)
+
+
+def edge_main(argv: list[str] | None = None) -> int:
+    """``onnxcast-edge``: the device commands (edge, keys), light imports only."""
+    parser = argparse.ArgumentParser(prog="onnxcast-edge", description="onnxcast device client")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_edge_commands(commands)
+    add_keys_commands(commands)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except (ConfigError, DataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OnnxcastError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+# --- handlers -----------------------------------------------------------------------------
 
 def run_promote(args: argparse.Namespace) -> int:
-    from onnxcast.promote import promote
+    from onnxcast.rollout.promote import promote
 
     result = promote(args.report, args.store, args.model, args.channel, version=args.version,
-                     actor=args.actor, reason=args.reason)
+                     actor=args.actor, reason=args.reason, signers=args.signing_key, expires_days=args.expires_days)
     moves = ", ".join(f"{c} {state}" for c, state in result.channels.items())
     print(f"{result.model} version {result.version} at {result.store}: {len(result.written)} object(s) "
           f"written, {len(result.skipped)} already there; {moves}")
@@ -64,10 +146,10 @@ def run_promote(args: argparse.Namespace) -> int:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from onnxcast.promote import rollback
+    from onnxcast.rollout.promote import rollback
 
     result = rollback(args.store, args.model, args.channel, to_version=args.to_version, actor=args.actor,
-                      reason=args.reason)
+                      reason=args.reason, signers=args.signing_key, expires_days=args.expires_days)
     if result.changed:
         print(f"{result.model} channel {result.channel}: rolled back from {result.from_version} to {result.version}")
     else:
@@ -75,31 +157,120 @@ def run_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_refresh(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.promote import refresh
+
+    value = refresh(args.store, args.model, args.channel, signers=args.signing_key, expires_days=args.expires_days)
+    print(f"{args.model} channel {args.channel}: version {value['version']} re-signed, counter {value['counter']}, "
+          f"expires {value['expires']}")
+    return 0
+
+
+def run_keys_generate(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.signing import generate_key
+
+    files = generate_key(args.out, root_days=args.root_expires_days)
+    print(f"wrote {files['private']} (private, mode 0600: keep it off workers), {files['public']} and "
+          f"{files['root']} (install on devices: onnxcast edge trust --dest DEST --root {files['root']})")
+    return 0
+
+
+def run_keys_root(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from onnxcast.rollout.signing import load_signers, make_root, parse_root, read_public_key, sign_root
+
+    version = 1
+    if args.previous:
+        previous = Path(args.previous)
+        try:
+            version = parse_root(previous.read_bytes(), str(previous)).signed.version + 1
+        except OSError as exc:
+            raise ConfigError(f"{previous}: cannot read ({exc.strerror})") from None
+    root = make_root([read_public_key(k) for k in args.root_key], [read_public_key(k) for k in args.release_key],
+                     root_threshold=args.root_threshold, release_threshold=args.release_threshold,
+                     version=version, expires_days=args.expires_days)
+    out = Path(args.out)
+    out.write_bytes(sign_root(root, load_signers(args.sign_with)))
+    print(f"wrote {out}: root version {version}, root {args.root_threshold} of {len(set(args.root_key))} key(s), "
+          f"release {args.release_threshold} of {len(set(args.release_key))} key(s)")
+    return 0
+
+
+def run_keys_publish_root(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from onnxcast.rollout.signing import parse_root, verify_self_signed
+    from onnxcast.rollout.store import open_store
+
+    path = Path(args.root)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    root = parse_root(data, str(path))
+    verify_self_signed(root, str(path))
+    store = open_store(args.store)
+    key = store.root_key(root.signed.version)
+    if not store.create(key, data) and store.read(key) != data:
+        raise ConfigError(f"{store.url(key)}: a different root version {root.signed.version} is already published")
+    print(f"published root version {root.signed.version} at {store.url(key)}")
+    return 0
+
+
+def run_keys_kms_pub(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from onnxcast.rollout.signing import kms_signer, public_key_of
+
+    out = Path(args.out)
+    out.write_text(json.dumps(public_key_of(kms_signer(args.key_id)), indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out} (public key of KMS key {args.key_id})")
+    return 0
+
+
 def run_edge_pull(args: argparse.Namespace) -> int:
-    from onnxcast.edge import pull, watch
+    from onnxcast.rollout.edge import pull, watch
 
     if args.watch:
         if args.max_polls is not None and args.max_polls < 1:
             raise ConfigError(f"--max-polls must be >= 1, got {args.max_polls}")
         try:
             failures = watch(args.store, args.model, args.channel, args.dest, interval=args.interval,
-                             max_polls=args.max_polls, on_poll=lambda line: print(line, flush=True))
+                             max_polls=args.max_polls, trust=args.trust, on_poll=lambda line: print(line, flush=True))
         except KeyboardInterrupt:  # the usual way to stop an unbounded watch
             return 130
         return 1 if failures else 0
-    result = pull(args.store, args.model, args.channel, args.dest)
+    result = pull(args.store, args.model, args.channel, args.dest, trust=args.trust)
     state = "installed" if result.changed else "already at"
     print(f"{result.model} channel {result.channel}: {state} version {result.version} ({result.path})")
     return 0
 
 
 def run_edge_predict(args: argparse.Namespace) -> int:
-    from onnxcast.edge import predict
+    from onnxcast.rollout.edge import predict
 
     predict(args.dir, args.input, out=sys.stdout)
+    return 0
+
+
+def run_edge_trust(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.trust import install_trust
+
+    version = install_trust(args.dest, args.root, replace=args.replace)
+    print(f"{args.dest}: trusts root version {version} from {args.root}")
     return 0
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, help="rollout store: a folder or s3://bucket/prefix")
     parser.add_argument("--model", required=True, help="model name in the store")
+
+
+def _signing_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--signing-key", action="append",
+                        help="release key: a private key file or awskms:KEY (repeat for a threshold; "
+                             "default $ONNXCAST_SIGNING_KEY)")
+    parser.add_argument("--expires-days", type=float,
+                        help="days the channel pointer stays valid (default $ONNXCAST_POINTER_EXPIRES_DAYS or 30)")

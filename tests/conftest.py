@@ -71,6 +71,22 @@ def _quiet_threads(monkeypatch):
 # --- rollout (store, promote, edge) --------------------------------------------------------
 
 @pytest.fixture(scope="session")
+def release_key(tmp_path_factory) -> dict:
+    """A development release key for the session: {"private", "public", "root"} paths."""
+    from onnxcast.rollout.signing import generate_key
+
+    return generate_key(tmp_path_factory.mktemp("release-key"))
+
+
+@pytest.fixture(autouse=True)
+def _release_key_env(release_key, monkeypatch):
+    # Every promotion signs and every device trusts the session's key, as a configured
+    # deployment does; tests of missing or other keys override these.
+    monkeypatch.setenv("ONNXCAST_SIGNING_KEY", str(release_key["private"]))
+    monkeypatch.setenv("ONNXCAST_TRUST", str(release_key["root"]))
+
+
+@pytest.fixture(scope="session")
 def tiny_onnx(tmp_path_factory) -> Path:
     """An untrained LSTM forecaster (target y + feature x1, lookback 16, horizon 4), exported
     to ONNX once per session: real I/O contract and metadata, a few seconds to make."""

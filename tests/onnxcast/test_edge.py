@@ -11,11 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from onnxcast.edge import inspect_model, predict, pull, watch
-from onnxcast.errors import ConfigError, DataError, StoreError, VerificationError
-from onnxcast.promote import promote
+from onnxcast.rollout.edge import inspect_model, predict, pull, watch
+from onnxcast.errors import ConfigError, DataError, RefusedError, StoreError, VerificationError
 from onnxcast import cli
-from onnxcast.store import dump_json, open_store, sha256_hex
+from onnxcast.rollout.promote import promote
+from onnxcast.rollout.signing import load_signers, sign_envelope
+from onnxcast.rollout.store import dump_json, open_store, sha256_hex
 
 
 @pytest.fixture
@@ -56,8 +57,9 @@ class TestPull:
         before = predict(dest, history_csv, out=io.StringIO())
         promote(make_run("b"), store_uri, "m", "edge", version="2")
         _overwrite(store_uri, "m/versions/2/lstm-fp32-opt.onnx", lambda data: data[:-4] + b"evil")
-        with pytest.raises(VerificationError, match=r"versions/2/lstm-fp32-opt.onnx: sha256 \w+ \(\d+ bytes\) does not "
-                                                     r"match the manifest's .*; refusing version 2"):
+        with pytest.raises(RefusedError, match=r"versions/2/lstm-fp32-opt.onnx: sha256 \w+ \(\d+ bytes\) does not "
+                                               r"match the signed \w+ \(\d+ bytes\); refusing version 2 "
+                                               r"\(still serving version 1\)"):
             pull(store_uri, "m", "edge", dest)
         assert (dest / "current").readlink().as_posix() == "versions/1"
         assert np.array_equal(predict(dest, history_csv, out=io.StringIO()), before)
@@ -66,13 +68,13 @@ class TestPull:
     def test_tampered_manifest_is_refused(self, store_uri, make_run, tmp_path):
         promote(make_run("a"), store_uri, "m", "edge", version="1")
         _overwrite(store_uri, "m/versions/1/manifest.json", lambda data: data.replace(b'"reason": ""', b'"reason": "x"'))
-        with pytest.raises(VerificationError, match="manifest.json: sha256 .* does not match the channel pointer's"):
+        with pytest.raises(RefusedError, match="manifest.json: longer than its signed length of \\d+ bytes"):
             pull(store_uri, "m", "edge", tmp_path / "device")
         assert not (tmp_path / "device" / "current").exists()
 
     def test_model_with_external_data_outside_the_folder_is_refused(self, tmp_path, make_run, tiny_onnx):
-        """A pointer, manifest and sha that all agree, for a model reaching outside its folder
-        (as a compromised writer could publish): refused before ONNX Runtime opens it."""
+        """A pointer and manifest signed by the release key, for a model reaching outside its
+        folder (a compromised release key): refused before ONNX Runtime opens it."""
         import onnx
 
         proto = onnx.load(tiny_onnx)
@@ -88,12 +90,16 @@ class TestPull:
         manifest["artifacts"]["evil.onnx"] = {**manifest["artifacts"]["lstm-fp32-opt.onnx"],
                                               "sha256": sha256_hex(data), "size_bytes": len(data)}
         manifest["channels"]["edge"]["artifact"] = "evil.onnx"
+        manifest["version"] = "2"
+        signers = load_signers()
+        manifest_bytes = dump_json(sign_envelope(manifest, signers))
         store.create(store.version_key("m", "2", "evil.onnx"), data)
-        store.create(store.version_key("m", "2"), dump_json(manifest))
+        store.create(store.version_key("m", "2"), manifest_bytes)
         pointer = store.read_channel("m", "edge")
-        store.replace_pointer(store.channel_key("m", "edge"), {
-            **pointer.value, "version": "2", "artifact": "evil.onnx", "sha256": sha256_hex(data),
-            "manifest_sha256": sha256_hex(dump_json(manifest))}, pointer.token)
+        store.replace_pointer(store.channel_key("m", "edge"), sign_envelope({
+            **pointer.value, "version": "2", "artifact": "evil.onnx", "sha256": sha256_hex(data), "length": len(data),
+            "counter": pointer.value["counter"] + 1,
+            "manifest": {"sha256": sha256_hex(manifest_bytes), "length": len(manifest_bytes)}}, signers), pointer.token)
         with pytest.raises(VerificationError, match=r"references external data '../../../etc/passwd' \(outside the model folder\)"):
             pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")
         assert not (tmp_path / "device" / "current").exists()
@@ -209,7 +215,7 @@ class TestWatchAndCli:
                          sleep=lambda seconds: next(steps)())
         assert failures == 1
         assert lines[0] == "poll 1: installed version 1" and lines[1] == "poll 2: installed version 2"
-        assert lines[2].startswith("poll 3: refused or failed, keeping the current model: ")
+        assert lines[2].startswith("poll 3: refused, keeping the current model: ")
         assert (dest / "current").readlink().as_posix() == "versions/2"
 
     def test_cli_pull_watch_and_predict(self, tmp_path, make_run, history_csv, capsys):
@@ -230,7 +236,7 @@ class TestWatchAndCli:
         capsys.readouterr()
         assert _cli("edge", "pull", "--store", store, "--model", "m", "--channel", "edge", "--dest", dest) == 1
         err = capsys.readouterr().err
-        assert err.startswith("error: ") and len(err.splitlines()) == 1 and "sha256" in err
+        assert err.startswith("error: ") and len(err.splitlines()) == 1 and "longer than its signed length" in err
 
 
 def _cli(*argv: str) -> int:

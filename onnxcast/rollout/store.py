@@ -1,0 +1,498 @@
+"""The rollout store: immutable model versions and movable channel pointers, in a local
+directory or under an S3 prefix, with the same layout (a contract, ARCHITECTURE.md):
+
+    <store>/<model>/versions/<version>/manifest.json      written once
+    <store>/<model>/versions/<version>/<artifact>.onnx    written once
+    <store>/<model>/channels/<channel>.json               moved by compare-and-swap
+
+Two primitives make promotion safe. ``create`` writes a key only if it does not exist
+(S3 ``If-None-Match: *``; locally a hard link of a complete temporary file), so a reader
+never sees a half-written object and an immutable key is never overwritten.
+``replace_pointer`` moves a pointer only from the value the writer read (S3 ``If-Match``
+on the ETag; locally a compare under an ``flock``), so two promotions cannot both win.
+
+This module is imported by Airflow operators at task run time: keep top-level imports to
+the standard library and onnxcast.errors (boto3 is imported when an S3 store is used).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
+
+MANIFEST = "manifest.json"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+ROOT_FOLDER = "root"
+SSE_ALGORITHMS = ("AES256", "aws:kms")
+MOVED = "was moved by another promotion"
+
+
+def open_store(uri: str, **settings: Any) -> RolloutStore:
+    """A store for ``uri``: a directory path (or ``file://`` URI) or ``s3://bucket/prefix``.
+
+    S3 ``settings`` are the fields of :class:`S3Settings`; unset ones come from the
+    environment (``AWS_*`` as boto3 reads them, ``ONNXCAST_STORE_SSE``,
+    ``ONNXCAST_STORE_SSE_KMS_KEY_ID``). A local store takes no settings.
+    """
+    if not isinstance(uri, str) or not uri.strip():
+        raise ConfigError(f"store URI is empty: {uri!r}")
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+            raise ConfigError(f"store URI {uri!r}: {bucket!r} is not a valid S3 bucket name")
+        return S3Store(bucket, prefix.strip("/"), S3Settings.from_values(settings))
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    elif "://" in uri:
+        raise ConfigError(f"unsupported store URI {uri!r}: expected a directory path or s3://bucket/prefix")
+    if settings:
+        raise ConfigError(f"a local store takes no settings, got {sorted(settings)}")
+    return LocalStore(Path(uri))
+
+
+def check_name(kind: str, value: str) -> str:
+    """``value`` if it is a safe path segment (letters, digits, ``._-``), else ConfigError."""
+    # fullmatch: with match, "$" also matches before a trailing newline ("7\n" was a version).
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or ".." in value:
+        raise ConfigError(f"invalid {kind} name {value!r}: use letters, digits, '.', '_' and '-' (max 128)")
+    return value
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def dump_json(value: Any) -> bytes:
+    """The byte form of a manifest or pointer: stable, so equal values give equal bytes."""
+    return (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+
+
+def signed_part(value: dict | None) -> dict | None:
+    """The ``signed`` object of a signed envelope (manifest, pointer), else ``value`` itself.
+    For writers and people reading the store: a device verifies the envelope instead."""
+    if isinstance(value, dict) and isinstance(value.get("signed"), dict):
+        return value["signed"]
+    return value
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """A channel pointer as read: its value (the signed fields; None when absent), the token
+    to swap from, its raw bytes and the whole parsed envelope (signatures included)."""
+
+    value: dict | None
+    token: str | None
+    raw: bytes | None = None
+    envelope: dict | None = None
+
+
+class RolloutStore(ABC):
+    """The layout and the primitives shared by both backends."""
+
+    uri: str
+
+    # --- layout ---------------------------------------------------------------------------
+    def version_key(self, model: str, version: str, name: str = MANIFEST) -> str:
+        for kind, value in (("model", model), ("version", version), ("artifact", name)):
+            check_name(kind, value)
+        return f"{model}/versions/{version}/{name}"
+
+    def channel_key(self, model: str, channel: str) -> str:
+        check_name("model", model)
+        check_name("channel", channel)
+        return f"{model}/channels/{channel}.json"
+
+    def root_key(self, version: int) -> str:
+        """Where trust root ``version`` is published (``root/<version>.root.json``)."""
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ConfigError(f"invalid root version {version!r}")
+        return f"{ROOT_FOLDER}/{version}.root.json"
+
+    def url(self, key: str) -> str:
+        """Where ``key`` lives, for messages."""
+        return f"{self.uri.rstrip('/')}/{key}"
+
+    # --- reading --------------------------------------------------------------------------
+    def read_manifest(self, model: str, version: str) -> dict | None:
+        """The manifest's fields (the signed part), unverified: for writers and readers."""
+        data = self.read(self.version_key(model, version))
+        return None if data is None else signed_part(self._parse(data, self.version_key(model, version)))
+
+    def read_channel(self, model: str, channel: str) -> Pointer:
+        return self.read_pointer(self.channel_key(model, channel))
+
+    def _parse(self, data: bytes, key: str) -> dict:
+        try:
+            value = json.loads(data)
+        except ValueError as exc:
+            raise StoreError(f"{self.url(key)}: not valid JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise StoreError(f"{self.url(key)}: expected a JSON object")
+        return value
+
+    # --- primitives -----------------------------------------------------------------------
+    @abstractmethod
+    def read(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        """The object's bytes, or None when it does not exist. With ``max_bytes`` at most
+        ``max_bytes + 1`` bytes are transferred, so a caller sees that it is too long
+        without downloading it (a signed length bounds every download of a device)."""
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if absent: True when written, False when it already existed
+        (nothing written; the caller compares). Readers never see partial bytes."""
+
+    @abstractmethod
+    def read_pointer(self, key: str) -> Pointer:
+        """The pointer's value and swap token (None/None when absent)."""
+
+    @abstractmethod
+    def replace_pointer(self, key: str, value: dict, token: str | None) -> str:
+        """Write ``value`` (a signed envelope) if the pointer still has ``token`` (None: must not exist);
+        ConflictError naming the pointer otherwise. Returns the new token."""
+
+    @abstractmethod
+    def list_versions(self, model: str) -> list[str]:
+        """Version ids with any object under ``<model>/versions/`` (complete or not)."""
+
+
+# --- local directory ----------------------------------------------------------------------
+
+class LocalStore(RolloutStore):
+    """A directory. Exclusive create by hard-linking a complete temporary file; pointers
+    swapped with ``os.replace`` under an ``flock`` (released by the OS if the writer dies).
+
+    No symlink below the root is ever followed: every folder of a key is opened with
+    ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent's descriptor and every file with
+    ``O_NOFOLLOW``, so a symlinked ``versions/<v>`` cannot send a write (or a read) outside
+    the store, even if it is swapped in between a check and the write."""
+
+    def __init__(self, root: Path):
+        self.root = root.expanduser().absolute()
+        self.uri = str(self.root)
+
+    def read(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        try:
+            with self._folder(key, create=False) as (folder, name):
+                if folder is None:
+                    return None
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
+                with os.fdopen(fd, "rb") as f:
+                    return f.read() if max_bytes is None else f.read(max_bytes + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"{self.url(key)}: cannot read ({_why(exc)})") from None
+
+    def create(self, key: str, data: bytes) -> bool:
+        try:
+            with self._folder(key, create=True) as (folder, name):
+                tmp = f".{name}.{uuid.uuid4().hex}.tmp"
+                try:
+                    _write_synced(folder, tmp, data)
+                    try:
+                        os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+                    except FileExistsError:
+                        return False
+                    os.fsync(folder)
+                    return True
+                finally:
+                    _unlink(folder, tmp)
+        except OSError as exc:
+            raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
+
+    def read_pointer(self, key: str) -> Pointer:
+        data = self.read(key)
+        if data is None:
+            return Pointer(None, None)
+        parsed = self._parse(data, key)
+        return Pointer(signed_part(parsed), sha256_hex(data), data, parsed)
+
+    def replace_pointer(self, key: str, value: dict, token: str | None) -> str:
+        import fcntl
+
+        data = dump_json(value)
+        try:
+            with self._folder(key, create=True) as (folder, name):
+                lock_fd = os.open(f".{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+                with os.fdopen(lock_fd, "a+b") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when the process dies
+                    current = self.read(key)
+                    if (None if current is None else sha256_hex(current)) != token:
+                        raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")
+                    tmp = f".{name}.{uuid.uuid4().hex}.tmp"
+                    try:
+                        _write_synced(folder, tmp, data)
+                        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                    finally:
+                        _unlink(folder, tmp)
+                    os.fsync(folder)
+        except OSError as exc:
+            raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
+        return sha256_hex(data)
+
+    def list_versions(self, model: str) -> list[str]:
+        directory = self.root / check_name("model", model) / "versions"
+        if not directory.is_dir() or (self.root / model).is_symlink() or directory.is_symlink():
+            return []
+        return sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
+
+    @contextmanager
+    def _folder(self, key: str, *, create: bool) -> Iterator[tuple[int | None, str]]:
+        """(descriptor of the key's folder, file name), walking from the root without
+        following symlinks; (None, name) when a folder is missing and ``create`` is False."""
+        *parts, name = key.split("/")
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            if not create:
+                yield None, name
+                return
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts:
+                if part in ("", ".", ".."):
+                    raise StoreError(f"{self.url(key)}: invalid key")
+                try:
+                    child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        yield None, name
+                        return
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise StoreError(f"{self.url(key)}: {part!r} is a symlink or not a folder; "
+                                         "the store never follows symlinks") from None
+                    raise
+                os.close(fd)
+                fd = child
+            yield fd, name
+        finally:
+            os.close(fd)
+
+
+def _write_synced(folder: int, name: str, data: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _unlink(folder: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=folder)
+    except FileNotFoundError:
+        pass
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "it is a symlink; the store never follows symlinks"
+    return exc.strerror or str(exc)
+
+
+# --- S3 -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Connection and write settings of an S3 store. None means: boto3's default chain
+    (environment, shared config, instance role), as an Airflow ``aws_default`` connection
+    passes them through."""
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+    aws_session_token: str | None = None
+    profile_name: str | None = None
+    sse: str = "AES256"
+    sse_kms_key_id: str | None = None
+    max_attempts: int = 5  # botocore "standard" retries: throttling, 5xx, connection errors
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> S3Settings:
+        """Validate ``values`` (unknown keys refused by name); SSE falls back to the env."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown S3 store setting(s): {', '.join(unknown)}")
+        values = {k: v for k, v in values.items() if v is not None}
+        values.setdefault("sse", os.environ.get("ONNXCAST_STORE_SSE") or "AES256")
+        values.setdefault("sse_kms_key_id", os.environ.get("ONNXCAST_STORE_SSE_KMS_KEY_ID") or None)
+        settings = cls(**values)
+        if settings.sse not in SSE_ALGORITHMS:
+            raise ConfigError(f"S3 store setting sse={settings.sse!r}: expected one of {list(SSE_ALGORITHMS)}")
+        if settings.sse_kms_key_id and settings.sse != "aws:kms":
+            raise ConfigError("S3 store setting sse_kms_key_id needs sse='aws:kms'")
+        if settings.max_attempts < 1:
+            raise ConfigError(f"S3 store setting max_attempts must be >= 1, got {settings.max_attempts}")
+        return settings
+
+    def __repr__(self) -> str:  # never print credentials
+        return f"S3Settings(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r}, sse={self.sse!r})"
+
+
+class S3Store(RolloutStore):
+    """An S3 prefix. Conditional writes (``If-None-Match``/``If-Match``), SHA-256 checksums
+    and server-side encryption on every put; 412/409 become ConflictError, 403 a StoreError,
+    and throttling/5xx are retried with backoff by botocore's standard retry mode."""
+
+    def __init__(self, bucket: str, prefix: str, settings: S3Settings):
+        self.bucket, self.prefix, self.settings = bucket, prefix, settings
+        self.uri = f"s3://{bucket}/{prefix}".rstrip("/")
+        self._client = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def client(self):
+        """The boto3 S3 client, built on first use (boto3 clients are thread-safe)."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    def read(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        found = self._get(key, max_bytes)
+        return None if found is None else found[0]
+
+    def create(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._put(key, data, IfNoneMatch="*")
+            return True
+        except ClientError as exc:
+            if _status(exc) in (409, 412):  # exists (412) or a concurrent create (409)
+                return False
+            raise self._error(exc, "PutObject", key) from None
+
+    def read_pointer(self, key: str) -> Pointer:
+        found = self._get(key)
+        if found is None:
+            return Pointer(None, None)
+        data, etag = found
+        parsed = self._parse(data, key)
+        return Pointer(signed_part(parsed), etag, data, parsed)
+
+    def replace_pointer(self, key: str, value: dict, token: str | None) -> str:
+        from botocore.exceptions import ClientError
+
+        data = dump_json(value)
+        condition = {"IfMatch": token} if token else {"IfNoneMatch": "*"}
+        try:
+            return self._put(key, data, **condition)["ETag"]
+        except ClientError as exc:
+            if _status(exc) not in (404, 409, 412):
+                raise self._error(exc, "PutObject", key) from None
+        # A retried put whose first attempt landed also fails its condition: check for our bytes.
+        now = self._get(key)
+        if now is not None and now[0] == data:
+            return now[1]
+        raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")
+
+    def list_versions(self, model: str) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = self._key(f"{check_name('model', model)}/versions/")
+        found: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/")
+            for page in pages:
+                found += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        except ClientError as exc:
+            raise self._error(exc, "ListObjectsV2", f"{model}/versions/") from None
+        except BotoCoreError as exc:
+            raise StoreError(f"{self.url(model)}: cannot reach S3 ({exc})") from None
+        return sorted(found)
+
+    # --- helpers --------------------------------------------------------------------------
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _get(self, key: str, max_bytes: int | None = None) -> tuple[bytes, str] | None:
+        from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
+
+        # A ranged GET transfers at most max_bytes + 1 bytes, however long the object is.
+        limit = {"Range": f"bytes=0-{max_bytes}"} if max_bytes is not None else {"ChecksumMode": "ENABLED"}
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **limit)
+            body = response["Body"]
+            data = body.read() if max_bytes is None else body.read(max_bytes + 1)
+            body.close()
+            return data, response["ETag"]
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                return None
+            if code == "InvalidRange":  # a ranged GET of an empty object
+                return b"", ""
+            raise self._error(exc, "GetObject", key) from None
+        except FlexibleChecksumError as exc:
+            raise VerificationError(f"{self.url(key)}: bytes received do not match the checksum S3 stored ({exc})") from None
+        except BotoCoreError as exc:
+            raise StoreError(f"{self.url(key)}: cannot read from S3 ({exc})") from None
+
+    def _put(self, key: str, data: bytes, **condition: str) -> dict:
+        from botocore.exceptions import BotoCoreError
+
+        encryption = {"ServerSideEncryption": self.settings.sse}
+        if self.settings.sse_kms_key_id:
+            encryption["SSEKMSKeyId"] = self.settings.sse_kms_key_id
+        content_type = "application/json" if key.endswith(".json") else "application/octet-stream"
+        try:
+            return self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                          ContentType=content_type, ChecksumAlgorithm="SHA256",
+                                          **encryption, **condition)
+        except BotoCoreError as exc:
+            raise StoreError(f"{self.url(key)}: cannot write to S3 ({exc})") from None
+
+    def _error(self, exc, action: str, key: str) -> StoreError:
+        error = exc.response.get("Error", {})
+        code, message = error.get("Code", "error"), error.get("Message", "")
+        if _status(exc) == 403:
+            return StoreError(f"{self.url(key)}: access denied ({action} 403 {code}); "
+                              "check the credentials, the IAM policy and the bucket policy")
+        if code == "NoSuchBucket":
+            return StoreError(f"{self.url(key)}: bucket {self.bucket!r} does not exist")
+        detail = f"{code}: {message}" if message else code
+        return StoreError(f"{self.url(key)}: {action} failed ({detail})")
+
+    def _make_client(self):
+        import boto3
+        from botocore.config import Config
+
+        s = self.settings
+        session = boto3.session.Session(aws_access_key_id=s.aws_access_key_id,
+                                        aws_secret_access_key=s.aws_secret_access_key,
+                                        aws_session_token=s.aws_session_token,
+                                        profile_name=s.profile_name, region_name=s.region_name)
+        config = Config(retries={"mode": "standard", "max_attempts": s.max_attempts},
+                        connect_timeout=s.connect_timeout, read_timeout=s.read_timeout)
+        return session.client("s3", endpoint_url=s.endpoint_url, config=config)
+
+
+def _status(exc) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))

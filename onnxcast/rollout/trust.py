@@ -1,0 +1,186 @@
+"""What a device trusts, and the newest it has verified: ``DEST/trust/``.
+
+- ``DEST/trust/root.json``: the trust root (TUF Root) the device checks everything with.
+  Installed once (``onnxcast edge trust``, or the first pull with ``--trust FILE`` /
+  ``$ONNXCAST_TRUST``); replaced only by the next root of the chain the store publishes
+  (``root/<n+1>.root.json``, signed by a threshold of the old keys and of the new).
+- ``DEST/trust/state.json``: per model and channel, the highest pointer ``counter`` the
+  device verified, the version it serves and every version it verified, in order. A
+  pointer with a lower counter is a replay; one that goes back to a version verified
+  before needs a signed rollback record.
+
+Nothing here trusts the store: the store only carries bytes; signatures, counters,
+expiries and signed lengths decide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from onnxcast.errors import ConfigError, RefusedError
+from onnxcast.rollout.signing import (
+    MANIFEST_ROLE,
+    MANIFEST_TYPE,
+    POINTER_ROLE,
+    POINTER_TYPE,
+    TRUST_ENV,
+    check_root_fresh,
+    parse_root,
+    parse_time,
+    verify_envelope,
+    verify_next_root,
+    verify_self_signed,
+)
+
+TRUST_DIR = "trust"
+ROOT_FILE = "root.json"
+STATE_FILE = "state.json"
+MAX_POINTER_BYTES = 1 << 20  # pointers and roots are small; nothing signs their length
+MAX_ROOT_BYTES = 1 << 20
+MAX_ROOT_STEPS = 64  # root versions walked in one pull
+
+
+def install_trust(dest: str | Path, root_file: str | Path, *, replace: bool = False) -> int:
+    """Install ``root_file`` as the device's trust root (self-signed by a threshold of its
+    root keys, not expired). Refuses to replace a newer installed root unless ``replace``.
+    Returns the installed root's version."""
+    root_file = Path(root_file)
+    root = _read_root_file(root_file)
+    folder = Path(dest).absolute() / TRUST_DIR
+    installed = folder / ROOT_FILE
+    if installed.exists() and not replace:
+        current = _read_root_file(installed)
+        if current.signed.version > root.signed.version:
+            raise ConfigError(f"{installed}: holds root version {current.signed.version}, newer than "
+                              f"{root_file}'s {root.signed.version}; pass --replace to go back on purpose")
+    _write_atomic(installed, root_file.read_bytes())
+    return root.signed.version
+
+
+class DeviceTrust:
+    """The trust root and verified state of one device folder."""
+
+    def __init__(self, dest: str | Path, trust_file: str | Path | None = None):
+        self.folder = Path(dest).absolute() / TRUST_DIR
+        self.root = self._load(trust_file or os.environ.get(TRUST_ENV) or None)
+
+    # --- the root -------------------------------------------------------------------------
+    def update_root(self, store) -> int:
+        """Walk the store's root chain from the trusted version; returns the version now
+        trusted. A root that does not chain is refused (the trusted one stays)."""
+        for _ in range(MAX_ROOT_STEPS):
+            key = store.root_key(self.root.signed.version + 1)
+            data = store.read(key, MAX_ROOT_BYTES)
+            if data is None:
+                break
+            where = store.url(key)
+            if len(data) > MAX_ROOT_BYTES:
+                raise RefusedError(f"{where}: longer than {MAX_ROOT_BYTES} bytes; refusing it")
+            new = parse_root(data, where)
+            verify_next_root(self.root, new, where)
+            self.root = new
+            _write_atomic(self.folder / ROOT_FILE, data)
+        check_root_fresh(self.root, str(self.folder / ROOT_FILE))
+        return self.root.signed.version
+
+    # --- metadata -------------------------------------------------------------------------
+    def verify_pointer(self, envelope: object, model: str, channel: str, where: str,
+                       now: datetime | None = None) -> dict:
+        """The signed pointer fields, if signed by the pointer role, for this model and
+        channel, not expired, not older than what this device verified, and not going
+        back to an earlier version without a signed rollback record."""
+        signed = verify_envelope(self.root, POINTER_ROLE, envelope, POINTER_TYPE, where)
+        if (signed.get("model"), signed.get("channel")) != (model, channel):
+            raise RefusedError(f"{where}: signed for {signed.get('model')!r} channel {signed.get('channel')!r}, "
+                               f"not {model!r} channel {channel!r}; refusing it")
+        expires = parse_time(signed.get("expires"), where)
+        if (now or datetime.now(UTC)) >= expires:
+            raise RefusedError(f"{where}: expired at {signed['expires']} (a frozen or stale channel); refusing it")
+        counter = signed.get("counter")
+        if not isinstance(counter, int) or isinstance(counter, bool) or counter < 0:
+            raise RefusedError(f"{where}: no valid counter; refusing it")
+        state = self.channel_state(model, channel)
+        if state:
+            if counter < state["counter"]:
+                raise RefusedError(f"{where}: counter {counter} is older than {state['counter']}, which this device "
+                                   f"already verified (a replayed pointer); refusing it")
+            if counter == state["counter"] and signed.get("version") != state["version"]:
+                raise RefusedError(f"{where}: counter {counter} names version {signed.get('version')}, but this device "
+                                   f"verified version {state['version']} under the same counter; refusing it")
+            version = signed.get("version")
+            rollback = signed.get("rollback") if isinstance(signed.get("rollback"), dict) else {}
+            if version != state["version"] and version in state["versions"] and rollback.get("version") != version:
+                raise RefusedError(f"{where}: goes back from version {state['version']} to {version}, which this "
+                                   "device verified before, without a signed rollback record; refusing it")
+        return signed
+
+    def verify_manifest(self, envelope: object, model: str, version: str, where: str) -> dict:
+        signed = verify_envelope(self.root, MANIFEST_ROLE, envelope, MANIFEST_TYPE, where)
+        if (signed.get("model"), signed.get("version")) != (model, version):
+            raise RefusedError(f"{where}: signed for {signed.get('model')!r} version {signed.get('version')!r}, "
+                               f"not {model!r} version {version!r}; refusing it")
+        return signed
+
+    # --- state ----------------------------------------------------------------------------
+    def channel_state(self, model: str, channel: str) -> dict | None:
+        return self._state().get("channels", {}).get(f"{model}/{channel}")
+
+    def record(self, model: str, channel: str, pointer: dict) -> None:
+        """Remember ``pointer`` (verified and installed) as the newest for its channel."""
+        state = self._state()
+        channels = state.setdefault("channels", {})
+        entry = channels.get(f"{model}/{channel}") or {"versions": []}
+        versions = [v for v in entry.get("versions", []) if v != pointer["version"]] + [pointer["version"]]
+        channels[f"{model}/{channel}"] = {"counter": pointer["counter"], "version": pointer["version"],
+                                          "expires": pointer.get("expires"), "versions": versions[-1000:]}
+        _write_atomic(self.folder / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+
+    def _state(self) -> dict:
+        path = self.folder / STATE_FILE
+        try:
+            value = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            # Losing the state would let an old pointer be replayed: stop rather than guess.
+            raise ConfigError(f"{path}: unreadable device state ({type(exc).__name__}); restore it or "
+                              "reinstall the device") from None
+        return value if isinstance(value, dict) else {}
+
+    def _load(self, trust_file: str | Path | None):
+        installed = self.folder / ROOT_FILE
+        have = _read_root_file(installed) if installed.exists() else None
+        if trust_file is None:
+            if have is None:
+                raise ConfigError(f"{self.folder.parent}: no trust root; pass --trust FILE, set {TRUST_ENV}, or "
+                                  "run 'onnxcast edge trust --dest DEST --root root.json' once")
+            return have
+        given = _read_root_file(Path(trust_file))
+        if have is not None and have.signed.version >= given.signed.version:
+            return have  # the device already walked the chain past the file it was set up with
+        _write_atomic(installed, Path(trust_file).read_bytes())
+        return given
+
+
+def _read_root_file(path: Path):
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the trust root ({exc.strerror})") from None
+    root = parse_root(data, str(path))
+    verify_self_signed(root, str(path))
+    return root
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
