@@ -100,7 +100,7 @@ class S3SettingsHook(BaseHook):
 
     def open_store(self, uri: str):
         """The rollout store at ``uri``; S3 settings apply to ``s3://`` URIs only."""
-        from onnxcast.store import open_store
+        from onnxcast.rollout.store import open_store
 
         return open_store(uri, **(self.get_settings() if uri.startswith("s3://") else {}))
 

@@ -3,6 +3,12 @@
 The store is a local directory or an ``s3://`` prefix (``aws_default`` for endpoint,
 region and keys). After a promotion the registry alias ``champion`` follows, and the
 move is recorded as tags (MLflow keeps no alias history).
+
+Manifests and channel pointers are signed with the release key(s) named by
+``signing_key`` or ``$ONNXCAST_SIGNING_KEY`` (``awskms:<key>`` in production: the worker
+asks KMS to sign and never holds the key). In the embedded one-machine mode (no store
+URI, no key configured) a development key is made under ``$ONNXCAST_HOME/keys``; anywhere
+else a missing key fails the task.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ def default_store_uri() -> str:
     return str(Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve() / "rollout")
 
 
+def development_keys_dir() -> Path:
+    return Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve() / "keys"
+
+
 def _actor(context: Context) -> str:
     user = getattr(context.get("dag_run"), "triggering_user_name", None)
     return f"airflow:{run_key(context)}" + (f" ({user})" if user else "")
@@ -41,10 +51,29 @@ def _actor(context: Context) -> str:
 
 class _StoreOperator(_TrackedOperator):
     def __init__(self, *, store_uri: str | None = None, aws_conn_id: str | None = "aws_default",
-                 **kwargs: Any) -> None:
+                 signing_key: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store_uri = store_uri
         self.aws_conn_id = aws_conn_id
+        self.signing_key = signing_key
+
+    def release_signers(self) -> list:
+        """The release key(s): ``signing_key``, else ``$ONNXCAST_SIGNING_KEY``, else (embedded
+        mode only) the development key under ``$ONNXCAST_HOME/keys``."""
+        from onnxcast.rollout.signing import SIGNING_KEY_ENV, development_key, load_signers
+
+        spec = None if self.signing_key in (None, "", "None") else str(self.signing_key)
+        spec = spec or os.environ.get(SIGNING_KEY_ENV) or None
+        try:
+            if spec is None and self.store_uri in (None, "", "None"):
+                path, created = development_key(development_keys_dir())
+                self.log.warning("No signing key configured (%s): embedded mode signs with the development key "
+                                 "%s%s; devices trust %s", SIGNING_KEY_ENV, path, " (made now)" if created else "",
+                                 path.parent / "root.json")
+                spec = str(path)
+            return load_signers(spec)
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
 
     @cached_property
     def s3_hook(self) -> S3SettingsHook:
@@ -68,7 +97,8 @@ class PromoteModelOperator(_StoreOperator):
     events with the promoted model and version as extra.
     """
 
-    template_fields: Sequence[str] = ("run_dir", "version", "channels", "store_uri", "decision", "reason")
+    template_fields: Sequence[str] = ("run_dir", "version", "channels", "store_uri", "decision", "reason",
+                                      "signing_key")
 
     def __init__(self, *, run_dir: str, version: str, channels: Sequence[str] | str = ("edge", "cloud"),
                  decision: dict | str | None = None, assemble_report: bool = False, reason: str = "",
@@ -83,7 +113,7 @@ class PromoteModelOperator(_StoreOperator):
         self.move_champion = move_champion
 
     def execute(self, context: Context) -> dict:
-        from onnxcast.promote import promote
+        from onnxcast.rollout.promote import promote
         from onnxcast.tracking import set_champion
 
         cfg = load_config(self.run_dir)
@@ -95,9 +125,10 @@ class PromoteModelOperator(_StoreOperator):
             self._assemble(cfg)
         reason = self.reason or (decision or {}).get("reason") or "promoted by Airflow"
         store = self.open_store()
+        signers = self.release_signers()
         try:
             result = promote(self.run_dir, store, cfg.model_name, self.channels, version=str(self.version),
-                             actor=_actor(context), reason=reason)
+                             actor=_actor(context), reason=reason, signers=signers)
         except OnnxcastError as exc:
             raise AirflowFailException(str(exc)) from None
         manifest = store.url(store.version_key(cfg.model_name, result.version))
@@ -161,7 +192,8 @@ class RollbackChannelOperator(_StoreOperator):
     With ``move_champion`` the registry alias ``champion`` follows the channel.
     """
 
-    template_fields: Sequence[str] = ("model_name", "channel", "to_version", "store_uri", "reason", "move_champion")
+    template_fields: Sequence[str] = ("model_name", "channel", "to_version", "store_uri", "reason", "move_champion",
+                                      "signing_key")
 
     def __init__(self, *, model_name: str, channel: str, reason: str, to_version: str | None = None,
                  move_champion: bool | str = True, **kwargs: Any) -> None:
@@ -173,7 +205,7 @@ class RollbackChannelOperator(_StoreOperator):
         self.move_champion = move_champion
 
     def execute(self, context: Context) -> dict:
-        from onnxcast.promote import rollback
+        from onnxcast.rollout.promote import rollback
         from onnxcast.tracking import set_champion
 
         store = self.open_store()
@@ -183,10 +215,11 @@ class RollbackChannelOperator(_StoreOperator):
                           self.channel, self.model_name, done["version"])
             return {"model": self.model_name, "channel": self.channel, "version": done["version"],
                     "from_version": done.get("from_version"), "changed": False}
+        signers = self.release_signers()
         try:
             to_version = None if self.to_version in (None, "", "None") else str(self.to_version)
             result = rollback(store, self.model_name, self.channel, to_version=to_version,
-                              actor=_actor(context), reason=self.reason)
+                              actor=_actor(context), reason=self.reason, signers=signers)
         except OnnxcastError as exc:
             raise AirflowFailException(str(exc)) from None
         if result.changed and as_bool(self.move_champion):

@@ -116,7 +116,7 @@ def report(run, conf: dict, home: Path, wall: float) -> int:
     for channel in conf["channels"]:
         pointer = store / "channels" / f"{channel}.json"
         if pointer.exists():
-            value = json.loads(pointer.read_text())
+            value = json.loads(pointer.read_text()).get("signed") or {}  # a signed envelope
             print(f"  {channel:<5}: version {value['version']} {value['artifact']}  ({pointer})")
     if champion:
         print(f"  manifest     : {store / 'versions' / champion / 'manifest.json'}")

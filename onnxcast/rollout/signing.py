@@ -136,6 +136,20 @@ def generate_key(out: str | Path, *, root_days: int = DEFAULT_ROOT_DAYS) -> dict
     return {"private": private, "public": public, "root": root_file}
 
 
+def development_key(folder: str | Path) -> tuple[Path, bool]:
+    """The development key in ``folder`` (``signing.key``, ``root.json``), made if missing:
+    for the embedded one-machine mode only. Returns (private key path, created)."""
+    folder = Path(folder)
+    private = folder / PRIVATE_KEY_FILE
+    if private.exists():
+        return private, False
+    try:
+        generate_key(folder)
+    except ConfigError:  # a concurrent task made it first
+        pass
+    return private, True
+
+
 # --- roots --------------------------------------------------------------------------------
 
 def make_root(root_keys: Sequence, release_keys: Sequence, *, root_threshold: int = 1,

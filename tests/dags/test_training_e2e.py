@@ -91,14 +91,14 @@ class TestFirstRun:
     def test_rollout_manifest_sha256s_match_files(self, first_run):
         version = str(airflow_support.xcom(first_run, "register")["version"])
         folder = store_dir() / "versions" / version
-        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest = json.loads((folder / "manifest.json").read_text())["signed"]
         assert manifest["artifacts"]
         for name, entry in manifest["artifacts"].items():
             data = (folder / name).read_bytes()
             assert hashlib.sha256(data).hexdigest() == entry["sha256"]
             assert len(data) == entry["size_bytes"]
         for channel in ("edge", "cloud"):
-            pointer = json.loads((store_dir() / "channels" / f"{channel}.json").read_text())
+            pointer = json.loads((store_dir() / "channels" / f"{channel}.json").read_text())["signed"]
             assert pointer["version"] == version
             assert pointer["artifact"] in manifest["artifacts"]
 
@@ -154,15 +154,16 @@ class TestPromoteAndRollbackDags:
         promoted = load_dag("onnxcast_promote").test(run_conf={"model_name": MODEL, "version": "challenger",
                                                                "channels": ["edge"], "reason": "e2e"})
         assert set(airflow_support.task_states(promoted).values()) == {"success"}
-        edge = json.loads((store_dir() / "channels" / "edge.json").read_text())
-        cloud = json.loads((store_dir() / "channels" / "cloud.json").read_text())
+        edge = json.loads((store_dir() / "channels" / "edge.json").read_text())["signed"]
+        cloud = json.loads((store_dir() / "channels" / "cloud.json").read_text())["signed"]
         assert (edge["version"], cloud["version"]) == (second, first)
         assert str(client().get_model_version_by_alias(MODEL, "champion").version) == second
 
         rolled = load_dag("onnxcast_rollback").test(run_conf={"model_name": MODEL, "channel": "edge",
                                                               "reason": "e2e rollback"})
         assert set(airflow_support.task_states(rolled).values()) == {"success"}
-        edge = json.loads((store_dir() / "channels" / "edge.json").read_text())
+        edge = json.loads((store_dir() / "channels" / "edge.json").read_text())["signed"]
+        assert edge["action"] == "rollback" and edge["rollback"]["version"] == first  # the signed record
         assert edge["version"] == first
         assert [h["action"] for h in edge["history"]] == ["promote", "promote", "rollback"]
         assert str(client().get_model_version_by_alias(MODEL, "champion").version) == first
@@ -184,4 +185,4 @@ class TestFetchPath:
         version = client().get_model_version_by_alias(fetched_model, "champion")
         assert version.tags["onnxcast.family"] == family
         store = airflow_support.configure() / "rollout" / fetched_model
-        assert json.loads((store / "channels" / "edge.json").read_text())["version"] == str(version.version)
+        assert json.loads((store / "channels" / "edge.json").read_text())["signed"]["version"] == str(version.version)

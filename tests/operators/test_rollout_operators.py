@@ -24,7 +24,8 @@ class TestPromoteModelOperator:
         from operators import PromoteModelOperator
 
         values = {"run_dir": "{{ r }}", "version": "{{ v }}", "channels": "{{ params.channels }}",
-                  "store_uri": "{{ params.store_uri }}", "decision": "{{ ti.xcom_pull('decide') }}", "reason": "why"}
+                  "store_uri": "{{ params.store_uri }}", "decision": "{{ ti.xcom_pull('decide') }}", "reason": "why",
+                  "signing_key": "{{ var.value.onnxcast_signing_key }}"}
         op = PromoteModelOperator(task_id="promote", **values)
         assert set(op.template_fields) == set(values)
         assert_template_fields_stored_unchanged(op, values)
@@ -52,8 +53,36 @@ class TestPromoteModelOperator:
         assert first["version"] == second["version"] == version
         assert second["channels"] == {"edge": "unchanged", "cloud": "unchanged"}
         assert alias_version("ops-promote", "champion") == version
-        manifest = json.loads(Path(first["manifest"]).read_text())
+        manifest = json.loads(Path(first["manifest"]).read_text())["signed"]
         assert manifest["mlflow"]["version"] == version
+
+    def test_embedded_mode_signs_with_a_development_key_that_devices_can_trust(self, run_dir, tmp_path, monkeypatch):
+        from onnxcast.rollout.edge import pull
+        from operators import PromoteModelOperator
+
+        home = tmp_path / "home"
+        monkeypatch.setenv("ONNXCAST_HOME", str(home))
+        monkeypatch.delenv("ONNXCAST_SIGNING_KEY")
+        monkeypatch.delenv("ONNXCAST_TRUST")
+        version = register(run_dir, "ops-demo-key", "promote-demo-key")
+        PromoteModelOperator(task_id="promote", run_dir=run_dir, version=version, channels=["edge"]).execute(
+            make_context())
+        assert oct((home / "keys/signing.key").stat().st_mode & 0o777) == "0o600"
+        result = pull(str(home / "rollout"), "ops-demo-key", "edge", tmp_path / "device", trust=home / "keys/root.json")
+        assert result.version == version
+
+    def test_a_configured_store_without_a_key_fails_clearly(self, run_dir, tmp_path, monkeypatch):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from operators import PromoteModelOperator
+
+        monkeypatch.delenv("ONNXCAST_SIGNING_KEY")
+        version = register(run_dir, "ops-no-key", "promote-no-key")
+        op = PromoteModelOperator(task_id="promote", run_dir=run_dir, version=version, channels=["edge"],
+                                  store_uri=str(tmp_path / "store"))
+        with pytest.raises(AirflowFailException, match="no signing key: set ONNXCAST_SIGNING_KEY"):
+            op.execute(make_context())
+        assert not (tmp_path / "store").exists()
 
 
 class TestStageRegisteredVersionOperator:
@@ -95,7 +124,7 @@ class TestRollbackChannelOperator:
 
         values = {"model_name": "m", "channel": "{{ params.channel }}", "to_version": "{{ params.to_version }}",
                   "store_uri": "{{ params.store_uri }}", "reason": "{{ params.reason }}",
-                  "move_champion": "{{ params.move_champion }}"}
+                  "move_champion": "{{ params.move_champion }}", "signing_key": "{{ var.value.key }}"}
         op = RollbackChannelOperator(task_id="rollback", **values)
         assert set(op.template_fields) == set(values)
         assert_template_fields_stored_unchanged(op, values)
