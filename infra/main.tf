@@ -222,6 +222,48 @@ data "aws_iam_policy_document" "bucket" {
       values   = [aws_kms_key.rollout.arn]
     }
   }
+
+  # Conditional writes enforced by S3, not only sent by onnxcast: a version object (and a
+  # published trust root) is written once, with If-None-Match, so nobody overwrites it.
+  statement {
+    sid       = "DenyVersionWritesWithoutIfNoneMatch"
+    effect    = "Deny"
+    actions   = ["s3:PutObject"]
+    resources = ["${local.store_arn}*/versions/*", "${local.store_arn}root/*"]
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "Null"
+      variable = "s3:if-none-match"
+      values   = ["true"]
+    }
+  }
+
+  # A pointer moves only from the value the writer read (If-Match on its ETag). The one
+  # exception is its creation, which onnxcast sends with If-None-Match: both keys absent
+  # (conditions of one statement are ANDed) is an unconditional overwrite, denied.
+  statement {
+    sid       = "DenyPointerWritesWithoutIfMatch"
+    effect    = "Deny"
+    actions   = ["s3:PutObject"]
+    resources = ["${local.store_arn}*/channels/*"]
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "Null"
+      variable = "s3:if-match"
+      values   = ["true"]
+    }
+    condition {
+      test     = "Null"
+      variable = "s3:if-none-match"
+      values   = ["true"]
+    }
+  }
 }
 
 # --- IAM: the pipeline writes the store, a device reads one model ----------------------------
@@ -279,6 +321,7 @@ data "aws_iam_policy_document" "device_read" {
     resources = [
       "${local.store_arn}${var.device_model}/channels/*",
       "${local.store_arn}${var.device_model}/versions/*",
+      "${local.store_arn}root/*", # the trust root chain (key rotation)
     ]
   }
 
@@ -291,5 +334,102 @@ data "aws_iam_policy_document" "device_read" {
       variable = "kms:ViaService"
       values   = ["s3.${var.region}.amazonaws.com"]
     }
+  }
+}
+
+# --- release signing: a KMS key only the signer role may use ---------------------------------
+# Devices trust what the release keys sign, not what the bucket holds. The key that signs
+# manifests and channel pointers lives in KMS (kms:Sign; the private key never leaves it)
+# and only the signer role may sign: the workers' role writes the bucket but cannot sign,
+# so a compromised worker can corrupt the store but cannot make a device install anything.
+
+resource "aws_kms_key" "release_signing" {
+  #checkov:skip=CKV_AWS_7:Automatic rotation exists for symmetric keys only; an asymmetric signing key rotates through a new trust root (onnxcast keys root --previous), which devices follow.
+  description              = "onnxcast release signing key (manifests, channel pointers) for ${var.bucket_name}"
+  customer_master_key_spec = "ECC_NIST_P256"
+  key_usage                = "SIGN_VERIFY"
+  deletion_window_in_days  = var.kms_deletion_window_days
+  policy                   = data.aws_iam_policy_document.release_signing.json
+}
+
+resource "aws_kms_alias" "release_signing" {
+  name          = "alias/onnxcast-release-${var.bucket_name}"
+  target_key_id = aws_kms_key.release_signing.key_id
+}
+
+data "aws_iam_policy_document" "release_signing" {
+  #checkov:skip=CKV_AWS_109:Key policy: Resource "*" is this key only; the account administers it but kms:Sign is denied to all but the signer role below.
+  #checkov:skip=CKV_AWS_111:Key policy: Resource "*" is this key only; writes to other resources are impossible from a key policy.
+  #checkov:skip=CKV_AWS_356:Key policy: Resource "*" is the only valid resource in a KMS key policy and means this key.
+  statement {
+    sid = "AccountAdministersTheKeyButDoesNotSign"
+    actions = [
+      "kms:Create*", "kms:Describe*", "kms:Enable*", "kms:List*", "kms:Put*", "kms:Update*", "kms:Revoke*",
+      "kms:Disable*", "kms:Get*", "kms:Delete*", "kms:TagResource", "kms:UntagResource",
+      "kms:ScheduleKeyDeletion", "kms:CancelKeyDeletion",
+    ]
+    resources = ["*"]
+    principals {
+      type        = "AWS"
+      identifiers = [local.account_root]
+    }
+  }
+
+  statement {
+    sid       = "SignerRoleSigns"
+    actions   = ["kms:Sign", "kms:GetPublicKey", "kms:DescribeKey"]
+    resources = ["*"]
+    principals {
+      type        = "AWS"
+      identifiers = [aws_iam_role.release_signer.arn]
+    }
+  }
+
+  statement {
+    sid       = "NobodyElseSigns"
+    effect    = "Deny"
+    actions   = ["kms:Sign"]
+    resources = ["*"]
+    principals {
+      type        = "*"
+      identifiers = ["*"]
+    }
+    condition {
+      test     = "ArnNotEquals"
+      variable = "aws:PrincipalArn"
+      values   = [aws_iam_role.release_signer.arn]
+    }
+  }
+}
+
+resource "aws_iam_role" "release_signer" {
+  name               = "onnxcast-release-signer-${var.bucket_name}"
+  description        = "Signs onnxcast release metadata with the KMS signing key; nothing else."
+  assume_role_policy = data.aws_iam_policy_document.release_signer_trust.json
+}
+
+# Who may become the signer: the release process only (e.g. the service account of the
+# promote/rollback/refresh tasks), never the role every worker runs as.
+data "aws_iam_policy_document" "release_signer_trust" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "AWS"
+      identifiers = var.signer_principal_arns
+    }
+  }
+}
+
+resource "aws_iam_role_policy" "release_signer" {
+  name   = "sign-releases"
+  role   = aws_iam_role.release_signer.id
+  policy = data.aws_iam_policy_document.release_signer.json
+}
+
+data "aws_iam_policy_document" "release_signer" {
+  statement {
+    sid       = "SignWithTheReleaseKey"
+    actions   = ["kms:Sign", "kms:GetPublicKey", "kms:DescribeKey"]
+    resources = [aws_kms_key.release_signing.arn]
   }
 }

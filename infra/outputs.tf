@@ -22,3 +22,13 @@ output "device_policy_arn" {
   description = "IAM policy to attach to the role of the devices that pull var.device_model."
   value       = aws_iam_policy.device_read.arn
 }
+
+output "signing_key_arn" {
+  description = "KMS release signing key: ONNXCAST_SIGNING_KEY=awskms:<this>; its public key: onnxcast keys kms-pub."
+  value       = aws_kms_key.release_signing.arn
+}
+
+output "signer_role_arn" {
+  description = "The only role that may sign releases (kms:Sign) with the signing key."
+  value       = aws_iam_role.release_signer.arn
+}

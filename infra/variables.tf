@@ -51,3 +51,13 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "signer_principal_arns" {
+  description = "Principals allowed to assume the release signer role (the release process, not every worker)."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.signer_principal_arns) > 0 && alltrue([for a in var.signer_principal_arns : can(regex("^arn:", a))])
+    error_message = "signer_principal_arns must list at least one ARN."
+  }
+}

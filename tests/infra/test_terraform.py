@@ -96,13 +96,58 @@ def test_device_policy_reads_one_model_only(tf):
     assert {a for s in statements for a in s["actions"]} == {"s3:GetObject", "kms:Decrypt"}
     reads = next(s for s in statements if s["actions"] == ["s3:GetObject"])
     assert sorted(reads["resources"]) == ["${local.store_arn}${var.device_model}/channels/*",
-                                          "${local.store_arn}${var.device_model}/versions/*"]
+                                          "${local.store_arn}${var.device_model}/versions/*",
+                                          "${local.store_arn}root/*"]
     assert tf["locals"]["store_arn"] == "${aws_s3_bucket.rollout.arn}/${var.store_prefix}"
 
 
 def test_outputs_and_variables(tf):
-    assert {"store_uri", "kms_key_arn", "pipeline_policy_arn", "device_policy_arn"} <= set(tf["output"])
-    assert {"region", "bucket_name", "store_prefix", "device_model", "access_log_bucket"} <= set(tf["variable"])
+    assert {"store_uri", "kms_key_arn", "pipeline_policy_arn", "device_policy_arn", "signing_key_arn",
+            "signer_role_arn"} <= set(tf["output"])
+    assert {"region", "bucket_name", "store_prefix", "device_model", "access_log_bucket",
+            "signer_principal_arns"} <= set(tf["variable"])
+
+
+def test_bucket_policy_enforces_conditional_writes(tf):
+    """S3 itself refuses an unconditional overwrite of a version (If-None-Match) or of a
+    pointer (If-Match; If-None-Match only when it is created), whoever sends it."""
+    statements = {s["sid"]: s for s in tf["data"]["aws_iam_policy_document"]["bucket"]["statement"]}
+    versions = statements["DenyVersionWritesWithoutIfNoneMatch"]
+    assert (versions["effect"], versions["actions"]) == ("Deny", ["s3:PutObject"])
+    assert versions["resources"] == ["${local.store_arn}*/versions/*", "${local.store_arn}root/*"]
+    assert _condition(versions) == ("Null", "s3:if-none-match", ["true"])
+    pointers = statements["DenyPointerWritesWithoutIfMatch"]
+    assert (pointers["effect"], pointers["actions"]) == ("Deny", ["s3:PutObject"])
+    assert pointers["resources"] == ["${local.store_arn}*/channels/*"]
+    conditions = {(c["test"], c["variable"], tuple(c["values"])) for c in pointers["condition"]}
+    assert conditions == {("Null", "s3:if-match", ("true",)), ("Null", "s3:if-none-match", ("true",))}
+    for statement in (versions, pointers):
+        assert statement["principals"][0] == {"type": "*", "identifiers": ["*"]}
+
+
+def test_release_signing_key_is_asymmetric_and_only_the_signer_role_signs(tf):
+    resource, data = tf["resource"], tf["data"]["aws_iam_policy_document"]
+    key = resource["aws_kms_key"]["release_signing"]
+    assert (key["customer_master_key_spec"], key["key_usage"]) == ("ECC_NIST_P256", "SIGN_VERIFY")
+    assert "data.aws_iam_policy_document.release_signing.json" in key["policy"]
+    policy = {s["sid"]: s for s in data["release_signing"]["statement"]}
+    assert "kms:Sign" not in policy["AccountAdministersTheKeyButDoesNotSign"]["actions"]
+    assert not any(a in ("kms:*", "kms:Sign*") for a in policy["AccountAdministersTheKeyButDoesNotSign"]["actions"])
+    assert policy["SignerRoleSigns"]["principals"][0]["identifiers"] == ["${aws_iam_role.release_signer.arn}"]
+    deny = policy["NobodyElseSigns"]
+    assert (deny["effect"], deny["actions"]) == ("Deny", ["kms:Sign"])
+    assert _condition(deny) == ("ArnNotEquals", "aws:PrincipalArn", ["${aws_iam_role.release_signer.arn}"])
+    signer = data["release_signer"]["statement"]
+    assert [(s["actions"], s["resources"]) for s in signer] == [
+        (["kms:Sign", "kms:GetPublicKey", "kms:DescribeKey"], ["${aws_kms_key.release_signing.arn}"])]
+    trust = data["release_signer_trust"]["statement"][0]
+    assert trust["principals"][0]["identifiers"] == "${var.signer_principal_arns}"
+
+
+def test_the_bucket_writer_cannot_sign(tf):
+    writer = tf["data"]["aws_iam_policy_document"]["pipeline_write"]["statement"]
+    assert not any(a.startswith("kms:Sign") or a == "kms:*" for s in writer for a in s["actions"])
+    assert all("release_signing" not in r for s in writer for r in s["resources"])
 
 
 # --- parsing: python-hcl2 >= 7 (pinned) and the older output format -----------------------

@@ -68,6 +68,32 @@ class TestFromMlflow:
         assert (tmp_path / "staged/data/series.npz").exists()
 
 
+    @pytest.mark.parametrize("where", ["absolute", "parent"])
+    def test_stage_version_refuses_report_paths_outside_the_run_dir(self, tiny_lstm_run_copy, tmp_path, where):  # noqa: F811
+        """A registered report is input: an onnx_path that is absolute or climbs out of the
+        run directory must not make the promote DAG write wherever the worker can."""
+        import json
+
+        from onnxcast.fetch import FetchError, stage_version
+        from onnxcast.tracking import log_pipeline_run, register_model
+
+        outside = tmp_path / "outside"
+        report_path = tiny_lstm_run_copy / "report.json"
+        report = json.loads(report_path.read_text())
+        variant = report["models"][0]["variants"][0]
+        name = Path(variant["onnx_path"]).name
+        variant["onnx_path"] = str(outside / name) if where == "absolute" else f"../../outside/{name}"
+        report_path.write_text(json.dumps(report))
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        tracked = log_pipeline_run(tiny_lstm_run_copy, model_name="f", run_key="k", families=["lstm"], tracking_uri=uri)
+        register_model(tiny_lstm_run_copy, tracked, model_name="f", run_key="k", tracking_uri=uri)
+        staged = tmp_path / "runs" / "staged"
+        with pytest.raises(FetchError, match="outside the run directory|not a relative path inside the run directory"):
+            stage_version("f", "1", staged, tracking_uri=uri)
+        assert not outside.exists()
+        assert not staged.exists()  # checked before anything was written
+
+
 class TestFromS3:
     def upload(self, bucket: str, endpoint: str, run: Path, prefix: str, weights: bytes | None = None) -> None:
         import boto3
