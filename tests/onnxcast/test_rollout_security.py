@@ -370,3 +370,60 @@ def test_sign_envelope_covers_every_field(release_key):
     signer = load_signer(str(release_key["private"]))
     envelope = sign_envelope({"_type": "onnxcast/channel", "a": [1, 2.5, "x"]}, [signer])
     assert envelope["signatures"][0]["keyid"] == signer.public_key.keyid
+
+
+@pytest.fixture
+def kms_key_id(monkeypatch):
+    """An ECC_NIST_P256 SIGN_VERIFY key in moto's KMS (in process). moto signs a DIGEST
+    message as if it were the raw message (hashing it again); real KMS signs the digest,
+    which securesystemslib's AWSSigner sends, so the fixture teaches moto that."""
+    import base64
+    import json as _json
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, utils
+    from moto import mock_aws
+    from moto.kms.responses import KmsResponse
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    original = KmsResponse.sign
+
+    def sign(self):
+        if self._get_param("MessageType") != "DIGEST":
+            return original(self)
+        key = self.kms_backend.describe_key(self._get_param("KeyId"))
+        signature = key.private_key.private_key.sign(self._get_param("Message"),
+                                                     ec.ECDSA(utils.Prehashed(hashes.SHA256())))
+        return _json.dumps({"KeyId": key.arn, "Signature": base64.b64encode(signature).decode(),
+                            "SigningAlgorithm": self._get_param("SigningAlgorithm")})
+
+    monkeypatch.setattr(KmsResponse, "sign", sign)
+    with mock_aws():
+        import boto3
+
+        key = boto3.client("kms").create_key(KeyUsage="SIGN_VERIFY", KeySpec="ECC_NIST_P256")
+        yield key["KeyMetadata"]["KeyId"]
+
+
+def test_kms_signed_release_is_installed_and_the_worker_holds_no_key(kms_key_id, tmp_path, make_run, device, capsys):
+    """Production path: promote signs through KMS (kms:Sign), the root names the KMS public
+    key (onnxcast keys kms-pub), and a device verifies with it."""
+    store = str(tmp_path / "store")
+    assert cli.main(["keys", "kms-pub", "--key-id", kms_key_id, "--out", str(tmp_path / "kms.pub")]) == 0
+    admin = keys(tmp_path, "root-admin")  # an offline root key; the KMS key signs releases
+    assert cli.main(["keys", "root", "--out", str(tmp_path / "root.json"), "--root-key", str(admin["public"]),
+                     "--release-key", str(tmp_path / "kms.pub"), "--sign-with", str(admin["private"])]) == 0
+    capsys.readouterr()
+    os.environ.pop("ONNXCAST_SIGNING_KEY")  # restored by the autouse fixture's monkeypatch
+    assert cli.main(["promote", "--report", str(make_run("a")), "--store", store, "--model", "m",
+                     "--channel", "edge", "--version", "1", "--signing-key", f"awskms:{kms_key_id}"]) == 0
+    assert edge_cli(store, device.path, "--trust", str(tmp_path / "root.json")) == 0
+    assert "installed version 1" in capsys.readouterr().out
+    # The development key (not in this root) cannot stand in for KMS.
+    promote(make_run("b"), store, "m", "edge", version="2", signers=[admin["private"]])
+    assert edge_cli(store, device.path, "--trust", str(tmp_path / "root.json")) == 1
+    one_error_line(capsys, "signed by 0 of the 1 release key(s) required")
