@@ -228,8 +228,15 @@ def read_window(path: str | Path, columns: list[str], lookback: int) -> np.ndarr
 
 def inspect_model(path: str | Path, expected_signature: dict | None = None) -> ModelInfo:
     """Check an ONNX file as a device would before serving it; VerificationError listing
-    every problem: parse, external data, I/O contract, metadata, signature, ORT load."""
-    import onnx
+    every problem: parse, external data, I/O contract, metadata, signature, ORT load.
+
+    With the ``onnx`` package (the full install) the file is read with it; a light device
+    install has no ``onnx``, so the same checks run on the protobuf wire format and on an
+    ONNX Runtime session (:func:`_inspect_with_ort`)."""
+    try:
+        import onnx
+    except ImportError:
+        return _inspect_with_ort(Path(path), expected_signature)
 
     path = Path(path)
     try:
@@ -376,6 +383,166 @@ def _file_sha(path: Path) -> str | None:
 
 def _prefixed(metadata: dict[str, str]) -> dict[str, str]:
     return {k.removeprefix(METADATA_PREFIX): v for k, v in metadata.items() if k.startswith(METADATA_PREFIX)}
+
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
+              "tensor(bfloat16)": "bfloat16", "tensor(int64)": "int64", "tensor(int32)": "int32",
+              "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool", "tensor(string)": "object"}
+
+
+def _inspect_with_ort(path: Path, expected_signature: dict | None) -> ModelInfo:
+    """inspect_model without the ``onnx`` package: external data and opset from the
+    protobuf wire format (checked before ONNX Runtime opens the file), then the I/O
+    signature and metadata from an ORT session."""
+    import onnxruntime as ort
+
+    try:
+        scan = scan_model_bytes(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise VerificationError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
+    root = path.parent.resolve()
+    problems = []
+    for name, location in scan["external"]:
+        target = (root / location).resolve()
+        where = "outside the model folder" if os.path.isabs(location) or not target.is_relative_to(root) \
+            else "not in the manifest"
+        problems.append(f"tensor {name!r} references external data {location!r} ({where})")
+    if problems:
+        raise VerificationError(f"{path}: " + "; ".join(problems))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
+        raise VerificationError(f"{path}: onnxruntime {ort.__version__} cannot load it: "
+                                f"{str(exc).splitlines()[0]}") from None
+
+    def describe(values) -> list[dict]:
+        return [{"name": v.name, "dtype": _ORT_TYPES.get(v.type, v.type),
+                 "shape": [d if isinstance(d, int) or d is None else str(d) for d in v.shape]} for v in values]
+
+    found = {"inputs": describe(session.get_inputs()), "outputs": describe(session.get_outputs())}
+    problems = contract_problems(found)
+    metadata = _prefixed(session.get_modelmeta().custom_metadata_map)
+    problems += [f"metadata lacks onnxcast.{k}" for k in PREDICT_METADATA if k not in metadata]
+    if expected_signature is not None and found != expected_signature:
+        problems.append(f"I/O signature {found} differs from the manifest's {expected_signature}")
+    if problems:
+        raise VerificationError(f"{path}: " + "; ".join(problems))
+    return ModelInfo(found, scan["opset"], metadata)
+
+
+def scan_model_bytes(data: bytes) -> dict:
+    """``{"opset": default-domain opset, "external": [(tensor name, location)]}`` read from
+    ONNX ModelProto bytes on the protobuf wire format: every tensor of the graph, its
+    subgraphs, sparse initializers and model-local functions. ValueError if malformed."""
+    external: list[tuple[str, str]] = []
+    opset = 0
+    # field numbers from onnx.proto: which fields of which message hold what
+    model_graph, model_opset, model_functions = 7, 8, 25
+    graph_node, graph_initializer, graph_sparse = 1, 5, 15
+    node_attribute, function_node = 5, 7
+    attr_tensor, attr_graph, attr_tensors, attr_graphs, attr_sparse, attr_sparses = 5, 6, 10, 11, 22, 23
+
+    def tensor(buf: bytes) -> None:
+        name, location, is_external = "", "", False
+        for field, wire, value in _fields(buf):
+            if field == 8 and wire == 2:
+                name = value.decode(errors="replace")
+            elif field == 14 and wire == 0 and value == 1:  # data_location = EXTERNAL
+                is_external = True
+            elif field == 13 and wire == 2:
+                entry = {f: v for f, w, v in _fields(value) if w == 2}
+                if entry.get(1) == b"location":
+                    location = entry.get(2, b"").decode(errors="replace")
+        if is_external or location:
+            external.append((name, location))
+
+    def sparse(buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if field in (1, 2) and wire == 2:
+                tensor(value)
+
+    def node(buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if field == node_attribute and wire == 2:
+                for f, w, v in _fields(value):
+                    if w != 2:
+                        continue
+                    if f in (attr_tensor, attr_tensors):
+                        tensor(v)
+                    elif f in (attr_graph, attr_graphs):
+                        graph(v)
+                    elif f in (attr_sparse, attr_sparses):
+                        sparse(v)
+
+    def graph(buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if wire != 2:
+                continue
+            if field == graph_node:
+                node(value)
+            elif field == graph_initializer:
+                tensor(value)
+            elif field == graph_sparse:
+                sparse(value)
+
+    for field, wire, value in _fields(data):
+        if wire != 2:
+            continue
+        if field == model_graph:
+            graph(value)
+        elif field == model_opset:
+            entry = {f: v for f, _, v in _fields(value)}
+            if entry.get(1, b"") in (b"", b"ai.onnx") and isinstance(entry.get(2), int):
+                opset = entry[2]
+        elif field == model_functions:
+            for f, w, v in _fields(value):
+                if f == function_node and w == 2:
+                    node(v)
+    return {"opset": opset, "external": external}
+
+
+def _fields(buf: bytes):
+    """(field number, wire type, value) of each field of one protobuf message: varints as
+    int, length-delimited fields as bytes; fixed-width fields skipped. ValueError when the
+    bytes are not a protobuf message."""
+    i, end = 0, len(buf)
+
+    def varint() -> int:
+        nonlocal i
+        result = shift = 0
+        while True:
+            if i >= end or shift > 63:
+                raise ValueError("truncated varint")
+            byte = buf[i]
+            i += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return result
+            shift += 7
+
+    while i < end:
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if field == 0:
+            raise ValueError("field number 0")
+        if wire == 0:
+            yield field, wire, varint()
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        elif wire == 2:
+            size = varint()
+            if i + size > end:
+                raise ValueError("truncated field")
+            yield field, wire, buf[i:i + size]
+            i += size
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if i > end:
+            raise ValueError("truncated field")
 
 
 def _ort_load_problems(path: Path) -> list[str]:

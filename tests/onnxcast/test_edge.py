@@ -145,6 +145,34 @@ class TestInspect:
             inspect_model(tmp_path / "x.onnx")
 
 
+    def test_without_the_onnx_package_the_same_checks_run(self, tiny_onnx, tmp_path):
+        """A light device install has onnxruntime but not onnx: the wire-format scan and an
+        ORT session give the same signature, and still refuse external data."""
+        import onnx
+
+        code = ("import sys, json\nsys.modules['onnx'] = None\n"
+                "from onnxcast.rollout.edge import inspect_model\n"
+                "from onnxcast.errors import VerificationError\n"
+                "try:\n    info = inspect_model(sys.argv[1])\n"
+                "    print(json.dumps({'signature': info.signature, 'opset': info.opset, 'metadata': info.metadata}))\n"
+                "except VerificationError as exc:\n    print('refused:', exc)\n")
+        run = lambda path: subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,  # noqa: E731
+                                          check=True).stdout
+        light = json.loads(run(tiny_onnx))
+        full = inspect_model(tiny_onnx)
+        assert (light["signature"], light["opset"], light["metadata"]) == (full.signature, full.opset, full.metadata)
+        proto = onnx.load(tiny_onnx)
+        tensor = proto.graph.initializer[0]
+        tensor.ClearField("raw_data")
+        del tensor.float_data[:]
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value="/etc/passwd")
+        onnx.save(proto, tmp_path / "evil.onnx")
+        assert "references external data '/etc/passwd' (outside the model folder)" in run(tmp_path / "evil.onnx")
+        (tmp_path / "junk.onnx").write_bytes(b"\xff\xff\xff")
+        assert "not a readable ONNX model" in run(tmp_path / "junk.onnx")
+
+
 class TestPredict:
     def test_equals_the_pipelines_forecast_for_the_same_window(self, store_uri, make_run, tmp_path, history_csv):
         from onnxcast.validate import onnx_predict, onnx_session
@@ -194,10 +222,13 @@ class TestPredict:
     def test_edge_needs_neither_torch_nor_pandas(self, tmp_path, make_run, history_csv):
         store = str(tmp_path / "store")
         promote(make_run("a"), store, "m", "edge")
-        code = ("import sys, io\nfrom onnxcast.edge import pull, predict\n"
+        heavy = ("torch", "pandas", "mlflow", "onnx", "airflow", "great_expectations")
+        code = ("import sys, io\n"
+                f"for name in {heavy!r}:\n    sys.modules[name] = None  # not installed on a device\n"
+                "from onnxcast.rollout.edge import pull, predict\n"
                 f"pull({store!r}, 'm', 'edge', {str(tmp_path / 'device')!r})\n"
                 f"predict({str(tmp_path / 'device')!r}, {str(history_csv)!r}, out=io.StringIO())\n"
-                "print(sorted(m for m in ('torch', 'pandas', 'mlflow') if m in sys.modules))\n")
+                f"print(sorted(m for m in {heavy!r} if sys.modules.get(m) is not None))\n")
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert result.stdout.strip() == "[]"
 
