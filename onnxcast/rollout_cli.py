@@ -178,7 +178,13 @@ def run_keys_generate(args: argparse.Namespace) -> int:
 def run_keys_root(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from onnxcast.rollout.signing import load_signers, make_root, parse_root, read_public_key, sign_root
+    from onnxcast.rollout.signing import (
+        load_signers,
+        make_root,
+        parse_root,
+        read_public_key,
+        sign_root,
+    )
 
     version = 1
     if args.previous:

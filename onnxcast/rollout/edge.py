@@ -37,6 +37,14 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from onnxcast.errors import (
+    ConfigError,
+    DataError,
+    OnnxcastError,
+    RefusedError,
+    StoreError,
+    VerificationError,
+)
 from onnxcast.rollout.contract import (
     INPUT_NAME,
     METADATA_PREFIX,
@@ -46,7 +54,6 @@ from onnxcast.rollout.contract import (
     read_metadata,
     signature,
 )
-from onnxcast.errors import ConfigError, DataError, OnnxcastError, RefusedError, StoreError, VerificationError
 from onnxcast.rollout.store import MANIFEST, check_name, open_store, sha256_hex
 from onnxcast.rollout.trust import MAX_POINTER_BYTES, DeviceTrust
 

@@ -43,7 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import ConfigError, ConflictError, OnnxcastError, StoreError, VerificationError
-from onnxcast.rollout.signing import MANIFEST_TYPE, POINTER_TYPE, expiry, load_signers, sign_envelope
+from onnxcast.rollout.signing import (
+    MANIFEST_TYPE,
+    POINTER_TYPE,
+    expiry,
+    load_signers,
+    sign_envelope,
+)
 from onnxcast.rollout.store import (
     MANIFEST,
     Pointer,

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from onnxcast.rollout.edge import inspect_model, predict, pull, watch
-from onnxcast.errors import ConfigError, DataError, RefusedError, StoreError, VerificationError
 from onnxcast import cli
+from onnxcast.errors import ConfigError, DataError, RefusedError, StoreError, VerificationError
+from onnxcast.rollout.edge import inspect_model, predict, pull, watch
 from onnxcast.rollout.promote import promote
 from onnxcast.rollout.signing import load_signers, sign_envelope
 from onnxcast.rollout.store import dump_json, open_store, sha256_hex

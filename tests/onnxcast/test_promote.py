@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from onnxcast.errors import ConfigError, ConflictError, OnnxcastError, StoreError, VerificationError
-from onnxcast.promote import ReportError, promote, rollback, verify_version
 from onnxcast import cli
-from onnxcast.store import LocalStore, open_store
+from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.rollout.promote import ReportError, promote, rollback, verify_version
+from onnxcast.rollout.store import LocalStore, open_store
 
 
 class SimulatedCrash(Exception):

@@ -15,8 +15,8 @@ import pytest
 
 from onnxcast import cli
 from onnxcast.errors import ConfigError, RefusedError, StoreError
-from onnxcast.rollout.edge import predict, pull, watch
-from onnxcast.rollout.promote import promote, refresh, rollback
+from onnxcast.rollout.edge import predict, pull
+from onnxcast.rollout.promote import promote, refresh
 from onnxcast.rollout.signing import (
     generate_key,
     load_signer,

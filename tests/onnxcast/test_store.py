@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
-from onnxcast.store import LocalStore, S3Store, check_name, open_store
+from onnxcast.rollout.store import LocalStore, S3Store, check_name, open_store
 
 
 class TestOpenStore:
