@@ -13,6 +13,7 @@ from operators.pipeline import (
 from operators.registry import ChampionChallengerOperator, RegisterModelOperator
 from operators.rollout import (
     PromoteModelOperator,
+    RefreshChannelsOperator,
     RollbackChannelOperator,
     StageRegisteredVersionOperator,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "MlflowRunLink",
     "OptimizeModelOperator",
     "PromoteModelOperator",
+    "RefreshChannelsOperator",
     "RegisterModelOperator",
     "RollbackChannelOperator",
     "StageRegisteredVersionOperator",

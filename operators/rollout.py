@@ -246,3 +246,43 @@ class RollbackChannelOperator(_StoreOperator):
                 and last.get("version") == pointer.get("version"):
             return last
         return None
+
+
+class RefreshChannelsOperator(_StoreOperator):
+    """Re-sign the pointers of ``channels`` (new counter and expiry, same version), so
+    devices keep trusting a channel that has not moved: a pointer past its expiry is
+    refused (freeze protection). A channel that does not exist yet is skipped."""
+
+    template_fields: Sequence[str] = ("model_name", "channels", "store_uri", "expires_days", "signing_key")
+
+    def __init__(self, *, model_name: str, channels: Sequence[str] | str = ("edge", "cloud"),
+                 expires_days: float | str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.channels = channels
+        self.expires_days = expires_days
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.rollout.promote import refresh
+
+        store = self.open_store()
+        channels = [self.channels] if isinstance(self.channels, str) else list(self.channels)
+        days = None if self.expires_days in (None, "", "None") else float(self.expires_days)
+        done = {}
+        for channel in channels:
+            try:
+                exists = store.read_channel(self.model_name, channel).value is not None
+            except OnnxcastError as exc:
+                raise AirflowFailException(str(exc)) from None
+            if not exists:
+                self.log.info("Channel %s of %s does not exist: nothing to refresh", channel, self.model_name)
+                continue
+            try:
+                value = refresh(store, self.model_name, channel, signers=self.release_signers(), expires_days=days,
+                                actor=_actor(context))
+            except OnnxcastError as exc:
+                raise AirflowFailException(str(exc)) from None
+            done[channel] = {"version": value["version"], "counter": value["counter"], "expires": value["expires"]}
+            self.log.info("Channel %s of %s: v%s re-signed, counter %s, expires %s", channel, self.model_name,
+                          value["version"], value["counter"], value["expires"])
+        return {"model": self.model_name, "channels": done}

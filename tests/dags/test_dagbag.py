@@ -10,7 +10,7 @@ import sys
 import airflow_support
 import pytest
 
-DAG_IDS = {"onnxcast_training", "onnxcast_promote", "onnxcast_rollback"}
+DAG_IDS = {"onnxcast_training", "onnxcast_promote", "onnxcast_rollback", "onnxcast_refresh"}
 DAG_FILES = sorted((airflow_support.REPO / "dags").glob("*.py"))
 HEAVY = ("torch", "onnxruntime", "onnx", "mlflow", "pandas", "great_expectations", "numpy", "boto3",
          "onnxcast.training", "onnxcast.export", "onnxcast.optimize", "onnxcast.validate", "onnxcast.models")

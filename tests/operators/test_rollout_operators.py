@@ -147,3 +147,31 @@ class TestRollbackChannelOperator:
         # a retry of the same task walks back no further
         assert (second["version"], second["changed"]) == (versions[0], False)
         assert alias_version("ops-rollback", "champion") == versions[0]
+
+
+class TestRefreshChannelsOperator:
+    def test_template_fields(self):
+        from operators import RefreshChannelsOperator
+
+        values = {"model_name": "{{ params.model_name }}", "channels": "{{ params.channels }}",
+                  "store_uri": "{{ params.store_uri }}", "expires_days": "{{ params.expires_days }}",
+                  "signing_key": "{{ var.value.key }}"}
+        op = RefreshChannelsOperator(task_id="refresh", **values)
+        assert set(op.template_fields) == set(values)
+        assert_template_fields_stored_unchanged(op, values)
+
+    def test_re_signs_existing_channels_and_skips_missing_ones(self, run_dir, tmp_path):
+        from operators import PromoteModelOperator, RefreshChannelsOperator
+
+        store = str(tmp_path / "store")
+        version = register(run_dir, "ops-refresh", "refresh-1")
+        PromoteModelOperator(task_id="promote", run_dir=run_dir, version=version, channels=["edge"],
+                             store_uri=store).execute(make_context(run_id="refresh-1"))
+        before = json.loads((tmp_path / "store/ops-refresh/channels/edge.json").read_text())["signed"]
+        result = RefreshChannelsOperator(task_id="refresh", model_name="ops-refresh", channels=["edge", "cloud"],
+                                         store_uri=store, expires_days="60").execute(make_context())
+        assert set(result["channels"]) == {"edge"}
+        after = json.loads((tmp_path / "store/ops-refresh/channels/edge.json").read_text())["signed"]
+        assert after["version"] == before["version"] == version
+        assert after["counter"] > before["counter"] and after["expires"] > before["expires"]
+        assert after["action"] == "refresh" and after["history"] == before["history"]
