@@ -113,7 +113,6 @@ def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: s
 
 def _pull_locked(store, model: str, channel: str, dest: Path, trust_file, current: dict | None) -> PullResult:
     trust = DeviceTrust(dest, trust_file)
-    trust.update_root(store)
     key = store.channel_key(model, channel)
     where = store.url(key)
     data = store.read(key, MAX_POINTER_BYTES)
@@ -125,6 +124,8 @@ def _pull_locked(store, model: str, channel: str, dest: Path, trust_file, curren
         envelope = json.loads(data)
     except ValueError:
         raise RefusedError(f"{where}: not JSON; refusing it") from None
+    # The root comes first: the pointer may be signed by keys of a newer root it names.
+    trust.update_root(store, _root_hint(envelope))
     signed = trust.verify_pointer(envelope, model, channel, where)
     want = _pointer_fields(signed, where)
     if current and current.get("version") == want["version"] and current.get("sha256") == want["sha256"] \
@@ -283,6 +284,13 @@ def external_data_problems(proto, folder: Path) -> list[str]:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+def _root_hint(envelope: object) -> int:
+    """The root version an (as yet unverified) pointer names; 0 when it names none."""
+    signed = envelope.get("signed") if isinstance(envelope, dict) else None
+    hint = signed.get("root_version") if isinstance(signed, dict) else None
+    return hint if isinstance(hint, int) and not isinstance(hint, bool) and hint > 0 else 0
+
 
 def _pointer_fields(value: dict, where: str) -> dict:
     try:

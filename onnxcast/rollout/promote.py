@@ -196,9 +196,23 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
     raw = store.read(store.version_key(model_name, version)) or b""
     value = _pointer_value(model_name, channel, version, manifest, manifest_sha, len(raw), pointer.value,
                            action="refresh", actor=actor or default_actor(), history=list(pointer.value.get("history", [])),
-                           rollback=pointer.value.get("rollback"), days=days)
+                           rollback=pointer.value.get("rollback"), days=days, root_version=latest_root_version(store))
     store.replace_pointer(key, sign_envelope(value, signers), pointer.token)
     return value
+
+
+def latest_root_version(store: RolloutStore) -> int:
+    """The newest trust root published in the store (``root/<n>.root.json``; 0 if none).
+    Pointers name it, so devices fetch exactly the roots they need and never probe for a
+    missing one (a device without s3:ListBucket gets 403, not 404, for a missing key)."""
+    version, candidate = 0, 1
+    while candidate <= 10_000:
+        if store.read(store.root_key(candidate), 0) is not None:
+            version = candidate
+        elif candidate > 1:  # root 1 is often only installed on devices, never published
+            break
+        candidate += 1
+    return version
 
 
 def pointer_days(days: float | None) -> float:
@@ -444,14 +458,15 @@ def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: s
     if action == "rollback":
         record = {"version": version, "from_version": old.get("version"), "by": actor, "at": _now(), "reason": reason}
     value = _pointer_value(model_name, channel, version, manifest, manifest_sha, len(raw), old, action=action,
-                           actor=actor, history=history, rollback=record, days=days)
+                           actor=actor, history=history, rollback=record, days=days,
+                           root_version=latest_root_version(store))
     store.replace_pointer(store.channel_key(model_name, channel), sign_envelope(value, signers), pointer.token)
     return True
 
 
 def _pointer_value(model_name: str, channel: str, version: str, manifest: dict, manifest_sha: str,
                    manifest_length: int, old: dict, *, action: str, actor: str, history: list, rollback: dict | None,
-                   days: float) -> dict:
+                   days: float, root_version: int) -> dict:
     """The signed fields of a channel pointer. The counter only grows: one more than the
     pointer read, and at least the Unix time, so a writer that finds the pointer damaged
     or reset still signs a counter above every one it signed before."""
@@ -464,7 +479,7 @@ def _pointer_value(model_name: str, channel: str, version: str, manifest: dict, 
         "version": version, "artifact": choice["artifact"], "family": choice["family"], "variant": choice["variant"],
         "sha256": artifact["sha256"], "length": artifact["size_bytes"],
         "manifest": {"sha256": manifest_sha, "length": manifest_length}, "manifest_sha256": manifest_sha,
-        "action": action, "rollback": rollback,
+        "action": action, "rollback": rollback, "root_version": root_version,
         "updated_at": _now(), "updated_by": actor, "history": history[-HISTORY_KEPT:],
     }
 

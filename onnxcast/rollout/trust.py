@@ -69,15 +69,19 @@ class DeviceTrust:
         self.root = self._load(trust_file or os.environ.get(TRUST_ENV) or None)
 
     # --- the root -------------------------------------------------------------------------
-    def update_root(self, store) -> int:
-        """Walk the store's root chain from the trusted version; returns the version now
-        trusted. A root that does not chain is refused (the trusted one stays)."""
-        for _ in range(MAX_ROOT_STEPS):
+    def update_root(self, store, up_to: int) -> int:
+        """Walk the store's root chain from the trusted version up to ``up_to`` (the root
+        version the channel pointer names; unverified, so a lie only costs a refusal);
+        returns the version now trusted. A root that does not chain is refused (the trusted
+        one stays), and so is a missing one."""
+        up_to = min(up_to, self.root.signed.version + MAX_ROOT_STEPS)
+        while self.root.signed.version < up_to:
             key = store.root_key(self.root.signed.version + 1)
+            where = store.url(key)
             data = store.read(key, MAX_ROOT_BYTES)
             if data is None:
-                break
-            where = store.url(key)
+                raise RefusedError(f"{where}: missing, though the channel pointer names root version {up_to}; "
+                                   "refusing it")
             if len(data) > MAX_ROOT_BYTES:
                 raise RefusedError(f"{where}: longer than {MAX_ROOT_BYTES} bytes; refusing it")
             new = parse_root(data, where)
@@ -100,6 +104,10 @@ class DeviceTrust:
         expires = parse_time(signed.get("expires"), where)
         if (now or datetime.now(UTC)) >= expires:
             raise RefusedError(f"{where}: expired at {signed['expires']} (a frozen or stale channel); refusing it")
+        root_version = signed.get("root_version", 0)
+        if isinstance(root_version, int) and root_version > self.root.signed.version:
+            raise RefusedError(f"{where}: names root version {root_version}, the device trusts version "
+                               f"{self.root.signed.version}; refusing it")
         counter = signed.get("counter")
         if not isinstance(counter, int) or isinstance(counter, bool) or counter < 0:
             raise RefusedError(f"{where}: no valid counter; refusing it")

@@ -221,8 +221,36 @@ class TestStoreWriterWithoutKeys:
         device.remember()
         attacker = keys(tmp_path, "attacker")
         raw_put(store, "root/2.root.json", (attacker["root"].read_bytes()).replace(b'"version": 1', b'"version": 2'))
+        pointer = json.loads(raw_get(store, EDGE))
+        pointer["signed"]["root_version"] = 2  # unverified hint: it leads the device to the forged root
+        raw_put(store, EDGE, dump_json(pointer))
         assert edge_cli(store, device.path) == 1
         one_error_line(capsys, "root/2.root.json: root version 2 is signed by 0 of the 1 root key(s)")
+        device.still_serves("1")
+
+
+    def test_removed_root_named_by_the_pointer_is_refused(self, store, make_run, device, tmp_path, capsys):
+        """After a rotation, deleting the new root does not make the device accept what the
+        new keys signed without it, nor what the old keys sign."""
+        old, new = keys(tmp_path, "old"), keys(tmp_path, "new")
+        promote(make_run("a"), store, "m", "edge", version="1", signers=[old["private"]])
+        pull(store, "m", "edge", device.path, trust=old["root"])
+        device.remember()
+        root2 = tmp_path / "root2.json"
+        assert cli.main(["keys", "root", "--out", str(root2), "--previous", str(old["root"]),
+                         "--root-key", str(new["public"]), "--release-key", str(new["public"]),
+                         "--sign-with", str(old["private"]), "--sign-with", str(new["private"])]) == 0
+        assert cli.main(["keys", "publish-root", "--store", store, "--root", str(root2)]) == 0
+        promote(make_run("b"), store, "m", "edge", version="2", signers=[new["private"]])
+        assert json.loads(raw_get(store, EDGE))["signed"]["root_version"] == 2
+        if store.startswith("s3://"):
+            s3 = open_store(store)
+            s3.client.delete_object(Bucket=s3.bucket, Key=f"{s3.prefix}/root/2.root.json")
+        else:
+            (open_store(store).root / "root/2.root.json").unlink()
+        capsys.readouterr()
+        assert edge_cli(store, device.path, "--trust", str(old["root"])) == 1
+        one_error_line(capsys, "root/2.root.json: missing, though the channel pointer names root version 2")
         device.still_serves("1")
 
 
