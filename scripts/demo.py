@@ -120,6 +120,9 @@ def report(run, conf: dict, home: Path, wall: float) -> int:
             print(f"  {channel:<5}: version {value['version']} {value['artifact']}  ({pointer})")
     if champion:
         print(f"  manifest     : {store / 'versions' / champion / 'manifest.json'}")
+    if (home / "keys" / "root.json").exists():  # the development release key of the embedded mode
+        print(f"  device       : .venv/bin/onnxcast edge pull --store {home / 'rollout'} --model {name} "
+              f"--channel edge --dest {home / 'device'} --trust {home / 'keys' / 'root.json'}")
     print("Airflow UI     : make airflow   (then http://127.0.0.1:8080, DAG onnxcast_training)")
     return 0 if str(run.state) in ("success", "DagRunState.SUCCESS") else 1
 
