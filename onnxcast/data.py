@@ -66,7 +66,7 @@ class Split:
 
     def as_dict(self, timestamps: np.ndarray) -> dict:
         def ts(i: int) -> str:
-            return _iso(timestamps[i])
+            return utc_iso(timestamps[i])
 
         return {
             "train_end": ts(self.train_end - 1),
@@ -251,6 +251,12 @@ def _fill_short_gaps(table, max_steps: int):
     if max_steps <= 0:
         return table
     return table.interpolate(method="time", limit=max_steps, limit_area="inside")
+
+
+def utc_iso(value) -> str:
+    """A UTC timestamp (naive datetime64 values are UTC here) as ``YYYY-MM-DDTHH:MM:SSZ``:
+    the one format of every timestamp in report.json and the ONNX metadata."""
+    return str(np.datetime_as_string(np.datetime64(value, "s"))) + "Z"
 
 
 def _iso(value) -> str:

@@ -272,4 +272,6 @@ def _load_data(cfg: PipelineConfig):
 
 
 def _iso(value) -> str:
-    return str(np.datetime_as_string(np.datetime64(value, "s"))) + "Z"
+    from onnxcast.data import utc_iso
+
+    return utc_iso(value)

@@ -39,12 +39,13 @@ def validate_report(report: dict) -> None:
 CHANNEL_BATCH = {"edge": 1, "cloud": 64}
 
 
-def select_variants(models: list[dict], accuracy_budget: float = 0.01) -> tuple[dict, list[dict]]:
+def select_variants(models: list[dict]) -> tuple[dict, list[dict]]:
     """Choose a variant per channel by goals (as Microsoft Olive does).
 
     The family is the most accurate one (lowest fp32 holdout MAE) among those whose required
     gates passed. Within it, per channel, the candidates are the eligible variants (their
-    gates passed) whose holdout MAE is within ``accuracy_budget`` of the family's fp32 and
+    gates passed) whose ``accuracy_vs_fp32`` gate passed (the budget the validation used: the
+    choice never re-derives a gate with another threshold) and
     whose p50 latency at the channel's batch (``CHANNEL_BATCH``) beats PyTorch eager measured
     in the same run; the fastest wins (ties: smaller file). When no variant of that family
     beats PyTorch for a channel, the next family is tried; when none does at all, the
@@ -57,13 +58,13 @@ def select_variants(models: list[dict], accuracy_budget: float = 0.01) -> tuple[
     ranking = []
     for m in models:
         torch_latency = (m.get("torch") or {}).get("latency_ms", {})
-        fp32_mae = m.get("fp32_holdout_mae")
         for v in m["variants"]:
             mae = v["holdout"]["mae"] if v.get("holdout") else None
-            loss = mae / fp32_mae - 1.0 if mae is not None and fp32_mae else None
+            budget = (v.get("gates") or {}).get("accuracy_vs_fp32") or {}
+            loss = budget.get("value")
             row = {"family": m["family"], "variant": v["name"], "eligible": bool(v.get("eligible")),
-                   "holdout_mae": mae, "accuracy_loss_vs_fp32": loss,
-                   "within_accuracy_budget": loss is not None and loss <= accuracy_budget,
+                   "holdout_mae": mae, "accuracy_loss_vs_fp32": loss if isinstance(loss, float) else None,
+                   "within_accuracy_budget": bool(budget.get("passed")),
                    "size_bytes": v["size_bytes"],
                    "batch1_p50_ms": v["latency_ms"].get("batch1_p50"),
                    "batch64_p50_ms": v["latency_ms"].get("batch64_p50"),
