@@ -24,8 +24,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from onnxcast import __version__
 from onnxcast.config import PipelineConfig
 from onnxcast.errors import ConfigError, DataQualityError, GateError

@@ -3,7 +3,14 @@ import pandas as pd
 import pytest
 
 from onnxcast.config import PipelineConfig, QualitySettings
-from onnxcast.data import SeriesData, season_for_freq, series_from_checked, split_by_time, utc_iso, windows
+from onnxcast.data import (
+    SeriesData,
+    season_for_freq,
+    series_from_checked,
+    split_by_time,
+    utc_iso,
+    windows,
+)
 from onnxcast.errors import DataError
 from onnxcast.quality import check_data
 
