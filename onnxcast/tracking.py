@@ -1,4 +1,4 @@
-"""MLflow tracking and registry for pipeline runs (ARCHITECTURE.md, "MLflow conventions").
+"""MLflow tracking and registry for pipeline runs (docs/architecture.md#mlflow-conventions).
 
 One experiment per model name; a parent run per pipeline run and a child run per model
 family; the winning family registered as one model version (ONNX flavor, with its other
