@@ -63,7 +63,7 @@ PLACEHOLDERS: list[tuple[str, str]] = [
     ("/opt/model", "{workspace}/opt/model"),
 ]
 
-# Appended to a command (argparse: the last value of an option wins).
+# Appended to a command, except to --help (argparse: the last value of an option wins).
 HORIZON = 12
 SMALL_RUN = ["--max-epochs", "3", "--max-minutes", "1", "--lookback", "48", "--horizon", str(HORIZON),
              "--hidden-size", "16", "--num-layers", "1", "--d-model", "16", "--n-heads", "2",
@@ -314,7 +314,7 @@ def local_argv(command: DocCommand, workspace: Path) -> list[str]:
         text = text.replace(documented, local.format(workspace=workspace))
     args = shlex.split(text)[1:]
     for pattern, extra in EXTRA_ARGS:
-        if re.search(pattern, " ".join(args)):
+        if re.search(pattern, " ".join(args)) and "--help" not in args:
             args += extra
     return args
 
@@ -330,7 +330,11 @@ def run_onnxcast(args: list[str], workspace: Path) -> subprocess.CompletedProces
 def check_output(args: list[str], result: subprocess.CompletedProcess, workspace: Path) -> None:
     """What a user sees when the command worked."""
     line = " ".join(args)
-    if args[0] == "pipeline":
+    if args == ["--version"]:
+        assert re.fullmatch(r"onnxcast \S+\n", result.stdout)
+    elif "--help" in args:
+        assert result.stdout.startswith(f"usage: onnxcast {' '.join(args[:-1])}")
+    elif args[0] == "pipeline":
         report = json.loads((workspace / _option(args, "--out") / "report.json").read_text())
         assert report["status"] == "passed"
         assert "selected for edge:" in result.stdout
