@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from onnxcast import __version__
@@ -18,11 +19,26 @@ log = logging.getLogger("onnxcast")
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:  # the reader went away (`onnxcast edge predict ... | head`): not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        return 0
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version, usage errors: flush here, where a closed pipe is caught
+        sys.stdout.flush()
+        raise
     _configure_logging(args.verbose)
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()
+        return code
     except (ConfigError, DataError) as exc:
         _print_error(exc)
         return 2

@@ -70,3 +70,19 @@ def test_a_missing_required_option_is_a_usage_error_not_a_traceback():
     assert result.returncode == 2
     assert "the following arguments are required: --report, --channel" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["pipeline", "--help"]])
+def test_output_cut_short_by_the_reader_is_not_a_traceback(monkeypatch, argv):
+    """`onnxcast ... | head`: the reader closed the pipe before the output was written."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone: every write now fails with EPIPE
+    stream = open(write_end, "w")  # noqa: SIM115 (closed below)
+    monkeypatch.setattr(sys, "stdout", stream)
+    try:
+        assert cli.main(argv) == 0
+    finally:
+        monkeypatch.undo()
+        stream.close()
