@@ -158,6 +158,30 @@ def season_for_freq(freq: str) -> int:
     return 1
 
 
+def seasons_for_freq(freq: str) -> tuple[int, ...]:
+    """Every seasonal period ``freq`` implies, shortest first: daily and weekly cycles below a
+    day, weekly and yearly for days, yearly for weeks, months and quarters. ``(1,)`` when
+    none (yearly data: the naive forecast is the only seasonal one)."""
+    import pandas as pd
+
+    offset = pd.tseries.frequencies.to_offset(freq)
+    day, week = pd.Timedelta(days=1), pd.Timedelta(days=7)
+    if isinstance(offset, pd.offsets.Tick):
+        step = pd.Timedelta(offset)
+        if step < day and (day % step) == pd.Timedelta(0):
+            return (int(day / step), int(week / step))
+        if step == day:
+            return (7, 365)
+        return (1,)
+    name = offset.name.upper()
+    if name == "D":
+        return (7, 365) if offset.n == 1 else (1,)
+    if name.startswith("B") and not name.startswith(("BM", "BQ", "BY", "BA")):
+        return (5, 260)
+    first = season_for_freq(freq)
+    return (first,)
+
+
 def split_by_time(n_rows: int, cfg: PipelineConfig) -> Split:
     """Time-ordered split; the holdout holds at least ``min_holdout_windows`` full horizons."""
     holdout = max(int(round(n_rows * cfg.holdout_fraction)), cfg.horizon * cfg.quality.min_holdout_windows)

@@ -173,3 +173,13 @@ def test_reads_from_s3_over_http(s3_bucket, tmp_path):
     assert series.values.shape == (400, 1)
     with pytest.raises(DataError, match=f"s3://{s3_bucket}/in/missing.csv: cannot read from S3"):
         gate_series(cfg_for(f"s3://{s3_bucket}/in/missing.csv"))
+
+
+@pytest.mark.parametrize(("freq", "seasons"), [("h", (24, 168)), ("30min", (48, 336)), ("D", (7, 365)),
+                                               ("W-SUN", (52,)), ("MS", (12,)), ("QS", (4,)), ("YS", (1,)),
+                                               ("B", (5, 260)), ("2h", (12, 84))])
+def test_every_seasonality_the_frequency_implies(freq, seasons):
+    from onnxcast.data import seasons_for_freq
+
+    assert seasons_for_freq(freq) == seasons
+    assert seasons[0] == season_for_freq(freq)
