@@ -35,7 +35,7 @@ INLINE_COMMAND = re.compile(r"(make [\w-]+|\.venv/bin/(python|mlflow) .+)")  # i
 # documented command fails the test too, so this table cannot go stale.
 SKIPPED: dict[str, str] = {
     r"^make demo$": "runs the training DAG end to end with full-size models (minutes); "
-                    "tests/dags/test_training_e2e.py runs the same DAG with dag.test()",
+                    "tests/scripts/test_demo.py runs scripts/demo.py --quick; tests/dags/test_training_e2e.py the DAG",
     r"^make test$": "runs the whole test suite, this test included",
     r"^make test-fast$": "runs the test suite without the slow tests, this module's fast tests included",
     r"^make lint$": "ruff over the whole tree, and make's install step may reach the package registry",
