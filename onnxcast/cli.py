@@ -155,22 +155,51 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
 
 def summarize_report(report: dict, out: str) -> str:
-    """A short human summary of report.json for the terminal."""
-    base = report["baselines"]["seasonal_naive"]
-    lines = [f"report: {out}/report.json",
-             f"seasonal naive (season {base['season']}): MAE {base['mae']:.4g}  sMAPE {base['smape']:.2f}%  MASE {base['mase']:.3f}"]
+    """A short human summary of report.json for the terminal (the CLI and the demo)."""
+    baselines = report["baselines"]
+    base = baselines["seasonal_naive"]
+    origins = baselines.get("origins") or {}
+    lines = [f"report: {out}/report.json"]
+    if origins:
+        lines.append(f"holdout: {origins['count']} forecast origins, one every {origins['stride']} steps "
+                     "(every phase of the season); MAE with its 95% interval")
+    for name, row in (baselines.get("candidates") or {"seasonal_naive": base}).items():
+        mark = "  <- the baseline to beat" if name == baselines.get("best") else ""
+        lines.append(f"  {name:<20} MAE {_mae(row)}  MASE {row['mase']:.3f}{mark}")
+    reference = report.get("reference")
+    if reference:
+        lines.append(f"  reference {reference['model']}: MAE {_mae(reference)}  MASE {reference['mase']:.3f}")
     for m in report["models"]:
         t = m["torch"]
-        lines.append(f"{m['family']}: torch MAE {t['holdout']['mae']:.4g}, batch1 p50 {t['latency_ms']['batch1_p50']:.2f} ms")
+        status = "" if m.get("gates_passed", True) else "  EXCLUDED: " + "; ".join(m.get("failures", []))
+        vs = m.get("fp32_vs") or {}
+        versus = "".join(f", x{c['mae_ratio']:.2f} of {name} (p={_p(c)})" for name, c in vs.items() if c.get("mae_ratio"))
+        lines.append(f"{m['family']}: torch MAE {_mae(t['holdout'])}{versus}, batch1 p50 "
+                     f"{t['latency_ms']['batch1_p50']:.2f} ms{status}")
         for v in m["variants"]:
             h = v["holdout"] or {}
             speed = v.get("speedup_vs_torch", {})
             lines.append(f"  {v['name']:<8} MAE {h.get('mae', float('nan')):.4g}  size {v['size_bytes'] / 1024:.0f} KiB  "
                          f"b1 x{speed.get('batch1_p50', float('nan')):.2f}  b64 x{speed.get('batch64_p50', float('nan')):.2f}  "
                          f"{'eligible' if v['eligible'] else 'not eligible: ' + '; '.join(v['reasons'])}")
-    for channel, choice in report["selected"].items():
-        lines.append(f"selected for {channel}: {choice['family']} {choice['variant']}")
+    choice = report.get("family_choice") or {}
+    if len(choice.get("tied_with_best") or []) > 1:
+        lines.append(f"families not significantly different from {choice['best']}: "
+                     f"{', '.join(choice['tied_with_best'][1:])} (chosen by speed among them)")
+    for channel, pick in report["selected"].items():
+        lines.append(f"selected for {channel}: {pick['family']} {pick['variant']}")
     return "\n".join(lines)
+
+
+def _mae(row: dict) -> str:
+    interval = row.get("mae_ci95")
+    if interval and all(v == v for v in interval):  # not NaN
+        return f"{row['mae']:.4g} [{interval[0]:.4g}, {interval[1]:.4g}]"
+    return f"{row['mae']:.4g}"
+
+
+def _p(test: dict) -> str:
+    return "n/a" if test.get("p_value") is None else f"{test['p_value']:.2g}"
 
 
 def _configure_logging(verbose: bool) -> None:

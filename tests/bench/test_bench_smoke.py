@@ -64,7 +64,7 @@ def test_bench_judges_with_the_pipeline_gates_and_unmeasured_parity_fails():
     entry = bench._selection_entry("lstm", rows, candidates, cfg, 1, baseline_mae=9.0)
     assert entry["gates_passed"] is False
     assert any("fp32-opt parity" in f and "not measured" in f for f in entry["failures"])
-    assert any("does not beat seasonal naive 9" in f for f in entry["failures"])
+    assert any("does not beat the best baseline (seasonal naive) 9" in f for f in entry["failures"])
     by_name = {v["name"]: v for v in entry["variants"]}
     assert by_name["int8"]["gates"]["accuracy_vs_fp32"]["passed"] is False
     assert not any(v["eligible"] for v in entry["variants"])
