@@ -8,7 +8,7 @@ export ONNXCAST_HOME ?= $(CURDIR)/.onnxcast
 STAMP := $(VENV)/.installed
 INFRA_STAMP := $(INFRA_VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench airflow lock clean browser
+.PHONY: install demo test test-fast lint bench bench-accuracy airflow lock clean browser
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+# The pipeline on real series from installed packages vs the best naive and the statistical
+# reference (tens of minutes on 2 cores); writes bench/accuracy-results.{json,md}.
+bench-accuracy: $(STAMP)
+	$(BIN)/python bench/accuracy.py
 
 airflow: $(STAMP)
 	$(BIN)/python scripts/airflow_standalone.py
