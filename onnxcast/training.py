@@ -78,7 +78,10 @@ def train_model(
     generator = torch.Generator().manual_seed(seed)
     deadline = time.monotonic() + max_minutes * 60
     started = time.monotonic()
-    best_loss, best_epoch, best_state = float("inf"), 0, copy.deepcopy(model.state_dict())
+    # epoch 0 is the model as built: a model anchored on a baseline starts there, and training
+    # that never beats it on validation keeps it (the gate then says it does not beat the baseline)
+    best_loss, best_epoch, best_state = (evaluate_loss(model, x_val, y_val, batch_size * 4), 0,
+                                         copy.deepcopy(model.state_dict()))
     history: list[dict] = []
     stopped = "max_epochs"
     if progress is None:

@@ -71,3 +71,13 @@ def test_the_best_baseline_is_the_weekly_one_on_weekly_data_and_the_reference_ru
     low, high = reference["mae_ci95"]
     assert low <= reference["mae"] <= high
     assert len(result["per_origin_mae"]["reference"]) == len(origins.index) == reference["origins"]
+
+
+def test_the_models_start_from_the_season_that_was_best_on_training_data():
+    from onnxcast.evaluation import best_anchor_season
+
+    y = hourly_with_weekly_cycle()
+    assert best_anchor_season(y[:1500], (24, 168), horizon=24, lookback=168) == 168
+    assert best_anchor_season(y[:1500], (24, 168), horizon=24, lookback=48) == 24  # a week does not fit
+    flat_week = (100 + 10 * np.sin(2 * np.pi * np.arange(2000) / 24)).astype(np.float32)
+    assert best_anchor_season(flat_week, (24, 168), horizon=24, lookback=168) == 24  # ties: the shorter
