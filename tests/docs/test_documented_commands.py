@@ -41,7 +41,11 @@ SKIPPED: dict[str, str] = {
     r"^make lint$": "ruff over the whole tree, and make's install step may reach the package registry",
     r"^make airflow$": "starts Airflow's servers (airflow standalone) and keeps running",
     r"^make lock$": "re-resolves the pins from the package registry and rewrites requirements/constraints.txt",
-    r"^(make bench|\.venv/bin/python bench/run\.py\b)": "trains and measures for minutes; "
+    r"^(make bench-accuracy|\.venv/bin/python bench/accuracy\.py\b)": "runs the whole pipeline on four real "
+                                                                        "datasets (tens of minutes); "
+                                                                        "tests/bench/test_bench_accuracy_smoke.py "
+                                                                        "runs bench/accuracy.py --quick",
+    r"^(make bench$|\.venv/bin/python bench/run\.py\b)": "trains and measures for minutes; "
                                                          "tests/bench/test_bench_smoke.py runs bench/run.py --quick",
     r"^\.venv/bin/mlflow ui\b": "starts the MLflow UI server and keeps running",
     r"^terraform (init|apply)\b": "Terraform is not installed here and applies to an AWS account; "
