@@ -197,6 +197,7 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
     from onnxcast.accuracy import forecast_metrics
     from onnxcast.pipeline import _load_data, load_model
     from onnxcast.validate import (
+        baseline_metrics,
         check_parity,
         holdout_windows,
         onnx_predict,
@@ -253,7 +254,8 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
     for row in rows:
         row["size_vs_fp32"] = row["size_bytes"] / fp32_size
 
-    entry = _selection_entry(family, rows, candidates, cfg, threads_list[0])
+    baseline_mae = baseline_metrics(cfg, series, split)["mae"]
+    entry = _selection_entry(family, rows, candidates, cfg, threads_list[0], baseline_mae)
     return rows, entry
 
 
@@ -267,8 +269,12 @@ class _Session:
         return [self._run(feeds["history"])]
 
 
-def _selection_entry(family: str, rows: list[dict], candidates: list[Candidate], cfg, threads: int) -> dict:
-    """The family's figures at ``threads`` in the report's ``models`` shape, for select_variants."""
+def _selection_entry(family: str, rows: list[dict], candidates: list[Candidate], cfg, threads: int,
+                     baseline_mae: float) -> dict:
+    """The family's figures at ``threads`` in the report's ``models`` shape, with its gates decided
+    by the pipeline's own ``judge_variants`` (parity, accuracy budget, seasonal-naive baseline)."""
+    from onnxcast.validate import FP32_VARIANTS, gate, judge_variants
+
     def latency(variant: str) -> dict:
         out = {}
         for r in rows:
@@ -277,20 +283,20 @@ def _selection_entry(family: str, rows: list[dict], candidates: list[Candidate],
                 out[f"batch{r['batch']}_p95"] = r["p95_ms"]
         return out
 
-    fp32_mae = next(c.holdout_mae for c in candidates if c.variant == "fp32")
     variants = []
     for c in candidates[1:]:
-        reasons = []
-        loss = c.holdout_mae / fp32_mae - 1.0
-        if loss > cfg.accuracy_budget:
-            reasons.append(f"accuracy_vs_fp32: {loss:.4g} vs threshold {cfg.accuracy_budget}")
-        if c.variant in ("fp32", "fp32-opt") and (c.parity is None or c.parity > 1.0):
-            reasons.append(f"parity: {c.parity:.4g} vs threshold 1.0")
+        gates = {}
+        if c.variant in FP32_VARIANTS:
+            measured = c.parity is not None
+            gates["parity"] = gate(measured and c.parity <= 1.0, c.parity if measured else "not measured", 1.0)
         variants.append({"name": c.variant, "size_bytes": c.size_bytes, "holdout": {"mae": c.holdout_mae},
-                         "latency_ms": latency(c.variant), "eligible": not reasons, "reasons": reasons})
-    return {"family": family, "torch": {"holdout": {"mae": candidates[0].holdout_mae},
-                                        "latency_ms": latency("torch")},
-            "variants": variants, "fp32_holdout_mae": fp32_mae, "gates_passed": True}
+                         "latency_ms": latency(c.variant), "parity_max_abs_diff": None, "gates": gates})
+    torch_latency = latency("torch")
+    failures = judge_variants(variants, baseline_mae=baseline_mae, torch_latency=torch_latency,
+                              accuracy_budget=cfg.accuracy_budget)
+    fp32_mae = next(c.holdout_mae for c in candidates if c.variant == "fp32")
+    return {"family": family, "torch": {"holdout": {"mae": candidates[0].holdout_mae}, "latency_ms": torch_latency},
+            "variants": variants, "fp32_holdout_mae": fp32_mae, "gates_passed": not failures, "failures": failures}
 
 
 # --- the run directory ------------------------------------------------------------------------
@@ -440,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                      r["threads"], r["batch"], r["p50_ms"], r["speedup_vs_torch"], r["holdout_mae"],
                      100 * r["gflops_fraction"])
 
-    selected, ranking = select_variants(entries, accuracy_budget=cfg.accuracy_budget)
-    per_family = {e["family"]: dict(zip(("edge", "cloud"), _best_per_family(e, cfg.accuracy_budget), strict=True))
+    selected, ranking = select_variants(entries)
+    per_family = {e["family"]: dict(zip(("edge", "cloud"), _best_per_family(e), strict=True))
                   for e in entries}
 
     import onnxruntime
@@ -467,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         "selected": selected,
         "selected_per_family": per_family,
         "ranking": ranking,
+        "gates": {e["family"]: {"passed": e["gates_passed"], "failures": e["failures"],
+                                "variants": {v["name"]: v["gates"] for v in e["variants"]}} for e in entries},
         "goals": goals(rows, per_family, threads_list[0]),
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -479,11 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _best_per_family(entry: dict, budget: float) -> tuple[str | None, str | None]:
+def _best_per_family(entry: dict) -> tuple[str | None, str | None]:
     """Each channel's choice when only this family is allowed (for the per-family goals)."""
     from onnxcast.report import select_variants
 
-    selected, _ = select_variants([entry], accuracy_budget=budget)
+    selected, _ = select_variants([entry])
     return tuple((selected.get(ch) or {}).get("variant") for ch in ("edge", "cloud"))
 
 

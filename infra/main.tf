@@ -1,7 +1,7 @@
 # The rollout store of onnxcast: one S3 bucket (versioned, KMS-encrypted by default, never
 # public, TLS-only, unencrypted writes refused) and two least-privilege IAM policies: the
 # pipeline writes the store prefix, a device reads one model's channels and versions.
-# Layout inside the prefix (docs: ARCHITECTURE.md, "the rollout store"):
+# Layout inside the prefix (docs/architecture.md#contract-the-rollout-store):
 #   <model>/versions/<version>/manifest.json, <artifact>.onnx   written once
 #   <model>/channels/<channel>.json                              moved by compare-and-swap
 

@@ -71,7 +71,9 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
     """Compare the report's selected challenger with the champion evaluated in this run.
 
     The challenger wins when its fp32 holdout MAE is lower than the champion's by more than
-    ``min_improvement`` (relative; 0.0: any improvement, a tie loses). No champion: it wins.
+    ``min_improvement`` (relative; 0.0: any improvement, a tie loses) and a paired test on the
+    same origins (onnxcast.evaluation.paired_test) finds the difference significant; otherwise
+    the champion stays. No champion: the challenger wins.
     Writes ``champion_challenger.json`` and returns the decision.
     """
     from onnxcast.report import read_json, write_json
@@ -106,11 +108,20 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
         improvement = 1.0 - decision["challenger_mae"] / champion_mae if champion_mae else 0.0
         decision.update(champion_version=champion.get("version"), champion_family=spec["family"],
                         champion_mae=champion_mae, improvement=improvement)
-        beats = decision["challenger_mae"] < champion_mae and improvement > min_improvement
+        test = _paired(entry, validation, report)
+        decision["paired_test"] = test
+        better = decision["challenger_mae"] < champion_mae and improvement > min_improvement
+        beats = better and test["significant"]
         if beats:
             decision.update(promote=True, reason=f"challenger MAE {decision['challenger_mae']:.4g} beats champion "
                                                  f"v{champion.get('version')} {champion_mae:.4g} "
-                                                 f"({improvement:+.2%}) on the same holdout")
+                                                 f"({improvement:+.2%}, p={test['p_value']:.3g} on "
+                                                 f"{test['origins']} paired origins) on the same holdout")
+        elif better and require_beats_champion:
+            decision.update(promote=False, reason=f"challenger MAE {decision['challenger_mae']:.4g} is lower than "
+                                                  f"champion v{champion.get('version')} {champion_mae:.4g} "
+                                                  f"({improvement:+.2%}) but not significantly ({_p_text(test)}): "
+                                                  "the champion stays")
         elif not require_beats_champion:
             decision.update(promote=True, reason=f"challenger MAE {decision['challenger_mae']:.4g} does not beat "
                                                  f"champion {champion_mae:.4g}, promoted as asked "
@@ -121,3 +132,26 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
                                                   f"than {min_improvement:.2%} ({improvement:+.2%})")
     write_json(run_dir / DECISION, decision)
     return decision
+
+
+def _paired(challenger: dict, champion: dict, report: dict) -> dict:
+    """Diebold-Mariano test of the two fp32 models' per-origin MAEs on this run's origins."""
+    import numpy as np
+
+    from onnxcast.evaluation import paired_test
+
+    def errors(entry: dict):
+        fp32 = next((v for v in entry.get("variants", []) if v["name"] == "fp32"), None)
+        return np.asarray((fp32 or {}).get("per_origin_mae") or [], dtype=np.float64)
+
+    block = int(((report.get("baselines") or {}).get("origins") or {}).get("block", 1))
+    a, b = errors(challenger), errors(champion)
+    if len(a) != len(b):
+        a = b = np.zeros(0)
+    return paired_test(a, b, block)
+
+
+def _p_text(test: dict) -> str:
+    if test.get("p_value") is None:
+        return test.get("note") or f"{test.get('origins', 0)} paired origins"
+    return f"p={test['p_value']:.3g} on {test['origins']} paired origins, alpha {test['alpha']}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,11 @@ class QualitySettings:
     min_holdout_windows: int = 2
     fill_gaps_max_steps: int = 0  # repair on request: interpolate gaps up to this many steps
     drop_duplicate_timestamps: bool = False  # repair on request: keep the last of duplicate rows
+
+    def __post_init__(self) -> None:
+        problems = check_ranges(self, QUALITY_RANGES, prefix="quality.")
+        if problems:
+            raise ConfigError("invalid settings: " + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -68,30 +74,18 @@ class PipelineConfig:
     quality: QualitySettings = field(default_factory=QualitySettings)
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = check_ranges(self, RANGES)
         if not self.data_uri:
             problems.append("data_uri is empty")
-        if self.horizon < 1:
-            problems.append(f"horizon must be >= 1, got {self.horizon}")
-        if self.lookback < 2:
-            problems.append(f"lookback must be >= 2, got {self.lookback}")
+        if not isinstance(self.quality, QualitySettings):
+            problems.append(f"quality must be QualitySettings or a mapping, got {type(self.quality).__name__}")
+        if problems:  # the checks below compare numbers: stop at the first wrong type or range
+            raise ConfigError("invalid settings: " + "; ".join(problems))
         unknown = [m for m in self.models if m not in MODEL_FAMILIES]
         if unknown or not self.models:
             problems.append(f"models must be a non-empty subset of {list(MODEL_FAMILIES)}, got {list(self.models)}")
-        for name in ("validation_fraction", "holdout_fraction"):
-            value = getattr(self, name)
-            if not 0.0 < value < 0.5:
-                problems.append(f"{name} must be in (0, 0.5), got {value}")
-        if self.max_epochs < 1:
-            problems.append(f"max_epochs must be >= 1, got {self.max_epochs}")
-        if self.max_minutes <= 0:
-            problems.append(f"max_minutes must be > 0, got {self.max_minutes}")
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.season is not None and self.season < 1:
-            problems.append(f"season must be >= 1, got {self.season}")
-        if self.threads < 1:
-            problems.append(f"threads must be >= 1, got {self.threads}")
         if self.target_column in self.feature_columns:
             problems.append(f"target column {self.target_column!r} is also listed as a feature")
         if self.time_column == self.target_column:
@@ -132,6 +126,8 @@ class PipelineConfig:
             if bad:
                 raise ConfigError(f"unknown quality setting(s): {', '.join(bad)}")
             values["quality"] = QualitySettings(**values["quality"])
+        elif values.get("quality") is None:
+            values.pop("quality", None)
         try:
             return cls(**values)
         except TypeError as exc:
@@ -143,6 +139,79 @@ class PipelineConfig:
     @classmethod
     def load(cls, path: str | Path) -> PipelineConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# --- ranges of the numeric settings ---------------------------------------------------------
+# name: (type, low, high, low_open, high_open); None = unbounded. One table, so no numeric
+# setting can slip through unchecked (tests/onnxcast/test_config.py walks every field).
+
+RANGES: dict[str, tuple[type, float | None, float | None, bool, bool]] = {
+    "horizon": (int, 1, 10_000, False, False),
+    "lookback": (int, 2, 100_000, False, False),
+    "season": (int, 1, 100_000, False, False),  # None allowed: derived from freq
+    "validation_fraction": (float, 0.0, 0.5, True, True),
+    "holdout_fraction": (float, 0.0, 0.5, True, True),
+    "max_epochs": (int, 1, 100_000, False, False),
+    "max_minutes": (float, 0.0, 7 * 24 * 60, True, False),
+    "patience": (int, 1, 100_000, False, False),
+    "batch_size": (int, 1, 1_000_000, False, False),
+    "learning_rate": (float, 0.0, 10.0, True, False),
+    "hidden_size": (int, 1, 65_536, False, False),
+    "num_layers": (int, 1, 64, False, False),
+    "d_model": (int, 1, 65_536, False, False),
+    "n_heads": (int, 1, 1024, False, False),
+    "seed": (int, 0, 2**32 - 1, False, False),
+    "opset": (int, 14, 30, False, False),  # None allowed: the exporter's default
+    "threads": (int, 1, 1024, False, False),
+    "accuracy_budget": (float, 0.0, 1.0, False, False),
+    "parity_rtol": (float, 0.0, 1.0, False, False),
+    "parity_atol": (float, 0.0, None, False, False),
+    "latency_repeats": (int, 1, 100_000, False, False),
+}
+QUALITY_RANGES: dict[str, tuple[type, float | None, float | None, bool, bool]] = {
+    "max_missing_fraction": (float, 0.0, 1.0, False, True),
+    "max_gap_fraction": (float, 0.0, 1.0, False, True),
+    "outlier_mad_threshold": (float, 0.0, None, True, False),
+    "max_outlier_fraction": (float, 0.0, 1.0, False, True),
+    "min_holdout_windows": (int, 1, 10_000, False, False),
+    "fill_gaps_max_steps": (int, 0, 1_000_000, False, False),
+    "drop_duplicate_timestamps": (bool, None, None, False, False),
+}
+
+
+def check_ranges(settings: Any, ranges: dict, prefix: str = "") -> list[str]:
+    """One problem per setting of the wrong type or outside its range (NaN and inf included)."""
+    problems = []
+    for name, (kind, low, high, low_open, high_open) in ranges.items():
+        value = getattr(settings, name)
+        label = f"{prefix}{name}"
+        if value is None and name in ("season", "opset"):
+            continue
+        if kind is bool:
+            if not isinstance(value, bool):
+                problems.append(f"{label} must be true or false, got {value!r}")
+            continue
+        allowed = (int,) if kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            word = "an integer" if kind is int else "a number"
+            problems.append(f"{label} must be {word}, got {value!r}")
+            continue
+        if not math.isfinite(value):
+            problems.append(f"{label} must be finite, got {value!r}")
+            continue
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if too_low or too_high:
+            left = "(" if low_open else "["
+            right = ")" if high_open else "]"
+            low_text = "-inf" if low is None else _number(low)
+            high_text = "inf" if high is None else _number(high)
+            problems.append(f"{label} must be in {left}{low_text}, {high_text}{right}, got {value!r}")
+    return problems
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _as_tuple(value: Any, key: str) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """Load a time series, split it by time and cut sliding windows.
 
-``load_series`` turns a table into a float32 matrix ``[rows, 1 + n_features]`` (target first)
-on a regular time grid; ``split_by_time`` fixes train / validation / holdout boundaries;
+``series_from_checked`` turns the rows the data-quality gate passed (onnxcast.quality) into a
+float32 matrix ``[rows, 1 + n_features]`` (target first) on a regular time grid;
+``split_by_time`` fixes train / validation / holdout boundaries;
 ``windows`` cuts ``(history, target)`` pairs for training and evaluation.
 """
 
@@ -66,7 +67,7 @@ class Split:
 
     def as_dict(self, timestamps: np.ndarray) -> dict:
         def ts(i: int) -> str:
-            return _iso(timestamps[i])
+            return utc_iso(timestamps[i])
 
         return {
             "train_end": ts(self.train_end - 1),
@@ -90,90 +91,32 @@ def example_data_path() -> str:
     return str(path)
 
 
-def load_series(cfg: PipelineConfig, frame=None, source: str | None = None, sha256: str | None = None) -> SeriesData:
-    """Read ``cfg.data_uri`` (or use an already read ``frame``) and return a regular series.
+def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gaps_max_steps: int = 0,
+                        source: str, sha256: str) -> SeriesData:
+    """The regular series of rows the data-quality gate (onnxcast.quality) has passed.
 
-    Raises DataError naming the file and the column or value at fault.
+    A pure transform, not a second validator: ``times`` are the parsed UTC timestamps of the
+    rows in use (``trained_until`` applied), ``values`` the numeric columns, target first, on
+    the same index. Keeps the last of duplicate timestamps (the gate refuses duplicates unless
+    that repair was asked for), orders by time, lays the rows on the ``freq`` grid and
+    interpolates gaps of up to ``fill_gaps_max_steps`` (the gate refuses longer ones).
     """
     import pandas as pd
 
-    if frame is None:
-        from onnxcast.reading import read_table
-
-        raw = read_table(cfg.data_uri)
-        frame, source, sha256 = raw.frame, raw.source, raw.sha256
-    source = source or cfg.data_uri
-    columns = (cfg.target_column, *cfg.feature_columns)
-    missing = [c for c in (cfg.time_column, *columns) if c not in frame.columns]
-    if missing:
-        raise DataError(f"{source}: missing column(s) {missing}; found {list(map(str, frame.columns))}")
-
-    times = parse_timestamps(frame[cfg.time_column], source, cfg.time_column)
-    numeric = {}
-    for column in columns:
-        values = pd.to_numeric(frame[column], errors="coerce")
-        bad = values.isna() & frame[column].notna()
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise DataError(f"{source}: column {column!r} has non-numeric value {frame[column].iloc[row]!r} at row {row + 1}")
-        numeric[column] = values.to_numpy(dtype="float64")
-    table = pd.DataFrame(numeric, index=pd.DatetimeIndex(times))
-
-    if cfg.trained_until:
-        cutoff = pd.Timestamp(cfg.trained_until)
-        cutoff = cutoff.tz_localize("UTC") if cutoff.tzinfo is None else cutoff.tz_convert("UTC")
-        table = table[table.index <= cutoff]
-        if table.empty:
-            raise DataError(f"{source}: no rows at or before trained_until={cfg.trained_until}")
-
-    if cfg.quality.drop_duplicate_timestamps:
-        table = table[~table.index.duplicated(keep="last")]
-    if table.index.has_duplicates:
-        dup = table.index[table.index.duplicated()][0]
-        raise DataError(f"{source}: column {cfg.time_column!r} has duplicate timestamp {_iso(dup)}")
-    if not table.index.is_monotonic_increasing:
-        pos = int(np.flatnonzero(np.diff(table.index.asi8) < 0)[0]) + 1
-        raise DataError(f"{source}: column {cfg.time_column!r} is not increasing at row {pos + 1} ({_iso(table.index[pos])})")
-    if len(table) < 3:
-        raise DataError(f"{source}: only {len(table)} rows")
-
-    freq = cfg.freq or infer_freq(table.index, source, cfg.time_column)
-    try:
-        grid = pd.date_range(table.index[0], table.index[-1], freq=freq)
-    except ValueError:
-        raise DataError(f"{source}: unknown frequency {freq!r}") from None
-    off_grid = table.index.difference(grid)
-    if len(off_grid):
-        raise DataError(f"{source}: timestamp {_iso(off_grid[0])} in {cfg.time_column!r} is off the {freq!r} grid")
-    table = table.reindex(grid)
-    table = _fill_short_gaps(table, cfg.quality.fill_gaps_max_steps)
-    if table.isna().any().any():
-        column = table.columns[table.isna().any()][0]
-        first = table.index[table[column].isna()][0]
-        count = int(table.isna().any(axis=1).sum())
-        raise DataError(f"{source}: {count} missing value(s) on the {freq!r} grid, first in {column!r} at {_iso(first)}")
-    values = table.to_numpy(dtype="float32")
-    if not np.isfinite(values).all():
-        column = table.columns[~np.isfinite(values).all(axis=0)][0]
-        raise DataError(f"{source}: column {column!r} has non-finite values (inf)")
-    timestamps = table.index.tz_convert("UTC").tz_localize(None).to_numpy().astype("datetime64[ns]")
-    return SeriesData(values=values, timestamps=timestamps,
-                      columns=columns, freq=freq, season=cfg.season or season_for_freq(freq),
-                      source=source, sha256=sha256 or "")
-
-
-def parse_timestamps(column, source: str, name: str):
-    """Parse a timestamp column to UTC; naive timestamps are taken as UTC."""
-    import pandas as pd
-
-    try:
-        times = pd.to_datetime(column, utc=True, format="mixed")
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise DataError(f"{source}: column {name!r} has unparseable timestamp(s) ({str(exc).splitlines()[0]})") from None
-    if times.isna().any():
-        row = int(np.flatnonzero(times.isna().to_numpy())[0])
-        raise DataError(f"{source}: column {name!r} has an empty timestamp at row {row + 1}")
-    return times
+    index = pd.DatetimeIndex(times)
+    index = index.tz_localize("UTC") if index.tz is None else index.tz_convert("UTC")
+    table = pd.DataFrame({name: column.to_numpy(dtype="float64") for name, column in values.items()},
+                         index=index)
+    table = table[~table.index.duplicated(keep="last")].sort_index()
+    grid = pd.date_range(table.index[0], table.index[-1], freq=freq)
+    table = _fill_short_gaps(table.reindex(grid), fill_gaps_max_steps)
+    array = table.to_numpy(dtype="float32")
+    if not np.isfinite(array).all():  # the gate's checks promise this never happens
+        first = table.index[~np.isfinite(array).all(axis=1)][0]
+        raise DataError(f"{source}: no finite value at {_iso(first)} after the data checks passed; "
+                        "please report this with the file")
+    return SeriesData(values=array, timestamps=table.index.tz_localize(None).to_numpy().astype("datetime64[ns]"),
+                      columns=tuple(values), freq=freq, season=season, source=source, sha256=sha256)
 
 
 def infer_freq(index, source: str, name: str) -> str:
@@ -215,6 +158,30 @@ def season_for_freq(freq: str) -> int:
     return 1
 
 
+def seasons_for_freq(freq: str) -> tuple[int, ...]:
+    """Every seasonal period ``freq`` implies, shortest first: daily and weekly cycles below a
+    day, weekly and yearly for days, yearly for weeks, months and quarters. ``(1,)`` when
+    none (yearly data: the naive forecast is the only seasonal one)."""
+    import pandas as pd
+
+    offset = pd.tseries.frequencies.to_offset(freq)
+    day, week = pd.Timedelta(days=1), pd.Timedelta(days=7)
+    if isinstance(offset, pd.offsets.Tick):
+        step = pd.Timedelta(offset)
+        if step < day and (day % step) == pd.Timedelta(0):
+            return (int(day / step), int(week / step))
+        if step == day:
+            return (7, 365)
+        return (1,)
+    name = offset.name.upper()
+    if name == "D":
+        return (7, 365) if offset.n == 1 else (1,)
+    if name.startswith("B") and not name.startswith(("BM", "BQ", "BY", "BA")):
+        return (5, 260)
+    first = season_for_freq(freq)
+    return (first,)
+
+
 def split_by_time(n_rows: int, cfg: PipelineConfig) -> Split:
     """Time-ordered split; the holdout holds at least ``min_holdout_windows`` full horizons."""
     holdout = max(int(round(n_rows * cfg.holdout_fraction)), cfg.horizon * cfg.quality.min_holdout_windows)
@@ -251,6 +218,12 @@ def _fill_short_gaps(table, max_steps: int):
     if max_steps <= 0:
         return table
     return table.interpolate(method="time", limit=max_steps, limit_area="inside")
+
+
+def utc_iso(value) -> str:
+    """A UTC timestamp (naive datetime64 values are UTC here) as ``YYYY-MM-DDTHH:MM:SSZ``:
+    the one format of every timestamp in report.json and the ONNX metadata."""
+    return str(np.datetime_as_string(np.datetime64(value, "s"))) + "Z"
 
 
 def _iso(value) -> str:

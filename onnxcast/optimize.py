@@ -37,7 +37,7 @@ class QuantSettings:
 
 # The Transformer keeps attention's activation-by-activation products in float: after fusion
 # they are inside (Q)Attention, which quantizes only the packed q/k/v projection (quantizing
-# the products cost accuracy, PITFALLS.md).
+# the products cost accuracy, docs/architecture.md#optimization-and-quantization).
 QUANTIZATION = {
     "lstm": QuantSettings(("LSTM", "MatMul", "Gemm"), per_channel=False),
     "transformer": QuantSettings(("MatMul", "Gemm", "Attention"), per_channel=True),

@@ -24,8 +24,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from onnxcast import __version__
 from onnxcast.config import PipelineConfig
 from onnxcast.errors import ConfigError, DataQualityError, GateError
@@ -34,6 +32,7 @@ from onnxcast.report import read_json, select_variants, write_json
 log = logging.getLogger(__name__)
 
 REPORT = "report.json"
+BASELINES = "baselines.json"  # under data/: every baseline and the reference, per origin
 
 
 def family_dir(cfg: PipelineConfig, family: str) -> Path:
@@ -46,6 +45,7 @@ def prepare_data(cfg: PipelineConfig) -> dict:
     """Check the data, save the regular series and the split; return the dataset summary."""
     from onnxcast.data import split_by_time
     from onnxcast.quality import check_data
+    from onnxcast.validate import baselines_for
 
     result = check_data(cfg, cfg.run_dir / "quality")
     series = result.series
@@ -55,6 +55,12 @@ def prepare_data(cfg: PipelineConfig) -> dict:
                           f"use a lookback of at least {series.season} or set season")
     split = split_by_time(len(series.values), cfg)
     series.save(cfg.run_dir / "data")
+    baselines = baselines_for(cfg, series, split, reference=True)
+    write_json(cfg.run_dir / "data" / BASELINES, baselines)
+    best = baselines["seasonal_naive"]
+    log.info("baselines on %d origins (stride %d): best %s MAE %.4g; reference %s MAE %.4g",
+             baselines["origins"]["count"], baselines["origins"]["stride"], baselines["best"], best["mae"],
+             baselines["reference"]["model"], baselines["reference"]["mae"])
     dataset = {
         "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
         "start": _iso(series.timestamps[0]), "end": _iso(series.timestamps[-1]),
@@ -161,21 +167,41 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
     model, spec = load_model(cfg, family)
     onnx_dir = family_dir(cfg, family) / "onnx"
     variants = read_json(onnx_dir / "variants.json")
-    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants)
+    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=load_baselines(cfg))
     entry["training"] = read_json(family_dir(cfg, family) / "model.json")
     write_json(family_dir(cfg, family) / "validation.json", entry)
     return entry
 
 
+def load_baselines(cfg: PipelineConfig) -> dict:
+    """The baselines prepare_data measured (computed again, without the reference, for a run
+    directory from before they were saved)."""
+    from onnxcast.validate import baselines_for
+
+    path = cfg.run_dir / "data" / BASELINES
+    if path.exists():
+        return read_json(path)
+    series, split = _load_data(cfg)
+    return baselines_for(cfg, series, split, reference=False)
+
+
 def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> dict:
-    """Combine the steps' outputs into report.json; GateError if a required gate failed."""
-    from onnxcast.validate import baseline_metrics
+    """Combine the steps' outputs into report.json.
+
+    A family that failed a required gate is left out of the choice and recorded in
+    ``excluded`` with why; GateError only when no family passed.
+    """
+    from onnxcast.report import compare_families
 
     summary = read_json(cfg.run_dir / "data" / "dataset.json")
-    series, split = _load_data(cfg)
     models = [read_json(family_dir(cfg, f) / "validation.json") for f in (families or cfg.models)]
-    selected, ranking = select_variants(models)
+    baselines = load_baselines(cfg)
+    family_choice = compare_families(models, baselines["origins"]["block"])
+    selected, ranking = select_variants(models, family_choice)
+    excluded = [{"family": m["family"], "failures": m["failures"]} for m in models if not m["gates_passed"]]
     failures = [f"{m['family']}: {reason}" for m in models for reason in m["failures"]]
+    if len(excluded) < len(models):
+        failures = []  # at least one family passed: the others are excluded, not fatal
     report = {
         "onnxcast_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -183,8 +209,11 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         "dataset": summary["dataset"],
         "split": summary["split"],
         "quality": summary["quality"],
-        "baselines": {"seasonal_naive": baseline_metrics(cfg, series, split)},
+        "baselines": {k: v for k, v in baselines.items() if k not in ("per_origin_mae", "reference")},
+        "reference": baselines.get("reference"),
         "models": models,
+        "family_choice": family_choice,
+        "excluded": excluded,
         "selected": selected,
         "ranking": ranking,
         "status": "failed" if failures else "passed",
@@ -272,4 +301,6 @@ def _load_data(cfg: PipelineConfig):
 
 
 def _iso(value) -> str:
-    return str(np.datetime_as_string(np.datetime64(value, "s"))) + "Z"
+    from onnxcast.data import utc_iso
+
+    return utc_iso(value)

@@ -20,12 +20,18 @@ import contextlib
 import logging
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onnxcast.config import PipelineConfig
-from onnxcast.data import SeriesData, infer_freq, load_series, split_by_time
+from onnxcast.data import (
+    SeriesData,
+    infer_freq,
+    season_for_freq,
+    series_from_checked,
+    split_by_time,
+)
 from onnxcast.errors import ConfigError, DataError, DataQualityError
 
 SUITE_NAME = "onnxcast-data-quality"
@@ -86,12 +92,23 @@ def check_data(cfg: PipelineConfig, out_dir: str | Path) -> QualityResult:
     failures = [c["message"] for c in checks if not c["passed"] and c["severity"] == "critical"]
     if failures:
         raise DataQualityError(raw.source, failures, str(html_path))
-    checked = replace(cfg, freq=prepared.freq or cfg.freq)  # the grid the checks used
-    series = load_series(checked, frame=raw.frame, source=raw.source, sha256=raw.sha256)
+    series = checked_series(prepared, cfg, raw.source, raw.sha256)
     warnings = [c["message"] for c in checks if not c["passed"]]
     return QualityResult(series=series, warnings=warnings, checks=checks,
                          repairs=_repairs(cfg, prepared), json_path=str(json_path),
                          html_path=str(html_path))
+
+
+def checked_series(prepared: PreparedFrame, cfg: PipelineConfig, source: str, sha256: str) -> SeriesData:
+    """The series the pipeline trains on, built from the helper columns the checks passed:
+    the same parsed timestamps, the same numbers, the same grid. No rule is applied twice."""
+    frame = prepared.frame
+    rows = frame[f"{HELPER}time"].notna()
+    columns = (cfg.target_column, *cfg.feature_columns)
+    values = {column: frame.loc[rows, f"{HELPER}{column}_value"] for column in columns}
+    return series_from_checked(frame.loc[rows, f"{HELPER}time"], values, prepared.freq,
+                               cfg.season or season_for_freq(prepared.freq),
+                               fill_gaps_max_steps=cfg.quality.fill_gaps_max_steps, source=source, sha256=sha256)
 
 
 @dataclass
@@ -113,7 +130,7 @@ class PreparedFrame:
 def prepare_frame(frame, cfg: PipelineConfig, source: str) -> PreparedFrame:
     """Add the helper columns the suite checks; raise DataError only for an unusable ``freq``."""
     columns = [str(c) for c in frame.columns]
-    prepared = PreparedFrame(frame=frame.copy(), time_ok=cfg.time_column in columns,
+    prepared = PreparedFrame(frame=frame.reset_index(drop=True), time_ok=cfg.time_column in columns,
                              value_columns=[c for c in (cfg.target_column, *cfg.feature_columns) if c in columns])
     if prepared.time_ok:
         _add_time_helpers(prepared, cfg)

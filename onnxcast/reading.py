@@ -26,6 +26,7 @@ import gzip
 import hashlib
 import io
 import lzma
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,9 +118,12 @@ def _parse_parquet(data: bytes, source: str):
     import pandas as pd
 
     try:
-        return pd.read_parquet(io.BytesIO(data))
+        frame = pd.read_parquet(io.BytesIO(data))
     except Exception as exc:  # pyarrow raises many types; name the file and the cause
         raise DataError(f"{source}: unreadable Parquet file ({_first_line(exc)})") from None
+    if not isinstance(frame.index, pd.RangeIndex):  # pandas wrote its index: those are columns too
+        frame = frame.reset_index()
+    return frame
 
 
 def _decode(data: bytes, source: str) -> str:
@@ -166,7 +170,9 @@ def _parse_csv(text: str, source: str):
                 "as delimiter, expected ','"
             )
     try:
-        frame = pd.read_csv(io.StringIO(text), skipinitialspace=True)
+        with warnings.catch_warnings():  # rows longer than the header: refused just below
+            warnings.simplefilter("ignore", pd.errors.ParserWarning)
+            frame = pd.read_csv(io.StringIO(text), skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise DataError(f"{source}: file is empty") from None
     except (pd.errors.ParserError, ValueError) as exc:
@@ -181,7 +187,34 @@ def _parse_csv(text: str, source: str):
                     f"{source}: field of {int(lengths[row])} characters in column {str(column)!r} "
                     f"at row {row + 1} (limit {MAX_FIELD_CHARS})"
                 )
+    _check_field_counts(text, len(header), source)
     return frame
+
+
+def _check_field_counts(text: str, expected: int, source: str) -> None:
+    """Every data row has as many fields as the header, or one DataError names the first that has not.
+
+    pandas copes with ragged rows in ways that hide them: rows with more fields than the header
+    turn the first columns into a (Multi)Index, rows with fewer are padded with NaN, and only
+    a later longer row is an error. One pass of the csv module sees every shape alike.
+    """
+    reader = csv.reader(io.StringIO(text), skipinitialspace=True)
+    next(reader, None)  # the header
+    first, bad = None, 0
+    try:
+        for row in reader:
+            if len(row) == expected or not row or (len(row) == 1 and not row[0].strip()):
+                continue  # a blank line: pandas skips it too
+            bad += 1
+            if first is None:
+                first = (reader.line_num, len(row))
+    except csv.Error as exc:
+        raise DataError(f"{source}: cannot parse as CSV at line {reader.line_num} ({_first_line(exc)})") from None
+    if first is not None:
+        line, fields = first
+        more = f"; {bad} rows in all" if bad > 1 else ""
+        raise DataError(f"{source}: line {line} has {fields} field(s), the header has {expected}{more} "
+                        "(ragged rows: a missing or extra delimiter)")
 
 
 def _clip(text: str, limit: int = 60) -> str:

@@ -39,12 +39,48 @@ def validate_report(report: dict) -> None:
 CHANNEL_BATCH = {"edge": 1, "cloud": 64}
 
 
-def select_variants(models: list[dict], accuracy_budget: float = 0.01) -> tuple[dict, list[dict]]:
+def compare_families(models: list[dict], block: int = 1) -> dict:
+    """Paired comparison of the families that passed their gates, on the same origins.
+
+    The most accurate family (lowest fp32 holdout MAE) is ``best``; each other family is
+    tested against it (Diebold-Mariano on per-origin MAEs). A family whose difference is not
+    significant is ``tied_with_best``: the choice between tied families is made by speed, not
+    by a difference that may be noise.
+    """
+    import numpy as np
+
+    from onnxcast.evaluation import paired_test
+
+    def errors(m: dict):
+        fp32 = next((v for v in m["variants"] if v["name"] == "fp32"), None)
+        values = (fp32 or {}).get("per_origin_mae")
+        return np.asarray(values) if values else None
+
+    passed = sorted((m for m in models if m["gates_passed"] and m.get("fp32_holdout_mae") is not None),
+                    key=lambda m: m["fp32_holdout_mae"])
+    if not passed:
+        return {"best": None, "order": [], "tied_with_best": [], "tests": {}}
+    best = passed[0]
+    tests, tied = {}, [best["family"]]
+    for m in passed[1:]:
+        a, b = errors(m), errors(best)
+        if a is None or b is None or len(a) != len(b):
+            continue
+        tests[m["family"]] = {"vs": best["family"], **paired_test(a, b, block)}
+        if not tests[m["family"]]["significant"]:
+            tied.append(m["family"])
+    return {"best": best["family"], "order": [m["family"] for m in passed], "tied_with_best": tied,
+            "tests": tests}
+
+
+def select_variants(models: list[dict], family_choice: dict | None = None) -> tuple[dict, list[dict]]:
     """Choose a variant per channel by goals (as Microsoft Olive does).
 
     The family is the most accurate one (lowest fp32 holdout MAE) among those whose required
-    gates passed. Within it, per channel, the candidates are the eligible variants (their
-    gates passed) whose holdout MAE is within ``accuracy_budget`` of the family's fp32 and
+    gates passed; families statistically tied with it (``family_choice`` from
+    ``compare_families``) rank with it, by speed. Within the family, per channel, the candidates are the eligible variants (their
+    gates passed) whose ``accuracy_vs_fp32`` gate passed (the budget the validation used: the
+    choice never re-derives a gate with another threshold) and
     whose p50 latency at the channel's batch (``CHANNEL_BATCH``) beats PyTorch eager measured
     in the same run; the fastest wins (ties: smaller file). When no variant of that family
     beats PyTorch for a channel, the next family is tried; when none does at all, the
@@ -57,13 +93,13 @@ def select_variants(models: list[dict], accuracy_budget: float = 0.01) -> tuple[
     ranking = []
     for m in models:
         torch_latency = (m.get("torch") or {}).get("latency_ms", {})
-        fp32_mae = m.get("fp32_holdout_mae")
         for v in m["variants"]:
             mae = v["holdout"]["mae"] if v.get("holdout") else None
-            loss = mae / fp32_mae - 1.0 if mae is not None and fp32_mae else None
+            budget = (v.get("gates") or {}).get("accuracy_vs_fp32") or {}
+            loss = budget.get("value")
             row = {"family": m["family"], "variant": v["name"], "eligible": bool(v.get("eligible")),
-                   "holdout_mae": mae, "accuracy_loss_vs_fp32": loss,
-                   "within_accuracy_budget": loss is not None and loss <= accuracy_budget,
+                   "holdout_mae": mae, "accuracy_loss_vs_fp32": loss if isinstance(loss, float) else None,
+                   "within_accuracy_budget": bool(budget.get("passed")),
                    "size_bytes": v["size_bytes"],
                    "batch1_p50_ms": v["latency_ms"].get("batch1_p50"),
                    "batch64_p50_ms": v["latency_ms"].get("batch64_p50"),
@@ -80,6 +116,11 @@ def select_variants(models: list[dict], accuracy_budget: float = 0.01) -> tuple[
     passed = sorted((m for m in models if m["gates_passed"] and m.get("fp32_holdout_mae") is not None),
                     key=lambda m: m["fp32_holdout_mae"])
     families = [m["family"] for m in passed]
+    tied = set((family_choice or {}).get("tied_with_best") or families[:1])
+
+    def tier(family: str) -> int:
+        return 0 if family in tied else 1 + families.index(family)
+
     selected: dict[str, dict] = {}
     for channel, batch in CHANNEL_BATCH.items():
         key = f"batch{batch}_p50_ms"
@@ -90,8 +131,8 @@ def select_variants(models: list[dict], accuracy_budget: float = 0.01) -> tuple[
 
         qualified = [r for r in ranking if r["family"] in families and r["eligible"]
                      and r["within_accuracy_budget"] and r["beats_torch"][channel]]
-        # rank within the accuracy order of the families, then by speed
-        qualified.sort(key=lambda r: (families.index(r["family"]), *speed(r)))
+        # the best family and those tied with it first, by speed; then the others by accuracy
+        qualified.sort(key=lambda r: (tier(r["family"]), *speed(r)))
         for position, row in enumerate(qualified, start=1):
             row["rank"][channel] = position
         if qualified:

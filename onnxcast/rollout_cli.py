@@ -36,7 +36,7 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("rollback", help="move a channel back to an earlier version (a signed rollback record)")
     _store_arguments(p)
-    p.add_argument("--channel", required=True)
+    p.add_argument("--channel", required=True, help="channel to move back (edge or cloud)")
     p.add_argument("--to", dest="to_version", help="version to move to (default: the one before the current)")
     p.add_argument("--reason", required=True, help="why, recorded in the channel history")
     p.add_argument("--actor", help="who rolls back (default: $ONNXCAST_ACTOR or user@host)")
@@ -45,7 +45,7 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("refresh", help="re-sign a channel pointer (new counter and expiry, same version)")
     _store_arguments(p)
-    p.add_argument("--channel", required=True)
+    p.add_argument("--channel", required=True, help="channel whose pointer to re-sign (edge or cloud)")
     _signing_arguments(p)
     p.set_defaults(handler=run_refresh)
 
@@ -92,7 +92,7 @@ def add_edge_commands(subparsers: argparse._SubParsersAction) -> None:
     commands = edge.add_subparsers(dest="edge_command", required=True)
     p = commands.add_parser("pull", help="download, verify and install the channel's model")
     _store_arguments(p)
-    p.add_argument("--channel", required=True)
+    p.add_argument("--channel", required=True, help="channel to follow (edge or cloud)")
     p.add_argument("--dest", required=True, help="device folder (DEST/current is the served model)")
     p.add_argument("--trust", help="trust root file (default: $ONNXCAST_TRUST, else DEST/trust/root.json)")
     p.add_argument("--watch", action="store_true", help="keep polling the channel")

@@ -1,4 +1,4 @@
-"""MLflow tracking and registry for pipeline runs (ARCHITECTURE.md, "MLflow conventions").
+"""MLflow tracking and registry for pipeline runs (docs/architecture.md#mlflow-conventions).
 
 One experiment per model name; a parent run per pipeline run and a child run per model
 family; the winning family registered as one model version (ONNX flavor, with its other
@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +186,20 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     base_tags = {RUN_KEY_TAG: run_key, **(tags or {})}
     parent = ensure_run(model_name=model_name, run_key=run_key, tracking_uri=tracking_uri, tags=tags)["run_id"]
     client.log_batch(parent, params=_params(_flatten(cfg.to_dict())))
-    metrics = {f"baseline.seasonal_naive.{k}": v for k, v in report["baselines"]["seasonal_naive"].items()
-               if isinstance(v, int | float)}
+    baselines = report["baselines"]
+    metrics = {f"baseline.seasonal_naive.{k}": v for k, v in _scalars(baselines["seasonal_naive"]).items()}
+    for name, row in (baselines.get("candidates") or {}).items():  # naive and each seasonal naive
+        metrics.update({f"baseline.{name}.{k}": v for k, v in _scalars(row).items()})
+    if report.get("reference"):  # the statistical reference on the same origins
+        metrics.update({f"reference.{k}": v for k, v in _scalars(report["reference"]).items()})
+    for model in report.get("models", []):
+        for name, test in (model.get("fp32_vs") or {}).items():
+            metrics.update({f"{model['family']}.fp32_vs_{name}.{k}": v for k, v in _scalars(test).items()})
     _log_metrics(client, parent, metrics)
+    if baselines.get("best"):
+        client.set_tag(parent, "onnxcast.baseline", baselines["best"])
+    if report.get("reference"):
+        client.set_tag(parent, "onnxcast.reference", report["reference"]["model"])
     for key in ("rows", "sha256", "start", "end", "freq"):
         client.set_tag(parent, f"onnxcast.dataset.{key}", str(report["dataset"].get(key)))
     client.set_tag(parent, "onnxcast.status", report.get("status", "passed"))
@@ -384,13 +395,27 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     series = SeriesData.load(run_dir / "data")
     split = split_by_time(len(series.values), cfg)
     holdout = holdout_windows(cfg, series, split)
+    from onnxcast.report import read_json
+
+    # origins overlap (a stride below the horizon): plot back-to-back windows only
+    keep, end = [], -1
+    for i, origin in enumerate(holdout.origins):
+        if origin >= end:
+            keep.append(i)
+            end = origin + cfg.horizon
+    holdout = replace(holdout, history=holdout.history[keep], actual=holdout.actual[keep],
+                      origins=holdout.origins[keep])
     predicted = onnx_predict(_session(run_dir / "models" / family / "onnx" / f"{variant}.onnx"), holdout.history)
-    naive = seasonal_naive(series.target, holdout.origins, cfg.horizon, series.season)
+    naive_name = read_json(run_dir / "report.json")["baselines"].get("best", "seasonal_naive") \
+        if (run_dir / "report.json").exists() else "seasonal_naive"
+    season = int(naive_name.rsplit("_", 1)[1]) if naive_name.startswith("seasonal_naive_") else (
+        1 if naive_name == "naive" else series.season)
+    naive = seasonal_naive(series.target, holdout.origins, cfg.horizon, season)
     steps = (holdout.origins[:, None] + np.arange(cfg.horizon)[None, :]).ravel()
     times = series.timestamps[steps]
     figure, axis = plt.subplots(figsize=(12, 4))
     axis.plot(times, holdout.actual.ravel(), label="actual", color="black", linewidth=1)
-    axis.plot(times, naive.ravel(), label="seasonal naive", color="grey", linewidth=0.8, alpha=0.7)
+    axis.plot(times, naive.ravel(), label=naive_name.replace("_", " "), color="grey", linewidth=0.8, alpha=0.7)
     axis.plot(times, predicted.ravel(), label=f"{family} {variant}", color="tab:blue", linewidth=1)
     axis.set_title(f"{cfg.target_column}: holdout forecast vs actual (horizon {cfg.horizon})")
     axis.legend(loc="upper right")
@@ -439,7 +464,7 @@ def _log_family(client, run_id: str, run_dir: Path, family: str) -> None:
             metrics[key] = value
     for variant in entry["variants"]:
         name = variant["name"]
-        for key, value in (variant.get("holdout") or {}).items():
+        for key, value in _scalars(variant.get("holdout") or {}).items():
             metrics[f"{name}.holdout_{key}"] = value
         for key, value in variant.get("latency_ms", {}).items():
             metrics[f"{name}.latency_{key}_ms"] = value
@@ -508,6 +533,19 @@ def _params(values: dict[str, Any]) -> list:
     from mlflow.entities import Param
 
     return [Param(k, str(v)[:6000]) for k, v in values.items()]
+
+
+def _scalars(values: dict) -> dict[str, float]:
+    """The numbers of a metrics dict for MLflow: an interval ``[low, high]`` becomes two metrics."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, bool):
+            out[key] = float(value)
+        elif isinstance(value, int | float):
+            out[key] = value
+        elif key.endswith("_ci95") and isinstance(value, list | tuple) and len(value) == 2:
+            out[f"{key}_low"], out[f"{key}_high"] = value
+    return out
 
 
 def _flatten(value: dict, prefix: str = "") -> dict[str, Any]:

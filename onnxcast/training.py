@@ -1,12 +1,18 @@
-"""Deterministic training with early stopping on validation loss and epoch/time caps."""
+"""Deterministic training with early stopping on validation loss and epoch/time caps.
+
+Progress: a tqdm bar per model on a terminal, one log line per epoch everywhere else
+(Airflow task logs, pipes, CI), decided by :func:`epoch_progress`.
+"""
 
 from __future__ import annotations
 
 import copy
 import logging
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Protocol, TextIO
 
 import numpy as np
 import torch
@@ -29,6 +35,14 @@ class TrainResult:
         return asdict(self)
 
 
+class EpochProgress(Protocol):
+    """Told about every finished epoch of one model's training."""
+
+    def epoch(self, epoch: int, train_loss: float, validation_loss: float, best_epoch: int, improved: bool) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -46,10 +60,13 @@ def train_model(
     batch_size: int,
     learning_rate: float,
     seed: int,
+    label: str | None = None,
+    progress: EpochProgress | None = None,
 ) -> TrainResult:
     """Train in place with AdamW on MSE in standardised target units; keep the best epoch.
 
-    The same seed, data and thread count give the same weights.
+    The same seed, data and thread count give the same weights. ``label`` names the model in
+    the progress output (default: its family); ``progress`` defaults to :func:`epoch_progress`.
     """
     seed_everything(seed)
     x_train, y_train = (torch.from_numpy(a) for a in train)
@@ -61,39 +78,47 @@ def train_model(
     generator = torch.Generator().manual_seed(seed)
     deadline = time.monotonic() + max_minutes * 60
     started = time.monotonic()
-    best_loss, best_epoch, best_state = float("inf"), 0, copy.deepcopy(model.state_dict())
+    # epoch 0 is the model as built: a model anchored on a baseline starts there, and training
+    # that never beats it on validation keeps it (the gate then says it does not beat the baseline)
+    best_loss, best_epoch, best_state = (evaluate_loss(model, x_val, y_val, batch_size * 4), 0,
+                                         copy.deepcopy(model.state_dict()))
     history: list[dict] = []
     stopped = "max_epochs"
+    if progress is None:
+        progress = epoch_progress(max_epochs, family_label(model) if label is None else label)
 
-    for epoch in range(1, max_epochs + 1):
-        model.train()
-        order = torch.randperm(len(x_train), generator=generator)
-        total, count = 0.0, 0
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            loss = _loss(model, x_train[idx], y_train[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            total += loss.item() * len(idx)
-            count += len(idx)
+    try:
+        for epoch in range(1, max_epochs + 1):
+            model.train()
+            order = torch.randperm(len(x_train), generator=generator)
+            total, count = 0.0, 0
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                loss = _loss(model, x_train[idx], y_train[idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                total += loss.item() * len(idx)
+                count += len(idx)
+                if time.monotonic() > deadline:
+                    break
+            scheduler.step()
+            train_loss = total / max(count, 1)
+            val_loss = evaluate_loss(model, x_val, y_val, batch_size * 4)
+            history.append({"epoch": epoch, "train_loss": train_loss, "validation_loss": val_loss})
+            improved = val_loss < best_loss - 1e-6
+            if improved:
+                best_loss, best_epoch, best_state = val_loss, epoch, copy.deepcopy(model.state_dict())
+            progress.epoch(epoch, train_loss, val_loss, best_epoch, improved)
             if time.monotonic() > deadline:
+                stopped = "max_minutes"
                 break
-        scheduler.step()
-        val_loss = evaluate_loss(model, x_val, y_val, batch_size * 4)
-        history.append({"epoch": epoch, "train_loss": total / max(count, 1), "validation_loss": val_loss})
-        improved = val_loss < best_loss - 1e-6
-        if improved:
-            best_loss, best_epoch, best_state = val_loss, epoch, copy.deepcopy(model.state_dict())
-        log.info("epoch %d/%d train_loss=%.5f validation_loss=%.5f%s", epoch, max_epochs,
-                 total / max(count, 1), val_loss, " (best)" if improved else "")
-        if time.monotonic() > deadline:
-            stopped = "max_minutes"
-            break
-        if epoch - best_epoch >= patience:
-            stopped = "early_stopping"
-            break
+            if epoch - best_epoch >= patience:
+                stopped = "early_stopping"
+                break
+    finally:
+        progress.close()
 
     model.load_state_dict(best_state)
     model.eval()
@@ -118,6 +143,55 @@ def predict(model: Forecaster, history: np.ndarray, batch_size: int = 256) -> np
         for start in range(0, len(history), batch_size):
             outputs.append(model(torch.from_numpy(history[start : start + batch_size])).numpy())
     return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
+
+
+def epoch_progress(total: int, label: str, stream: TextIO | None = None) -> EpochProgress:
+    """A progress bar on ``stream`` (default stderr) when it is a terminal, else log lines."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if isatty is not None and isatty():
+        try:
+            return ProgressBar(total, label, stream)
+        except ImportError:  # tqdm is optional: without it a terminal gets the log lines too
+            pass
+    return ProgressLines(total, label)
+
+
+class ProgressLines:
+    """One INFO line per epoch through ``logging``: what a log file or a task log should hold."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label = total, label
+
+    def epoch(self, epoch: int, train_loss: float, validation_loss: float, best_epoch: int, improved: bool) -> None:
+        log.info("%sepoch %d/%d train_loss=%.5f validation_loss=%.5f%s", f"{self.label} " if self.label else "",
+                 epoch, self.total, train_loss, validation_loss, " (best)" if improved else "")
+
+    def close(self) -> None:
+        pass
+
+
+class ProgressBar:
+    """A tqdm bar over epochs with the latest losses and the best epoch in its postfix."""
+
+    def __init__(self, total: int, label: str, stream: TextIO) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=label or "training", unit="epoch", file=stream, leave=True,
+                        dynamic_ncols=True)
+
+    def epoch(self, epoch: int, train_loss: float, validation_loss: float, best_epoch: int, improved: bool) -> None:
+        self.bar.set_postfix({"train": f"{train_loss:.4f}", "val": f"{validation_loss:.4f}", "best": best_epoch},
+                             refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def family_label(model: Forecaster) -> str:
+    """``lstm`` / ``transformer``: the family of a model built by :func:`onnxcast.models.build_model`."""
+    return type(model.core).__name__.removesuffix("Core").lower()
 
 
 def _loss(model: Forecaster, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -24,12 +24,13 @@ FP32_VARIANTS = ("fp32", "fp32-opt")
 
 @dataclass(frozen=True)
 class Holdout:
-    """Rolling-origin holdout windows and the scale for MASE."""
+    """Rolling-origin holdout windows (onnxcast.evaluation) and the scale for MASE."""
 
     history: np.ndarray  # [origins, lookback, F]
     actual: np.ndarray  # [origins, horizon]
-    origins: np.ndarray
+    origins: np.ndarray  # index of each window's first forecast step
     mase_scale: float
+    block: int = 1  # neighbouring origins whose windows overlap (for intervals and paired tests)
 
 
 def onnx_session(path: str | Path, threads: int = 1, spinning: bool = False):
@@ -145,34 +146,67 @@ def gate(passed: bool, value: float, threshold: float | str) -> dict:
 
 # --- validating every variant of one family -------------------------------------------------
 
-def holdout_windows(cfg, series, split) -> Holdout:
-    """Non-overlapping forecast windows across the holdout, one origin every ``horizon`` steps."""
-    from onnxcast.accuracy import mase_scale
-    from onnxcast.data import windows
+def evaluation_seasons(cfg, series) -> tuple[int, ...]:
+    """Every seasonality the frequency implies, plus the configured season."""
+    from onnxcast.data import seasons_for_freq
 
-    history, actual, origins = windows(series.values, cfg.lookback, cfg.horizon,
-                                       split.validation_end, split.rows, stride=cfg.horizon)
-    return Holdout(history, actual, origins, mase_scale(series.target[: split.train_end], series.season))
+    return tuple(sorted({*seasons_for_freq(series.freq), series.season}))
+
+
+def holdout_origins_for(cfg, series, split):
+    """The run's holdout origins: every phase of the season, room for the longest look back."""
+    from onnxcast.evaluation import holdout_origins
+
+    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(cfg, series),
+                           earliest=cfg.lookback)
+
+
+def baselines_for(cfg, series, split, reference: bool = False) -> dict:
+    """Naive and seasonal-naive baselines (and the statistical reference) on the run's origins."""
+    from onnxcast.evaluation import evaluate_baselines
+
+    return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
+                              evaluation_seasons(cfg, series), split.train_end, reference=reference)
+
+
+def holdout_windows(cfg, series, split, mase_scale: float | None = None) -> Holdout:
+    """Forecast windows at the run's holdout origins (a stride well below the horizon)."""
+    origins = holdout_origins_for(cfg, series, split)
+    history = np.stack([series.values[o - cfg.lookback:o] for o in origins.index]).astype(np.float32)
+    actual = np.stack([series.target[o:o + cfg.horizon] for o in origins.index]).astype(np.float32)
+    if mase_scale is None:
+        mase_scale = baselines_for(cfg, series, split)["mase_scale"]
+    return Holdout(history, actual, origins.index, mase_scale, origins.block)
 
 
 def baseline_metrics(cfg, series, split) -> dict:
-    """Seasonal-naive accuracy on the same holdout windows as the models."""
-    from onnxcast.accuracy import seasonal_naive
-
-    holdout = holdout_windows(cfg, series, split)
-    forecast = seasonal_naive(series.target, holdout.origins, cfg.horizon, series.season)
-    return {"season": series.season, "origins": int(len(holdout.origins)), **holdout_metrics(forecast, holdout)}
+    """The best baseline's accuracy on the same holdout origins as the models."""
+    return baselines_for(cfg, series, split)["seasonal_naive"]
 
 
-def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, variants: list[dict]) -> dict:
+def judge_holdout(predicted: np.ndarray, holdout: Holdout) -> tuple[dict, list[float]]:
+    """Holdout metrics with the MAE's 95% interval, and the per-origin MAEs for paired tests."""
+    from onnxcast.evaluation import Origins, judged
+
+    metrics, errors = judged(holdout.actual.astype(np.float64), predicted, holdout.mase_scale,
+                             Origins(holdout.origins, 1, holdout.block))
+    return metrics, errors.tolist()
+
+
+def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, variants: list[dict],
+                      baselines: dict | None = None) -> dict:
     """The report entry of one family: PyTorch figures, then each variant with its gates.
 
-    Required gates (a failure fails the run): fp32 and fp32-opt parity with PyTorch, and fp32
-    beating the seasonal-naive baseline. Optional variants (int8, fp16) that miss the
+    Required gates (a failure excludes the family from the choice): fp32 and fp32-opt parity
+    with PyTorch, and fp32 beating the best baseline (``baselines``: onnxcast.evaluation's
+    ``evaluate_baselines`` on the run's origins). Optional variants (int8, fp16) that miss the
     accuracy budget are kept in the report but marked not eligible.
     """
-    holdout = holdout_windows(cfg, series, split)
-    baseline = baseline_metrics(cfg, series, split)
+    from onnxcast.evaluation import paired_test
+
+    baselines = baselines or baselines_for(cfg, series, split)
+    holdout = holdout_windows(cfg, series, split, mase_scale=baselines["mase_scale"])
+    baseline = baselines["seasonal_naive"]
     rng = np.random.default_rng(cfg.seed)
     latency_inputs = {b: sample_histories(series.values, b, cfg.lookback, rng) for b in (1, 64)}
     shapes = parity_shapes(cfg.lookback, series.season)
@@ -180,48 +214,99 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
 
     with torch_threads(cfg.threads):
         torch_pred = reference(holdout.history).astype(np.float32)
-        torch_entry = {"holdout": holdout_metrics(torch_pred, holdout),
+        torch_holdout, torch_errors = judge_holdout(torch_pred, holdout)
+        torch_entry = {"holdout": torch_holdout, "per_origin_mae": torch_errors,
                        "latency_ms": measure_latency(reference, latency_inputs, cfg.latency_repeats)}
     log.info("%s torch: holdout MAE %.4g (baseline %.4g), batch1 p50 %.3f ms", family,
              torch_entry["holdout"]["mae"], baseline["mae"], torch_entry["latency_ms"]["batch1_p50"])
 
-    entries, failures = [], []
-    fp32_mae = None
-    for spec in variants:
-        entry = _validate_one(cfg, spec, onnx_dir / spec["path"], reference, series, holdout, shapes,
-                              latency_inputs, onnx_dir.parent.parent.parent)
-        if spec["name"] == "fp32":
-            fp32_mae = entry["holdout"]["mae"]
-        entries.append(entry)
-
+    entries = [_validate_one(cfg, spec, onnx_dir / spec["path"], reference, series, holdout, shapes,
+                             latency_inputs, onnx_dir.parent.parent.parent) for spec in variants]
+    fp32 = next((e for e in entries if e["name"] == "fp32"), None)
+    fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
+    failures = judge_variants(entries, baseline_mae=baseline["mae"], torch_latency=torch_entry["latency_ms"],
+                              accuracy_budget=cfg.accuracy_budget, baseline_name=baselines["best"].replace("_", " "))
     for entry in entries:
-        gates = entry["gates"]
-        if entry.get("holdout") and fp32_mae:
-            loss = entry["holdout"]["mae"] / fp32_mae - 1.0
-            gates["accuracy_vs_fp32"] = gate(loss <= cfg.accuracy_budget, loss, cfg.accuracy_budget)
-        if entry.get("holdout"):
-            gates["beats_seasonal_naive"] = gate(entry["holdout"]["mae"] < baseline["mae"],
-                                                 entry["holdout"]["mae"], baseline["mae"])
-        entry["reasons"] = [f"{name}: {g['value']:.4g} vs threshold {g['threshold']}" if isinstance(g["value"], float)
-                            else f"{name}: {g['value']}" for name, g in gates.items() if not g["passed"]]
-        entry["eligible"] = not entry["reasons"]
-        entry["speedup_vs_torch"] = {
-            key: torch_entry["latency_ms"][key] / entry["latency_ms"][key]
-            for key in ("batch1_p50", "batch64_p50") if entry["latency_ms"].get(key)}
-        if entry["name"] in FP32_VARIANTS and "parity" in gates and not gates["parity"]["passed"]:
-            failures.append(f"{entry['name']} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
-                            f"{gates['parity']['value']:.3g} > 1 (max abs diff {entry['parity_max_abs_diff']:.3g})")
-        if entry["name"] == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
-            failures.append(f"fp32 holdout MAE {entry['holdout']['mae']:.4g} does not beat seasonal naive "
-                            f"{baseline['mae']:.4g}")
         status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
-        mae = entry["holdout"]["mae"] if entry.get("holdout") else float("nan")
-        log.info("%s %-8s MAE %.4g  parity %.3g  b1 %.3f ms  b64 %.3f ms  %d bytes  %s", family, entry["name"],
-                 mae, entry["parity_max_abs_diff"] if entry["parity_max_abs_diff"] is not None else float("nan"), entry["latency_ms"].get("batch1_p50", float("nan")),
-                 entry["latency_ms"].get("batch64_p50", float("nan")), entry["size_bytes"], status)
+        log.info("%s %-8s MAE %s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s", family, entry["name"],
+                 _fmt((entry.get("holdout") or {}).get("mae")), _fmt(entry["parity_max_abs_diff"], ".3g"),
+                 _fmt(entry["latency_ms"].get("batch1_p50"), ".3f"), _fmt(entry["latency_ms"].get("batch64_p50"), ".3f"),
+                 entry["size_bytes"], status)
 
+    comparisons = {}
+    if fp32 and fp32.get("per_origin_mae"):
+        errors = np.asarray(fp32["per_origin_mae"])
+        for name in (baselines["best"], "reference"):
+            other = (baselines.get("per_origin_mae") or {}).get(name)
+            if other is not None:
+                other = np.asarray(other)
+                comparisons[name] = {"mae_ratio": float(errors.mean() / other.mean()) if other.mean() else None,
+                                     **paired_test(errors, other, holdout.block)}
     return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
-            "gates_passed": not failures, "failures": failures}
+            "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures}
+
+
+REQUIRED_VARIANTS = FP32_VARIANTS  # a required gate failing on these fails the family
+
+
+def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: dict,
+                   accuracy_budget: float, baseline_name: str = "seasonal naive") -> list[str]:
+    """Complete every variant entry with its gates, ``reasons``, ``eligible`` and speedups.
+
+    The one place the gates are decided, for the pipeline and the benchmark alike. An entry
+    comes with what was measured: ``holdout`` (None when the variant did not run), ``latency_ms``,
+    and the gates measured on the way (``runs_on_cpu``, ``parity``). Added here:
+    ``accuracy_vs_fp32`` (holdout MAE within ``accuracy_budget`` of fp32's) and
+    ``beats_seasonal_naive``. Returns the failures that fail the family: fp32 and fp32-opt
+    must run and match PyTorch, and fp32 must beat the baseline.
+    """
+    fp32 = next((e for e in entries if e["name"] == "fp32"), None)
+    fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
+    failures = []
+    if fp32 is None:
+        failures.append("fp32: no fp32 variant to validate")
+    for entry in entries:
+        gates, holdout = entry["gates"], entry.get("holdout")
+        if holdout:
+            if fp32_mae:
+                loss = holdout["mae"] / fp32_mae - 1.0
+                gates["accuracy_vs_fp32"] = gate(loss <= accuracy_budget, loss, accuracy_budget)
+            else:
+                gates["accuracy_vs_fp32"] = gate(False, "fp32 has no holdout figures", accuracy_budget)
+            gates["beats_seasonal_naive"] = gate(holdout["mae"] < baseline_mae, holdout["mae"], baseline_mae)
+        entry["reasons"] = [_reason(name, g) for name, g in gates.items() if not g["passed"]]
+        entry["eligible"] = bool(holdout) and not entry["reasons"]
+        latency = entry.get("latency_ms") or {}
+        entry["speedup_vs_torch"] = {key: torch_latency[key] / latency[key]
+                                     for key in ("batch1_p50", "batch64_p50")
+                                     if latency.get(key) and torch_latency.get(key)}
+        if entry["name"] not in REQUIRED_VARIANTS:
+            continue
+        name = entry["name"]
+        if "runs_on_cpu" in gates and not gates["runs_on_cpu"]["passed"]:
+            failures.append(f"{name} does not run with ONNX Runtime's CPU provider: {gates['runs_on_cpu']['value']}")
+            continue
+        if "parity" in gates and not gates["parity"]["passed"]:
+            diff = entry.get("parity_max_abs_diff")
+            failures.append(f"{name} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
+                            f"{_fmt(gates['parity']['value'], '.3g')} > 1 (max abs diff {_fmt(diff, '.3g')})")
+        if name == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
+            failures.append(f"fp32 holdout MAE {holdout['mae']:.4g} does not beat the best baseline "
+                            f"({baseline_name}) {baseline_mae:.4g}")
+    return failures
+
+
+def _reason(name: str, g: dict) -> str:
+    value = g["value"]
+    shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{name}: {shown} vs threshold {g['threshold']}"
+
+
+def _fmt(value, spec: str = ".4g") -> str:
+    """A figure for a log line; 'n/a' where nothing was measured."""
+    if value is None:
+        return "n/a"
+    return format(value, spec) if isinstance(value, int | float) else str(value)
 
 
 def _validate_one(cfg, spec: dict, path: Path, reference, series, holdout: Holdout, shapes, latency_inputs,
@@ -232,22 +317,25 @@ def _validate_one(cfg, spec: dict, path: Path, reference, series, holdout: Holdo
 
     name = spec["name"]
     entry = {"name": name, "onnx_path": str(path.relative_to(run_root)), "sha256": file_sha256(path),
-             "size_bytes": path.stat().st_size, "opset": opset_of(onnx.load(path, load_external_data=False)),
+             "size_bytes": path.stat().st_size, "opset": None,
              "note": spec.get("note", ""), "parity_max_abs_diff": None, "parity_shapes": [],
              "holdout": None, "latency_ms": {}, "gates": {}}
     try:
+        entry["opset"] = opset_of(onnx.load(path, load_external_data=False))
         session = onnx_session(path, cfg.threads)
         session.run(["forecast"], {"history": latency_inputs[1]})
-    except Exception as exc:  # ORT raises its own exception types per failure kind
-        # e.g. fp16 kernels missing on a CPU build: the variant cannot be validated here
-        entry["gates"]["runs_on_cpu"] = gate(False, str(exc).splitlines()[0][:200], "runs with CPUExecutionProvider")
+    except Exception as exc:  # onnx and ORT raise their own exception types per failure kind
+        # e.g. fp16 kernels missing on a CPU build, or a file that is no ONNX model at all:
+        # the variant cannot be validated here, and judge_variants decides what that fails
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        entry["gates"]["runs_on_cpu"] = gate(False, first, "runs with CPUExecutionProvider")
         return entry
     parity = check_parity(reference, session, series.values, shapes, cfg.parity_rtol, cfg.parity_atol, cfg.seed)
     entry["parity_max_abs_diff"] = parity["max_abs_diff"]
     entry["parity_shapes"] = parity["shapes"]
     if name in FP32_VARIANTS:
         entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
-    entry["holdout"] = holdout_metrics(onnx_predict(session, holdout.history), holdout)
+    entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
     entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
                                           cfg.latency_repeats)
     return entry

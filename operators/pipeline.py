@@ -7,6 +7,7 @@ the templated ``run_dir``. A retried step overwrites only its own outputs there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -107,7 +108,7 @@ class CheckDataOperator(_TrackedOperator):
         from onnxcast.pipeline import prepare_data
 
         run_dir = Path(self.run_root or default_run_root()) / context["dag_run"].dag_id / _safe(context["run_id"])
-        extra = self.extra_settings if isinstance(self.extra_settings, dict) else {}
+        extra = _extra_settings(self.extra_settings)
         values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
         if values.get("data_uri") == "example":
             from onnxcast.data import example_data_path
@@ -296,3 +297,18 @@ def _interval_end(context: Context) -> str | None:
 def _safe(run_id: str) -> str:
     """A run id as one path segment (run ids may hold ``:`` and ``+``)."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+
+
+def _extra_settings(value: Any) -> dict:
+    """The ``extra_settings`` param: a mapping, JSON text of one, or nothing; anything else fails
+    the task (ignoring it silently would train with settings the user did not ask for)."""
+    if value in (None, "", "None"):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise AirflowFailException(f"extra_settings must be a JSON object, got {value[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise AirflowFailException(f"extra_settings must be a mapping of setting to value, got {type(value).__name__}")
+    return value

@@ -108,9 +108,29 @@ class PromoteModelOperator(_StoreOperator):
         self.version = version
         self.channels = channels
         self.decision = decision
+        # Given at all (usually a template of the champion/challenger XCom): then it must render
+        # to that decision, and anything else refuses to promote.
+        self._decision_required = decision is not None
         self.assemble_report = assemble_report
         self.reason = reason
         self.move_champion = move_champion
+
+    def _checked_decision(self) -> dict | None:
+        """The champion/challenger decision, or None when none was asked for; refuse anything else.
+
+        A template rendered without ``render_template_as_native_obj`` arrives as a string, and a
+        missing XCom as None: promoting then would skip the comparison with the champion.
+        """
+        if not self._decision_required:
+            return None
+        decision = self.decision
+        if not isinstance(decision, dict) or not isinstance(decision.get("promote"), bool):
+            shown = " ".join(str(decision).split())[:80]
+            raise AirflowFailException(
+                f"refusing to promote: decision must be the champion/challenger result, a mapping with a "
+                f"boolean 'promote', got {type(decision).__name__} {shown!r} (is the DAG's "
+                "render_template_as_native_obj on, and did the decision task run?)")
+        return decision
 
     def execute(self, context: Context) -> dict:
         from onnxcast.rollout.promote import promote
@@ -118,8 +138,8 @@ class PromoteModelOperator(_StoreOperator):
 
         cfg = load_config(self.run_dir)
         self.link_mlflow_run(context, cfg.model_name)
-        decision = self.decision if isinstance(self.decision, dict) else None
-        if decision is not None and not decision.get("promote"):
+        decision = self._checked_decision()
+        if decision is not None and not decision["promote"]:
             raise AirflowSkipException(f"not promoted: {decision.get('reason')}")
         if self.assemble_report:
             self._assemble(cfg)

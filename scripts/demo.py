@@ -5,6 +5,10 @@ SQLite store and artifacts, the run directories and the rollout store. The DAG r
 Airflow's own ``dag.test()``: a real DAG run (scheduler dependency logic, XCom, mapped
 tasks, asset events) in this one process, no scheduler or executor to start.
 
+The terminal shows a live table of task states (plain state-change lines when not on a
+terminal) and the summary; Airflow's and the tasks' logs go to
+``$ONNXCAST_HOME/logs/demo-<time>.log``, whose path is printed at the start and the end.
+
     .venv/bin/python scripts/demo.py                 # about 3-4 minutes on 2 cores
     .venv/bin/python scripts/demo.py --quick         # tiny models, about 1-2 minutes
 """
@@ -13,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import airflow_env  # noqa: E402  (must configure the environment before airflow is imported)
+from demo_output import TaskStatesView, output_to  # noqa: E402
 
 DEMO_SETTINGS = {
     "data_uri": "example",
@@ -55,27 +61,44 @@ def main(argv: list[str] | None = None) -> int:
     if args.families:
         conf["families"] = [f.strip() for f in args.families.split(",") if f.strip()]
     home = Path(env["ONNXCAST_HOME"])
+    log_path = home / "logs" / f"demo-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.log"
     print(f"ONNXCAST_HOME={home}")
-    print("Preparing the Airflow metadata DB (SQLite) ...", flush=True)
+    print(f"Airflow and task logs: {log_path}", flush=True)
+    with output_to(log_path) as terminal:
+        return run_demo(conf, home, log_path, terminal)
+
+
+def run_demo(conf: dict, home: Path, log_path: Path, terminal: TextIO) -> int:
+    """Run the DAG while showing its task states on ``terminal``; everything else goes to the log."""
+    print("Preparing the Airflow metadata DB (SQLite) ...", file=terminal)
     airflow_env.init_db()
-    logging.getLogger("airflow").setLevel(logging.WARNING)
 
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(airflow_env.REPO / "dags"))
     if bag.import_errors:
         for path, error in bag.import_errors.items():
-            print(f"error: {path}: {error}", file=sys.stderr)
+            print(f"error: {path}: {error}", file=terminal)
         return 1
     dag = bag.get_dag("onnxcast_training")
-    print(f"Running onnxcast_training with {json.dumps(conf)}", flush=True)
+    print(f"Running onnxcast_training with {json.dumps(conf)}", file=terminal)
     started = time.monotonic()
-    run = dag.test(run_conf=conf)
+    from airflow.sdk.exceptions import ParamValidationError
+
+    try:
+        with TaskStatesView(dag.dag_id, list(dag.task_dict), terminal, log_path, mapped_over="check_data"):
+            run = dag.test(run_conf=conf)
+    except ParamValidationError as exc:
+        print(f"error: {str(exc).splitlines()[0]}", file=terminal)
+        return 2
     wall = time.monotonic() - started
-    return report(run, conf, home, wall)
+    return report(run, conf, home, wall, log_path, terminal)
 
 
-def report(run, conf: dict, home: Path, wall: float) -> int:
+def report(run, conf: dict, home: Path, wall: float, log_path: Path, out: TextIO) -> int:
+    """Where to look: run state, validation summary, MLflow, rollout store, the log file."""
+    from collections import Counter
+
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -83,48 +106,49 @@ def report(run, conf: dict, home: Path, wall: float) -> int:
 
     from onnxcast.tracking import CHALLENGER, CHAMPION, alias_version, default_tracking_uri
 
+    def say(text: str = "") -> None:
+        print(text, file=out)
+
     with create_session() as session:
         tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == run.dag_id,
                                                          TaskInstance.run_id == run.run_id)).all()
         xcom_run_dir = session.scalar(select(XComModel.value).where(
             XComModel.dag_id == run.dag_id, XComModel.run_id == run.run_id,
             XComModel.task_id == "check_data", XComModel.key == "run_dir"))
-        states = sorted((ti.task_id, ti.map_index, str(ti.state),
-                         (ti.end_date - ti.start_date).total_seconds() if ti.end_date and ti.start_date else 0.0)
-                        for ti in tis)
-    print(f"\nDAG run {run.run_id}: {run.state} in {wall:.0f} s")
-    for task_id, index, state, duration in states:
-        label = task_id if index < 0 else f"{task_id}[{index}]"
-        print(f"  {label:<26} {state:<10} {duration:6.1f} s")
+        states = Counter(str(getattr(ti.state, "value", ti.state)) for ti in tis)
+    run_state = str(getattr(run.state, "value", run.state))
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    say(f"\nDAG run {run.run_id}: {run_state} in {wall:.0f} s ({len(tis)} tasks: {counts})")
 
     run_dir = Path(str(xcom_run_dir or ""))
     if xcom_run_dir and (run_dir / "report.json").exists():
         from onnxcast.cli import summarize_report
 
-        print(f"\nValidation ({run_dir})")
-        print("  " + summarize_report(json.loads((run_dir / "report.json").read_text()), str(run_dir)).replace("\n", "\n  "))
+        say(f"\nValidation ({run_dir})")
+        say("  " + summarize_report(json.loads((run_dir / "report.json").read_text()), str(run_dir)).replace("\n", "\n  "))
 
     name = conf["model_name"]
     uri = default_tracking_uri()
     champion, challenger = alias_version(name, CHAMPION, uri), alias_version(name, CHALLENGER, uri)
     store = home / "rollout" / name
-    print("\nMLflow")
-    print(f"  tracking URI : {uri}")
-    print(f"  UI           : .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then http://127.0.0.1:5000)")
-    print(f"  registry     : models:/{name}@{CHAMPION} -> version {champion}; @{CHALLENGER} -> version {challenger}")
-    print("Rollout store")
+    say("\nMLflow")
+    say(f"  tracking URI : {uri}")
+    say(f"  UI           : .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then http://127.0.0.1:5000)")
+    say(f"  registry     : models:/{name}@{CHAMPION} -> version {champion}; @{CHALLENGER} -> version {challenger}")
+    say("Rollout store")
     for channel in conf["channels"]:
         pointer = store / "channels" / f"{channel}.json"
         if pointer.exists():
             value = json.loads(pointer.read_text()).get("signed") or {}  # a signed envelope
-            print(f"  {channel:<5}: version {value['version']} {value['artifact']}  ({pointer})")
+            say(f"  {channel:<5}: version {value['version']} {value['artifact']}  ({pointer})")
     if champion:
-        print(f"  manifest     : {store / 'versions' / champion / 'manifest.json'}")
+        say(f"  manifest     : {store / 'versions' / champion / 'manifest.json'}")
     if (home / "keys" / "root.json").exists():  # the development release key of the embedded mode
-        print(f"  device       : .venv/bin/onnxcast edge pull --store {home / 'rollout'} --model {name} "
-              f"--channel edge --dest {home / 'device'} --trust {home / 'keys' / 'root.json'}")
-    print("Airflow UI     : make airflow   (then http://127.0.0.1:8080, DAG onnxcast_training)")
-    return 0 if str(run.state) in ("success", "DagRunState.SUCCESS") else 1
+        say(f"  device       : .venv/bin/onnxcast edge pull --store {home / 'rollout'} --model {name} "
+            f"--channel edge --dest {home / 'device'} --trust {home / 'keys' / 'root.json'}")
+    say("Airflow UI     : make airflow   (then http://127.0.0.1:8080, DAG onnxcast_training)")
+    say(f"Airflow and task logs: {log_path}")
+    return 0 if run_state == "success" else 1
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def cli_runs(request, example_csv, tmp_path_factory) -> dict[str, CliRun]:
     def run(case: Case) -> CliRun:
         path = case.write(root, base)
         out = root / "out" / case.name
-        command = [sys.executable, "-m", "onnxcast.cli", "pipeline", "--data", str(path), "--out", str(out),
+        command = [str(Path(sys.executable).with_name("onnxcast")), "pipeline", "--data", str(path), "--out", str(out),
                    "--models", "lstm", "--max-epochs", "1", *case.cli_args()]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
         return CliRun(case, out, done.returncode, done.stderr)

@@ -1,5 +1,6 @@
 """The rollout store: immutable model versions and movable channel pointers, in a local
-directory or under an S3 prefix, with the same layout (a contract, ARCHITECTURE.md):
+directory or under an S3 prefix, with the same layout (a contract,
+docs/architecture.md#contract-the-rollout-store):
 
     <store>/<model>/versions/<version>/manifest.json      written once
     <store>/<model>/versions/<version>/<artifact>.onnx    written once

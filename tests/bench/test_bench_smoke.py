@@ -28,4 +28,43 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
         assert 0 < row["gflops_fraction"] < 2 and row["size_bytes"] > 0 and row["holdout_mae"] > 0
     assert report["gemm_peak_gflops"] > 0 and report["machine"]
     assert set(report["selected"]) in ({"edge", "cloud"}, set())
+    for family, judged in report["gates"].items():  # the pipeline's own gates, baseline included
+        assert judged["passed"] == (not judged["failures"])
+        for variant, gates in judged["variants"].items():
+            assert "beats_seasonal_naive" in gates and "accuracy_vs_fp32" in gates, (family, variant)
     assert "| family | variant |" in markdown.read_text()
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("onnxcast_bench_run", REPO / "bench" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_judges_with_the_pipeline_gates_and_unmeasured_parity_fails():
+    """Issue 9: the benchmark hard-coded ``gates_passed: True``, skipped the baseline gate and
+    crashed formatting a parity that was never measured (None)."""
+    from onnxcast.config import PipelineConfig
+
+    bench = _bench_module()
+    cfg = PipelineConfig(data_uri="x", out_dir="o", accuracy_budget=0.01)
+
+    def candidate(variant, mae, parity):
+        return bench.Candidate(family="lstm", variant=variant, size_bytes=100, make=None, probe=[],
+                               holdout_mae=mae, parity=parity)
+
+    candidates = [candidate("torch", 10.0, None), candidate("fp32", 10.0, 0.5), candidate("fp32-opt", 10.0, None),
+                  candidate("int8", 10.5, None)]
+    rows = [{"variant": c.variant, "threads": 1, "batch": b, "p50_ms": 1.0, "p95_ms": 1.2}
+            for c in candidates for b in (1, 64)]
+    entry = bench._selection_entry("lstm", rows, candidates, cfg, 1, baseline_mae=9.0)
+    assert entry["gates_passed"] is False
+    assert any("fp32-opt parity" in f and "not measured" in f for f in entry["failures"])
+    assert any("does not beat the best baseline (seasonal naive) 9" in f for f in entry["failures"])
+    by_name = {v["name"]: v for v in entry["variants"]}
+    assert by_name["int8"]["gates"]["accuracy_vs_fp32"]["passed"] is False
+    assert not any(v["eligible"] for v in entry["variants"])

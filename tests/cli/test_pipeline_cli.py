@@ -12,7 +12,7 @@ TINY_ARGS = ["--horizon", "12", "--lookback", "48", "--hidden-size", "16", "--nu
 
 
 def onnxcast(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "onnxcast", *args], capture_output=True, text=True,
+    return subprocess.run([str(Path(sys.executable).with_name("onnxcast")), *args], capture_output=True, text=True,
                           timeout=timeout, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home())})
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from onnxcast.config import PipelineConfig
+from onnxcast.config import QUALITY_RANGES, RANGES, PipelineConfig, QualitySettings
 from onnxcast.errors import ConfigError
 
 
@@ -13,14 +13,28 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize(
     ("values", "fragment"),
     [
-        ({"horizon": 0}, "horizon must be >= 1, got 0"),
-        ({"lookback": 1}, "lookback must be >= 2"),
+        ({"horizon": 0}, "horizon must be in [1, 10000], got 0"),
+        ({"lookback": 1}, "lookback must be in [2, 100000], got 1"),
         ({"models": ("lstm", "gru")}, "'gru'"),
         ({"holdout_fraction": 0.7}, "holdout_fraction must be in (0, 0.5), got 0.7"),
         ({"d_model": 30, "n_heads": 4}, "d_model (30) must be divisible by n_heads (4)"),
         ({"feature_columns": ("y",)}, "target column 'y' is also listed as a feature"),
         ({"time_column": "y"}, "time column and target column are both 'y'"),
-        ({"max_minutes": 0}, "max_minutes must be > 0"),
+        ({"max_minutes": 0}, "max_minutes must be in (0, 10080], got 0"),
+        # each of these crashed (ZeroDivisionError) or was accepted before: issue 9
+        ({"n_heads": 0}, "n_heads must be in [1, 1024], got 0"),
+        ({"batch_size": 0}, "batch_size must be in [1, 1000000], got 0"),
+        ({"patience": 0}, "patience must be in [1, 100000], got 0"),
+        ({"latency_repeats": 0}, "latency_repeats must be in [1, 100000], got 0"),
+        ({"d_model": 64, "n_heads": 5}, "d_model (64) must be divisible by n_heads (5)"),
+        ({"max_minutes": float("nan")}, "max_minutes must be finite, got nan"),
+        ({"learning_rate": float("inf")}, "learning_rate must be finite, got inf"),
+        ({"horizon": True}, "horizon must be an integer, got True"),
+        ({"horizon": "24"}, "horizon must be an integer, got '24'"),
+        ({"hidden_size": 2.5}, "hidden_size must be an integer, got 2.5"),
+        ({"accuracy_budget": -0.1}, "accuracy_budget must be in [0, 1], got -0.1"),
+        ({"seed": -1}, "seed must be in [0, 4294967295], got -1"),
+        ({"opset": 7}, "opset must be in [14, 30], got 7"),
         ({"trained_until": "last tuesday"}, "trained_until must be an ISO timestamp, got 'last tuesday'"),
     ],
 )
@@ -46,3 +60,55 @@ def test_save_and_load_round_trip(tmp_path):
     cfg = PipelineConfig(data_uri="x.csv", out_dir="o", feature_columns=("a",), horizon=7)
     cfg.save(tmp_path / "c.json")
     assert PipelineConfig.load(tmp_path / "c.json") == cfg
+
+
+@pytest.mark.parametrize("name", sorted(RANGES))
+def test_every_numeric_setting_has_its_range_checked(name):
+    """Zero, a negative number, NaN, a string and a bool: each is refused by name, or valid."""
+    kind = RANGES[name][0]
+    for bad in (-1, float("nan"), "3", True):
+        with pytest.raises(ConfigError, match=rf"\b{name} must be"):
+            PipelineConfig(data_uri="x.csv", out_dir="out", **{name: bad})
+    if kind is int:
+        with pytest.raises(ConfigError, match=rf"\b{name} must be"):
+            PipelineConfig(data_uri="x.csv", out_dir="out", **{name: 1.5})
+
+
+def test_every_numeric_field_is_in_the_range_table():
+    import dataclasses
+
+    numeric = {f.name for f in dataclasses.fields(PipelineConfig) if f.type in ("int", "float", "int | None", "float | None")}
+    assert numeric == set(RANGES)
+    quality = {f.name for f in dataclasses.fields(QualitySettings)}
+    assert quality == set(QUALITY_RANGES)
+
+
+@pytest.mark.parametrize(("values", "fragment"), [
+    ({"max_missing_fraction": 1.0}, "quality.max_missing_fraction must be in [0, 1), got 1.0"),
+    ({"outlier_mad_threshold": 0}, "quality.outlier_mad_threshold must be in (0, inf], got 0"),
+    ({"min_holdout_windows": 0}, "quality.min_holdout_windows must be in [1, 10000], got 0"),
+    ({"fill_gaps_max_steps": -2}, "quality.fill_gaps_max_steps must be in [0, 1000000], got -2"),
+    ({"drop_duplicate_timestamps": "yes"}, "quality.drop_duplicate_timestamps must be true or false, got 'yes'"),
+])
+def test_bad_quality_settings_name_the_setting(values, fragment):
+    with pytest.raises(ConfigError) as err:
+        PipelineConfig.from_dict({"data_uri": "x.csv", "out_dir": "o", "quality": values})
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--n-heads", "0"], "n_heads must be in [1, 1024], got 0"),
+    (["--batch-size", "0"], "batch_size must be in [1, 1000000], got 0"),
+    (["--patience", "0"], "patience must be in [1, 100000], got 0"),
+    (["--latency-repeats", "0"], "latency_repeats must be in [1, 100000], got 0"),
+    (["--d-model", "30"], "d_model (30) must be divisible by n_heads (4)"),
+])
+def test_bad_settings_through_the_cli_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
+    from onnxcast import cli
+
+    code = cli.main(["pipeline", "--data", "example", "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: invalid settings: ") and fragment in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

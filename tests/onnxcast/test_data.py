@@ -3,12 +3,30 @@ import pandas as pd
 import pytest
 
 from onnxcast.config import PipelineConfig, QualitySettings
-from onnxcast.data import SeriesData, load_series, season_for_freq, split_by_time, windows
+from onnxcast.data import (
+    SeriesData,
+    season_for_freq,
+    series_from_checked,
+    split_by_time,
+    utc_iso,
+    windows,
+)
 from onnxcast.errors import DataError
+from onnxcast.quality import check_data
+
+SMALL = {"lookback": 24, "horizon": 6}
 
 
 def cfg_for(path, **overrides) -> PipelineConfig:
-    return PipelineConfig(data_uri=str(path), out_dir="unused", **overrides)
+    return PipelineConfig(data_uri=str(path), out_dir="unused", **{**SMALL, **overrides})
+
+
+def gate_series(cfg: PipelineConfig):
+    """The series the pipeline trains on: what the data-quality gate passed, nothing else."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        return check_data(cfg, out).series
 
 
 def write_csv(tmp_path, frame: pd.DataFrame, name="data.csv"):
@@ -24,7 +42,7 @@ def hourly(n=400, start="2024-01-01"):
 
 
 def test_example_data_loads_as_a_regular_hourly_series(example_csv):
-    series = load_series(cfg_for(example_csv))
+    series = gate_series(cfg_for(example_csv))
     assert series.values.shape == (3600, 1)
     assert series.values.dtype == np.float32
     assert series.freq == "h" and series.season == 24
@@ -37,57 +55,78 @@ def test_other_column_names_features_and_parquet(tmp_path):
     frame["temp"] = np.linspace(0, 1, len(frame))
     path = tmp_path / "d.parquet"
     frame.to_parquet(path)
-    series = load_series(cfg_for(path, time_column="when", target_column="load", feature_columns=("temp",)))
+    series = gate_series(cfg_for(path, time_column="when", target_column="load", feature_columns=("temp",)))
     assert series.columns == ("load", "temp")
     assert series.values.shape == (400, 2)
     assert series.values[-1, 1] == pytest.approx(1.0)
 
 
 def test_timezones_are_normalised_to_utc(tmp_path):
-    frame = hourly(50)
-    frame["ds"] = pd.date_range("2024-01-01", periods=50, freq="h", tz="Europe/Berlin").astype(str)
-    series = load_series(cfg_for(write_csv(tmp_path, frame)))
+    frame = hourly(100)
+    frame["ds"] = pd.date_range("2024-01-01", periods=100, freq="h", tz="Europe/Berlin").astype(str)
+    series = gate_series(cfg_for(write_csv(tmp_path, frame)))
     assert str(series.timestamps[0]) == "2023-12-31T23:00:00.000000000"
 
 
 def test_trained_until_drops_later_rows(tmp_path):
-    series = load_series(cfg_for(write_csv(tmp_path, hourly(100)), trained_until="2024-01-02T00:00:00"))
-    assert len(series.values) == 25
+    series = gate_series(cfg_for(write_csv(tmp_path, hourly(200)), trained_until="2024-01-04T00:00:00"))
+    assert len(series.values) == 73
 
 
 @pytest.mark.parametrize(
     ("mutate", "fragment"),
     [
-        (lambda f: f.drop(columns=["y"]), "missing column(s) ['y']"),
-        (lambda f: f.assign(y=f.y.astype(object).where(f.index != 5, "twelve")), "non-numeric value 'twelve' at row 6"),
-        (lambda f: pd.concat([f.iloc[:10], f.iloc[9:10], f.iloc[10:]]), "duplicate timestamp 2024-01-01T09:00:00"),
-        (lambda f: f.iloc[::-1], "is not increasing at row 2"),
-        (lambda f: f.drop(index=[20, 21]), "2 missing value(s) on the 'h' grid"),
-        (lambda f: f.assign(ds=f.ds.where(f.index != 7, "not a date")), "unparseable timestamp"),
-        (lambda f: f.assign(ds=f.ds.where(f.index != 7, "2024-01-01 07:30:00")), "off the 'h' grid"),
-        (lambda f: f.assign(y=f.y.where(f.index != 3, np.inf)), "non-finite"),
+        (lambda f: f.drop(columns=["y"]), "required columns ['ds', 'y'] present: missing ['y']"),
+        (lambda f: f.assign(y=f.y.astype(object).where(f.index != 5, "twelve")), "'twelve' (row 6)"),
+        (lambda f: pd.concat([f.iloc[:10], f.iloc[9:10], f.iloc[10:]]), "timestamps unique"),
+        (lambda f: f.iloc[::-1], "timestamps in increasing order"),
+        (lambda f: f.drop(index=[20, 21]), "longest 2 steps"),
+        (lambda f: f.assign(ds=f.ds.where(f.index != 7, "not a date")), "'not a date' (row 8)"),
+        (lambda f: f.assign(ds=f.ds.where(f.index != 7, "2024-01-01 07:30:00")), "on the regular 'h' grid"),
+        (lambda f: f.assign(y=f.y.where(f.index != 3, np.inf)), "finite and within float32 range"),
     ],
 )
-def test_bad_tables_raise_one_line_naming_the_problem(tmp_path, mutate, fragment):
+def test_bad_tables_are_refused_by_the_gate_naming_the_problem(tmp_path, mutate, fragment):
     path = write_csv(tmp_path, mutate(hourly()))
     with pytest.raises(DataError) as err:
-        load_series(cfg_for(path, freq="h"))
+        gate_series(cfg_for(path, freq="h"))
     message = str(err.value)
     assert message.startswith(str(path))
     assert fragment in message
     assert "\n" not in message
 
 
+def test_the_series_is_a_pure_transform_of_checked_rows():
+    """series_from_checked keeps the last duplicate, orders by time, fills only what it is told."""
+    times = pd.Series(pd.to_datetime(["2024-01-01 02:00", "2024-01-01 00:00", "2024-01-01 00:00",
+                                      "2024-01-01 04:00"], utc=True))
+    values = {"y": pd.Series([3.0, 1.0, 2.0, 5.0])}
+    series = series_from_checked(times, values, "h", 24, fill_gaps_max_steps=1, source="mem", sha256="s")
+    assert series.values[:, 0].tolist() == [2.0, 2.5, 3.0, 4.0, 5.0]
+    assert str(series.timestamps[0]) == "2024-01-01T00:00:00.000000000"
+    with pytest.raises(DataError, match="no finite value at 2024-01-01T01:00:00"):
+        series_from_checked(times, values, "h", 24, fill_gaps_max_steps=0, source="mem", sha256="s")
+
+
+def test_split_and_dataset_timestamps_are_utc_with_z():
+    """Issue 9: report.json mixed '...Z' (dataset) and naive ISO strings (split)."""
+    stamps = (np.datetime64("2024-03-01T00:00:00") + np.arange(400) * np.timedelta64(1, "h")).astype("datetime64[ns]")
+    split = split_by_time(400, PipelineConfig(data_uri="x", out_dir="o", **SMALL))
+    for key in ("train_end", "validation_end", "holdout_start", "holdout_end"):
+        assert split.as_dict(stamps)[key].endswith("Z")
+    assert utc_iso(stamps[0]) == "2024-03-01T00:00:00Z"
+
+
 def test_repairs_only_on_request(tmp_path):
     frame = hourly().drop(index=[20, 21])
     path = write_csv(tmp_path, frame)
     with pytest.raises(DataError):
-        load_series(cfg_for(path))
-    repaired = load_series(cfg_for(path, quality=QualitySettings(fill_gaps_max_steps=2)))
+        gate_series(cfg_for(path))
+    repaired = gate_series(cfg_for(path, quality=QualitySettings(fill_gaps_max_steps=2)))
     assert len(repaired.values) == 400
     assert np.isfinite(repaired.values).all()
     duplicated = write_csv(tmp_path, pd.concat([hourly().iloc[:10], hourly().iloc[9:]]), "dup.csv")
-    kept = load_series(cfg_for(duplicated, quality=QualitySettings(drop_duplicate_timestamps=True)))
+    kept = gate_series(cfg_for(duplicated, quality=QualitySettings(drop_duplicate_timestamps=True)))
     assert len(kept.values) == 400
 
 
@@ -117,7 +156,7 @@ def test_windows_cut_history_and_target_at_each_origin():
 
 
 def test_series_round_trips_through_the_run_directory(tmp_path, example_csv):
-    series = load_series(cfg_for(example_csv))
+    series = gate_series(cfg_for(example_csv))
     series.save(tmp_path)
     again = SeriesData.load(tmp_path)
     assert np.array_equal(again.values, series.values)
@@ -130,7 +169,17 @@ def test_reads_from_s3_over_http(s3_bucket, tmp_path):
 
     body = hourly().to_csv(index=False).encode()
     boto3.client("s3").put_object(Bucket=s3_bucket, Key="in/data.csv", Body=body)
-    series = load_series(cfg_for(f"s3://{s3_bucket}/in/data.csv"))
+    series = gate_series(cfg_for(f"s3://{s3_bucket}/in/data.csv"))
     assert series.values.shape == (400, 1)
     with pytest.raises(DataError, match=f"s3://{s3_bucket}/in/missing.csv: cannot read from S3"):
-        load_series(cfg_for(f"s3://{s3_bucket}/in/missing.csv"))
+        gate_series(cfg_for(f"s3://{s3_bucket}/in/missing.csv"))
+
+
+@pytest.mark.parametrize(("freq", "seasons"), [("h", (24, 168)), ("30min", (48, 336)), ("D", (7, 365)),
+                                               ("W-SUN", (52,)), ("MS", (12,)), ("QS", (4,)), ("YS", (1,)),
+                                               ("B", (5, 260)), ("2h", (12, 84))])
+def test_every_seasonality_the_frequency_implies(freq, seasons):
+    from onnxcast.data import seasons_for_freq
+
+    assert seasons_for_freq(freq) == seasons
+    assert seasons[0] == season_for_freq(freq)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from onnxcast.report import select_variants
+from onnxcast.validate import judge_variants
 
 HORIZON, LOOKBACK, SEASON = 12, 48, 24
 # shapes unlike the export's example (batch 2, lookback): batch 1, odd batches, shorter and
@@ -97,14 +98,19 @@ def test_int8_is_at_most_30_percent_of_fp32(variants):
 # --- selection by goals ---------------------------------------------------------------------
 
 def _variant(name: str, mae: float, b1: float, b64: float, size: int, eligible: bool = True) -> dict:
-    return {"name": name, "holdout": {"mae": mae}, "size_bytes": size, "eligible": eligible,
-            "reasons": [] if eligible else ["parity: 3 vs threshold 1.0"],
-            "latency_ms": {"batch1_p50": b1, "batch64_p50": b64}}
+    """A measured variant; ``eligible=False`` gives it a failed parity gate."""
+    gates = {} if eligible else {"parity": {"passed": False, "value": 3.0, "threshold": 1.0}}
+    return {"name": name, "holdout": {"mae": mae}, "size_bytes": size, "gates": gates,
+            "parity_max_abs_diff": 0.0, "latency_ms": {"batch1_p50": b1, "batch64_p50": b64}}
 
 
-def _model(family: str, torch_b1: float, torch_b64: float, variants: list[dict]) -> dict:
-    return {"family": family, "gates_passed": True, "fp32_holdout_mae": variants[0]["holdout"]["mae"],
-            "torch": {"latency_ms": {"batch1_p50": torch_b1, "batch64_p50": torch_b64}}, "variants": variants}
+def _model(family: str, torch_b1: float, torch_b64: float, variants: list[dict], budget: float = 0.01) -> dict:
+    """A family's report entry with its gates decided by the validation's own judge_variants."""
+    torch_latency = {"batch1_p50": torch_b1, "batch64_p50": torch_b64}
+    failures = judge_variants(variants, baseline_mae=1e9, torch_latency=torch_latency, accuracy_budget=budget)
+    return {"family": family, "gates_passed": not failures, "failures": failures,
+            "fp32_holdout_mae": variants[0]["holdout"]["mae"], "torch": {"latency_ms": torch_latency},
+            "variants": variants}
 
 
 def test_selection_picks_the_fastest_variant_within_the_accuracy_budget_that_beats_torch():
@@ -115,7 +121,7 @@ def test_selection_picks_the_fastest_variant_within_the_accuracy_budget_that_bea
         _variant("fp16", 10.0, 0.45, 300.0, 250, eligible=False),  # failed a gate
     ])
     lstm = _model("lstm", 0.8, 10.0, [_variant("fp32", 12.0, 0.1, 5.0, 280)])  # faster but less accurate
-    selected, ranking = select_variants([lstm, transformer], accuracy_budget=0.01)
+    selected, ranking = select_variants([lstm, transformer])
     assert selected == {"edge": {"family": "transformer", "variant": "fp32-opt"},
                         "cloud": {"family": "transformer", "variant": "fp32-opt"}}
     rows = {(r["family"], r["variant"]): r for r in ranking}
@@ -150,3 +156,26 @@ def test_selection_is_empty_when_no_family_passed_its_gates():
     failed = {**_model("lstm", 1.0, 10.0, [_variant("fp32", 1.0, 0.5, 5.0, 1)]), "gates_passed": False}
     selected, ranking = select_variants([failed])
     assert selected == {} and len(ranking) == 1
+
+
+def test_selection_uses_the_accuracy_budget_the_validation_used():
+    """Issue 9: validation judged int8 (2% worse) eligible under a 3% budget, and the choice
+    re-derived the gate at the default 1%: an eligible variant could never be chosen."""
+    variants = [_variant("fp32", 10.0, 1.0, 100.0, 400), _variant("int8", 10.2, 0.4, 50.0, 100)]
+    transformer = _model("transformer", 1.5, 200.0, variants, budget=0.03)
+    assert variants[1]["eligible"] and variants[1]["gates"]["accuracy_vs_fp32"]["threshold"] == 0.03
+    selected, ranking = select_variants([transformer])
+    assert selected["edge"] == {"family": "transformer", "variant": "int8"}
+    assert next(r for r in ranking if r["variant"] == "int8")["within_accuracy_budget"] is True
+
+
+def test_a_failed_variant_is_reported_with_unmeasured_figures_as_none():
+    variants = [_variant("fp32", 10.0, 1.0, 100.0, 400),
+                {"name": "fp16", "holdout": None, "size_bytes": 5, "latency_ms": {}, "parity_max_abs_diff": None,
+                 "gates": {"runs_on_cpu": {"passed": False, "value": "NOT_IMPLEMENTED", "threshold": "cpu"}}}]
+    model = _model("lstm", 1.5, 200.0, variants)
+    assert model["gates_passed"] and not variants[1]["eligible"]
+    assert variants[1]["reasons"] == ["runs_on_cpu: NOT_IMPLEMENTED vs threshold cpu"]
+    selected, ranking = select_variants([model])
+    assert selected["edge"] == {"family": "lstm", "variant": "fp32"}
+    assert next(r for r in ranking if r["variant"] == "fp16")["holdout_mae"] is None

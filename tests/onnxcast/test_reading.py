@@ -88,3 +88,14 @@ def test_s3_object_is_read_and_decompressed(s3_bucket, base):
     with pytest.raises(DataError, match=rf"s3://{s3_bucket}/in/absent.csv: cannot read from S3 \(NoSuchKey\)"):
         read_table(f"s3://{s3_bucket}/in/absent.csv")
     s3_client.cache_clear()
+
+
+def test_a_parquet_file_with_the_timestamps_as_its_index_reads_them_as_a_column(tmp_path):
+    import pandas as pd
+
+    from onnxcast.reading import read_table
+
+    frame = pd.DataFrame({"y": [1.0, 2.0, 3.0]}, index=pd.date_range("2024-01-01", periods=3, freq="h", name="ds"))
+    frame.to_parquet(tmp_path / "indexed.parquet")
+    table = read_table(str(tmp_path / "indexed.parquet")).frame
+    assert list(table.columns) == ["ds", "y"] and isinstance(table.index, pd.RangeIndex)

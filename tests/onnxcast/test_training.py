@@ -1,8 +1,12 @@
+import io
+import logging
+import sys
+
 import numpy as np
 import torch
 
 from onnxcast.models import ModelSpec, build_model
-from onnxcast.training import predict, seed_everything, train_model
+from onnxcast.training import epoch_progress, predict, seed_everything, train_model
 
 
 def data(seed=0, n=300, lookback=24, horizon=6):
@@ -55,3 +59,30 @@ def test_predict_returns_raw_units():
     forecast = predict(model, x[:10])
     assert forecast.shape == (10, 6)
     assert abs(float(forecast.mean()) - float(y[:10].mean())) < 20  # the scale of the data, not ~0
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_progress_bar_with_losses_and_best_epoch(caplog):
+    terminal = FakeTerminal()
+    with caplog.at_level(logging.INFO, logger="onnxcast.training"):
+        _, result = fit(max_epochs=2, progress=epoch_progress(2, "lstm", stream=terminal))
+    bar = terminal.getvalue()
+    assert "lstm" in bar and "2/2" in bar
+    assert f"best={result.best_epoch}" in bar and "val=" in bar and "train=" in bar
+    assert not [r for r in caplog.records if "epoch" in r.getMessage()]  # no log lines under the bar
+
+
+def test_without_a_terminal_each_epoch_is_one_log_line(caplog, monkeypatch):
+    not_a_terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", not_a_terminal)  # as in an Airflow task log or a pipe
+    with caplog.at_level(logging.INFO, logger="onnxcast.training"):
+        _, result = fit(max_epochs=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "onnxcast.training"]
+    assert len(lines) == 2
+    assert lines[0].startswith("lstm epoch 1/2 train_loss=") and "validation_loss=" in lines[0]
+    assert lines[result.best_epoch - 1].endswith("(best)")
+    assert not_a_terminal.getvalue() == ""  # no bar characters in a log file

@@ -55,3 +55,49 @@ def test_latency_reports_percentiles_per_batch(model_and_session):
     figures = measure_latency(lambda x: session.run(None, {"history": x}), inputs, repeats=5, warmup=1)
     assert set(figures) == {"batch1_p50", "batch1_p95", "batch64_p50", "batch64_p95"}
     assert 0 < figures["batch1_p50"] <= figures["batch1_p95"]
+
+
+def _tiny_series(n=400):
+    from onnxcast.data import SeriesData
+
+    stamps = (np.datetime64("2024-01-01T00:00:00") + np.arange(n) * np.timedelta64(1, "h")).astype("datetime64[ns]")
+    return SeriesData(values=series(n), timestamps=stamps, columns=("y",), freq="h", season=4,
+                      source="mem", sha256="0" * 64)
+
+
+@pytest.mark.parametrize("broken", ["unknown_op", "not_onnx"])
+def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_and_session, tmp_path, broken):
+    """Issue 9: this raised KeyError('beats_seasonal_naive') and the failure never reached ``failures``."""
+    import onnx
+    from onnx import helper
+
+    from onnxcast.config import PipelineConfig
+    from onnxcast.data import split_by_time
+    from onnxcast.validate import validate_variants
+
+    model, _ = model_and_session
+    onnx_dir = tmp_path / "models" / "lstm" / "onnx"
+    onnx_dir.mkdir(parents=True)
+    if broken == "unknown_op":
+        graph = helper.make_graph([helper.make_node("Frobnicate", ["history"], ["forecast"], domain="x.y")], "g",
+                                  [helper.make_tensor_value_info("history", onnx.TensorProto.FLOAT, ["b", "t", 1])],
+                                  [helper.make_tensor_value_info("forecast", onnx.TensorProto.FLOAT, ["b", 4])])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("x.y", 1)]),
+                  onnx_dir / "fp32.onnx")
+    else:
+        (onnx_dir / "fp32.onnx").write_bytes(b"this is no protobuf \xff\xfe")
+    export_onnx(model, onnx_dir / "fp32-opt.onnx", n_features=1, lookback=16, metadata=META)
+    cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=16, horizon=4, latency_repeats=2)
+    data = _tiny_series()
+    split = split_by_time(len(data.values), cfg)
+    entry = validate_variants(cfg, "lstm", model, data, split, onnx_dir,
+                              [{"name": "fp32", "path": "fp32.onnx"}, {"name": "fp32-opt", "path": "fp32-opt.onnx"}])
+    assert entry["gates_passed"] is False
+    assert entry["fp32_holdout_mae"] is None
+    assert len(entry["failures"]) == 1
+    assert entry["failures"][0].startswith("fp32 does not run with ONNX Runtime's CPU provider: ")
+    fp32, opt = entry["variants"]
+    assert fp32["eligible"] is False and fp32["holdout"] is None and "runs_on_cpu" in fp32["gates"]
+    # the working variant is still measured, but without fp32 it cannot prove its accuracy budget
+    assert opt["holdout"] is not None and opt["gates"]["parity"]["passed"]
+    assert opt["gates"]["accuracy_vs_fp32"]["passed"] is False and not opt["eligible"]

@@ -40,14 +40,27 @@ class TestCheckDataOperator:
         assert config["trained_until"] == "2026-11-29T00:00:00+00:00"  # the run's data interval end
         assert read(run_dir / "plan.json")["notes"] == ["comparison with the champion is off"]
 
-    def test_bad_settings_fail_without_retry(self, tmp_path):
+    @pytest.mark.parametrize(("bad", "fragment"), [
+        ({"horizon": 0}, "horizon must be in [1, 10000], got 0"),
+        # issue 9: a ZeroDivisionError, so the task retried instead of failing fast
+        ({"extra_settings": {"n_heads": 0}}, "n_heads must be in [1, 1024], got 0"),
+        ({"extra_settings": {"batch_size": 0}}, "batch_size must be in [1, 1000000], got 0"),
+        ({"extra_settings": {"d_model": 30}}, "d_model (30) must be divisible by n_heads (4)"),
+        ({"extra_settings": '{"n_heads": 0}'}, "n_heads must be in [1, 1024], got 0"),  # JSON text from the form
+        ({"extra_settings": "n_heads=0"}, "extra_settings must be a JSON object, got 'n_heads=0'"),
+        ({"extra_settings": ["n_heads"]}, "extra_settings must be a mapping of setting to value, got list"),
+    ])
+    def test_bad_settings_fail_without_retry(self, tmp_path, bad, fragment):
         from airflow.sdk.exceptions import AirflowFailException
 
         from operators import CheckDataOperator
 
-        op = CheckDataOperator(task_id="check_data", settings={**OPS_SETTINGS, "horizon": 0}, run_root=str(tmp_path))
-        with pytest.raises(AirflowFailException, match="horizon must be >= 1"):
+        extra = bad.pop("extra_settings", None)
+        op = CheckDataOperator(task_id="check_data", settings={**OPS_SETTINGS, **bad}, run_root=str(tmp_path),
+                               extra_settings=extra)
+        with pytest.raises(AirflowFailException) as err:
             op.execute(make_context())
+        assert fragment in str(err.value)
 
 
 class TestTrainOrFetchModelOperator:
