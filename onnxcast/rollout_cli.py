@@ -58,7 +58,7 @@ def add_keys_commands(subparsers: argparse._SubParsersAction) -> None:
     commands = keys.add_subparsers(dest="keys_command", required=True)
     p = commands.add_parser("generate", help="a development key pair and a 1-of-1 trust root")
     p.add_argument("--out", required=True, help="folder for signing.key (mode 0600), signing.pub and root.json")
-    p.add_argument("--root-expires-days", type=int, default=365)
+    p.add_argument("--root-expires-days", type=int, default=365, help="days the trust root stays valid (default 365)")
     p.set_defaults(handler=run_keys_generate)
 
     p = commands.add_parser("root", help="write a trust root (t of n keys per role), signed by the given keys; "
@@ -67,12 +67,13 @@ def add_keys_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--root-key", action="append", required=True, help="public key file of a root key (repeat)")
     p.add_argument("--release-key", action="append", required=True,
                    help="public key file of a release key: signs manifests and channel pointers (repeat)")
-    p.add_argument("--root-threshold", type=int, default=1)
-    p.add_argument("--release-threshold", type=int, default=1)
+    p.add_argument("--root-threshold", type=int, default=1, help="root keys needed to sign a root (default 1)")
+    p.add_argument("--release-threshold", type=int, default=1,
+                   help="release keys needed to sign a manifest or pointer (default 1)")
     p.add_argument("--previous", help="the root this one replaces (its version + 1 is written)")
     p.add_argument("--sign-with", action="append", required=True,
                    help="private key file or awskms:KEY to sign with: old and new root keys (repeat)")
-    p.add_argument("--expires-days", type=int, default=365)
+    p.add_argument("--expires-days", type=int, default=365, help="days this root stays valid (default 365)")
     p.set_defaults(handler=run_keys_root)
 
     p = commands.add_parser("publish-root", help="publish a root in the store (root/<version>.root.json) "
