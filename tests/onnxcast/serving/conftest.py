@@ -1,0 +1,154 @@
+"""A real ``onnxcast serve`` process on loopback, started through the console entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A running ``python -m onnxcast serve``; ``stop()`` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, process: subprocess.Popen, url: str, log: Path):
+        self.process, self.url, self.log = process, url, log
+
+    def get(self, path: str) -> tuple[int, dict, dict]:
+        return request(self.url + path)
+
+    def infer(self, history: np.ndarray | None = None, *, body: dict | bytes | None = None, model: str = "m",
+              headers: dict | None = None) -> tuple[int, dict, dict]:
+        if body is None:
+            body = infer_body(history)
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return request(f"{self.url}/v2/models/{model}/infer", data, headers)
+
+    def wait_ready(self, version: str | None = None, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, body, _ = self.get("/v2/models/m")
+            if status == 200 and (version is None or body["versions"] == [version]):
+                return body
+            assert self.process.poll() is None, self.log.read_text()
+            time.sleep(0.1)
+        raise AssertionError(f"server not ready at version {version} in {timeout} s: {self.log.read_text()}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def infer_body(history: np.ndarray, **extra) -> dict:
+    return {"inputs": [{"name": "history", "datatype": "FP32", "shape": list(history.shape),
+                        "data": history.ravel().tolist()}], **extra}
+
+
+def request(url: str, data: bytes | None = None, headers: dict | None = None) -> tuple[int, dict, dict]:
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null"), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null"), dict(exc.headers)
+
+
+@pytest.fixture
+def start_server(tmp_path):
+    """Factory: start ``onnxcast serve`` on a free port; every server is stopped at teardown."""
+    started: list[Server] = []
+
+    def start(store: str, *extra: str, channel: str = "cloud", wait_live: bool = True) -> Server:
+        port = free_port()
+        log = tmp_path / f"serve-{port}.log"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        command = [sys.executable, "-m", "onnxcast", "serve", "--store", store, "--model", "m", "--channel", channel,
+                   "--port", str(port), "--dest", str(tmp_path / f"serve-{port}"), "--poll-interval", "0.2", *extra]
+        with open(log, "w") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        server = Server(process, f"http://127.0.0.1:{port}", log)
+        started.append(server)
+        if wait_live:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if server.get("/v2/health/live")[0] == 200:
+                        break
+                except (urllib.error.URLError, ConnectionError):
+                    pass
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+        return server
+
+    yield start
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait(10)
+
+
+@pytest.fixture
+def window():
+    """Three histories of 16 steps of (y, x1), as the tiny model takes them."""
+    rng = np.random.default_rng(1)
+    return np.stack([np.stack([100 + 10 * np.sin(np.arange(16) / 3 + k) + rng.normal(size=16),
+                               5 + rng.normal(size=16)], axis=1) for k in range(3)]).astype(np.float32)
+
+
+def forecast_of(report: Path, history: np.ndarray, variant: str = "fp32") -> np.ndarray:
+    """What ONNX Runtime gives for ``history`` with the run's ``variant`` file (the cloud choice)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(report.parent / f"models/lstm/onnx/{variant}.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(["forecast"], {"history": history})[0]
+
+
+@pytest.fixture
+def make_shifted_run(make_run):
+    """Factory: a run whose models forecast ``shift`` more than ``make_run``'s (an Add after the
+    graph's output), so two versions give different numbers; report digests updated."""
+    import hashlib
+
+    import onnx
+
+    def make(tag: str, shift: float = 1.0) -> Path:
+        report_path = make_run(tag)
+        report = json.loads(report_path.read_text())
+        for variant in report["models"][0]["variants"]:
+            path = report_path.parent / variant["onnx_path"]
+            proto = onnx.load(path)
+            for node in proto.graph.node:
+                node.output[:] = ["forecast_unshifted" if o == "forecast" else o for o in node.output]
+            proto.graph.initializer.append(onnx.numpy_helper.from_array(np.float32(shift), "forecast_shift"))
+            proto.graph.node.append(onnx.helper.make_node("Add", ["forecast_unshifted", "forecast_shift"], ["forecast"]))
+            onnx.save(proto, path)
+            data = path.read_bytes()
+            variant["sha256"], variant["size_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+        report_path.write_text(json.dumps(report, indent=2))
+        return report_path
+
+    return make
