@@ -8,12 +8,16 @@ document still describes them (``openapi_extra``), so clients and fuzzers see th
 from __future__ import annotations
 
 import logging
+import re
 import time
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import Request, Response  # module level: FastAPI resolves the handlers' annotations here
+from fastapi import (  # module level: FastAPI resolves the handlers' annotations here
+    Request,
+    Response,
+)
 
 from onnxcast.contract import INPUT_NAME, OUTPUT_NAME
 from onnxcast.errors import ConfigError
@@ -30,6 +34,7 @@ from onnxcast.serving.protocol import (
 
 log = logging.getLogger(__name__)
 SERVER_NAME = "onnxcast"
+INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 JSON = "application/json"
 
 
@@ -188,43 +193,47 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
             return model
         return JSONResponse({"name": name, "ready": True}, headers={"x-model-version": model.version})
 
-    async def infer(request: Request, name: str, version: str | None = None):
+    async def handle_infer(name: str, version: str | None, headers: dict[str, str],
+                           read_body) -> tuple[int, dict[str, str], bytes]:
+        """One inference request: (status, headers, body). ``headers`` have lower-case names."""
         started = time.perf_counter()
         batcher.arriving += 1  # the batcher waits (up to its delay bound) for requests on their way
-        stage = {"arriving": True}
+        arriving = True
         try:
-            response = await _infer(request, name, version, stage)
-        finally:
-            if stage["arriving"]:
+            model = served(name, version)
+            if isinstance(model, Response):
+                status, extra, payload = model.status_code, dict(model.headers), model.body
+            else:
+                length = headers.get("content-length", "")
+                if length.isdigit() and int(length) > settings.max_body_bytes:
+                    raise RequestError(f"request body of {length} bytes is over the {settings.max_body_bytes} "
+                                       "limit", 413)
+                body = await read_body()
+                decoded = decode_request(body, headers.get(HEADER_LENGTH), _limits_of(model, settings))
                 batcher.arriving -= 1
-        answered_by = response.headers.get("x-model-version", "")
-        metrics.requests.labels(settings.model, answered_by, str(response.status_code)).inc()
-        if response.status_code == 200:
-            metrics.latency.labels(settings.model).observe(time.perf_counter() - started)
-        return response
-
-    async def _infer(request: Request, name: str, version: str | None, stage: dict) -> Response:
-        model = served(name, version)
-        if isinstance(model, Response):
-            return model
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return error(413, f"request body of {length} bytes is over the {settings.max_body_bytes} limit")
-        body = await request.body()
-        try:
-            decoded = decode_request(body, request.headers.get(HEADER_LENGTH), _limits_of(model, settings))
+                arriving = False
+                forecast, answered_by = await batcher.submit(decoded.history)
+                payload, extra = encode_response(name, answered_by, decoded.id, forecast, decoded.binary_output)
+                extra["content-type"] = "application/octet-stream" if decoded.binary_output else JSON
+                status = 200
         except RequestError as exc:
-            return error(exc.status, str(exc), model.version)
-        batcher.arriving -= 1
-        stage["arriving"] = False
-        try:
-            forecast, answered_by = await batcher.submit(decoded.history)
+            status, extra, payload = exc.status, {"x-model-version": model.version}, error_body(str(exc))
         except NotReadyError as exc:
-            return error(503, str(exc))
-        payload, headers = encode_response(name, answered_by, decoded.id, forecast, decoded.binary_output)
-        return Response(payload, 200, headers=headers,
-                        media_type="application/octet-stream" if decoded.binary_output else JSON)
+            status, extra, payload = 503, {}, error_body(str(exc))
+        finally:
+            if arriving:
+                batcher.arriving -= 1
+        extra.setdefault("content-type", JSON)
+        metrics.requests.labels(settings.model, extra.get("x-model-version", ""), str(status)).inc()
+        if status == 200:
+            metrics.latency.labels(settings.model).observe(time.perf_counter() - started)
+        return status, extra, payload
 
+    async def infer(request: Request, name: str, version: str | None = None):
+        status, headers, payload = await handle_infer(name, version, dict(request.headers), request.body)
+        return Response(payload, status, headers=headers)
+
+    app.state.handle_infer = handle_infer
     app.get("/v2/models/{name}", **openapi.MODEL_METADATA)(model_metadata)
     app.get("/v2/models/{name}/versions/{version}", **openapi.MODEL_METADATA)(model_metadata)
     app.get("/v2/models/{name}/ready", **openapi.MODEL_READY)(model_ready)
@@ -252,11 +261,44 @@ def serve(settings: ServeSettings) -> None:
                 # drain is a clean exit for the service, so it ends with 0.
                 self._captured_signals.clear()
 
-    app = create_app(settings)
+    app = FastInferPath(create_app(settings))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=settings.graceful_timeout,
                             loop="auto", http="auto", lifespan="on")
     Server(config).run()
+
+
+class FastInferPath:
+    """ASGI wrapper: ``POST /v2/models/{name}[/versions/{v}]/infer`` goes straight to the
+    handler, everything else (and the OpenAPI description of infer) to FastAPI. Skipping
+    routing, the Request/Response objects and the middleware stack saves about a third of
+    the service's CPU time per small request (docs/serving.md)."""
+
+    def __init__(self, app):
+        self.app = app
+        self.handle = app.state.handle_infer
+
+    async def __call__(self, scope, receive, send):
+        match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if match is None:
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+        async def read_body() -> bytes:
+            chunks, more = [], True
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise RequestError("client went away", 499)
+                chunks.append(message.get("body", b""))
+                more = message.get("more_body", False)
+            return b"".join(chunks)
+
+        status, extra, payload = await self.handle(match["name"], match["version"], headers, read_body)
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [*raw, (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})
 
 
 def _limits_of(model: ServedModel, settings: ServeSettings) -> Limits:

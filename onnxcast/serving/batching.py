@@ -21,6 +21,8 @@ import numpy as np
 
 from onnxcast.serving.model import ServedModel
 
+INLINE_ROWS = 4  # a lone small request runs on the event loop; batches run in the inference thread
+
 
 class NotReadyError(RuntimeError):
     """No verified model is loaded yet."""
@@ -96,7 +98,10 @@ class Batcher:
                     raise NotReadyError("no verified model is loaded yet")
                 histories = [p.history for p in batch]
                 stacked = histories[0] if len(histories) == 1 else np.concatenate(histories)
-                forecast = await loop.run_in_executor(self._executor, model.run, stacked)
+                if len(stacked) <= INLINE_ROWS and not self._queue and self.arriving == 0:
+                    forecast = model.run(stacked)  # alone: handing over to a thread costs more than it saves
+                else:
+                    forecast = await loop.run_in_executor(self._executor, model.run, stacked)
             except Exception as exc:  # answer every waiting request; the loop must go on
                 for pending in batch:
                     if not pending.future.done():
