@@ -117,6 +117,7 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from onnxcast.serving import openapi
 
@@ -143,6 +144,10 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
                   description="Open Inference Protocol (KServe V2) for onnxcast forecasters", docs_url=None,
                   redoc_url=None)
     app.state.follower, app.state.batcher, app.state.metrics = follower, batcher, metrics
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):  # V2 errors are {"error": ...}
+        return Response(error_body(str(exc.detail)), exc.status_code, headers=exc.headers, media_type=JSON)
 
     def error(status: int, message: str, version: str | None = None) -> Response:
         headers = {"x-model-version": version} if version else None

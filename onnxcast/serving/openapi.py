@@ -18,7 +18,7 @@ def _error(description: str) -> dict:
 _TENSOR_PARAMETERS = {"type": "object", "additionalProperties": True,
                       "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}}
 _INPUT = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
-    "name": {"type": "string", "description": "must be 'history'"},
+    "name": {"type": "string", "enum": ["history"]},
     "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 3, "maxItems": 3,
               "description": "[batch, time, n_features]"},
     "datatype": {"type": "string", "enum": ["FP32", "FP64", "FP16"]},
@@ -26,7 +26,8 @@ _INPUT = {"type": "object", "required": ["name", "shape", "datatype"], "properti
     "data": {"type": "array", "items": {"type": "number"},
              "description": "row-major values (flat; omit when sent as binary data)"}}}
 _REQUESTED_OUTPUT = {"type": "object", "required": ["name"], "properties": {
-    "name": {"type": "string"}, "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}}}}
+    "name": {"type": "string", "enum": ["forecast"]},
+    "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}}}}
 INFER_REQUEST = {"type": "object", "required": ["inputs"], "properties": {
     "id": {"type": "string"},
     "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},

@@ -76,38 +76,49 @@ def request(url: str, data: bytes | None = None, headers: dict | None = None) ->
         return exc.code, json.loads(exc.read() or b"null"), dict(exc.headers)
 
 
+def launch(store: str, folder: Path, *extra: str, channel: str = "cloud", wait_live: bool = True) -> Server:
+    """Start ``python -m onnxcast serve`` on a free port, its log and device folder in ``folder``."""
+    port = free_port()
+    log = folder / f"serve-{port}.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "onnxcast", "serve", "--store", store, "--model", "m", "--channel", channel,
+               "--port", str(port), "--dest", str(folder / f"serve-{port}"), "--poll-interval", "0.2", *extra]
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    if wait_live:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if server.get("/v2/health/live")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError(log.read_text())
+            time.sleep(0.1)
+    return server
+
+
+def kill(server: Server) -> None:
+    if server.process.poll() is None:
+        server.process.kill()
+        server.process.wait(10)
+
+
 @pytest.fixture
 def start_server(tmp_path):
     """Factory: start ``onnxcast serve`` on a free port; every server is stopped at teardown."""
     started: list[Server] = []
 
     def start(store: str, *extra: str, channel: str = "cloud", wait_live: bool = True) -> Server:
-        port = free_port()
-        log = tmp_path / f"serve-{port}.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        command = [sys.executable, "-m", "onnxcast", "serve", "--store", store, "--model", "m", "--channel", channel,
-                   "--port", str(port), "--dest", str(tmp_path / f"serve-{port}"), "--poll-interval", "0.2", *extra]
-        with open(log, "w") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        server = Server(process, f"http://127.0.0.1:{port}", log)
-        started.append(server)
-        if wait_live:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if server.get("/v2/health/live")[0] == 200:
-                        break
-                except (urllib.error.URLError, ConnectionError):
-                    pass
-                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
-        return server
+        started.append(launch(store, tmp_path, *extra, channel=channel, wait_live=wait_live))
+        return started[-1]
 
     yield start
     for server in started:
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait(10)
+        kill(server)
 
 
 @pytest.fixture
