@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
+from onnxcast import cli
 from onnxcast.edge import inspect_model, predict, pull, watch
 from onnxcast.errors import ConfigError, DataError, StoreError, VerificationError
 from onnxcast.promote import promote
-from onnxcast import cli
 from onnxcast.store import dump_json, open_store, sha256_hex
 
 

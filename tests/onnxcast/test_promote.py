@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from onnxcast.errors import ConfigError, ConflictError, OnnxcastError, StoreError, VerificationError
-from onnxcast.promote import ReportError, promote, rollback, verify_version
 from onnxcast import cli
+from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.promote import ReportError, promote, rollback, verify_version
 from onnxcast.store import LocalStore, open_store
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from conftest import kill, launch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+from serve_support import kill, launch  # noqa: E402
 
 from onnxcast.promote import promote  # noqa: E402
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import forecast_of, infer_body
+from serve_support import forecast_of, infer_body
 
 from onnxcast import cli
 from onnxcast.promote import promote
