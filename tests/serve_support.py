@@ -113,3 +113,28 @@ def forecast_of(report: Path, history: np.ndarray, variant: str = "fp32") -> np.
     session = ort.InferenceSession(str(report.parent / f"models/lstm/onnx/{variant}.onnx"),
                                    providers=["CPUExecutionProvider"])
     return session.run(["forecast"], {"history": history})[0]
+
+
+def burst(url: str, bodies: list[bytes]) -> list[tuple[int, dict]]:
+    """Send every body on its own keep-alive connection at (nearly) the same instant: all
+    connections are opened first, then the requests are written back to back, so the server
+    sees them together. Returns (status, JSON answer) in order."""
+    import asyncio
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+
+    async def run():
+        streams = [await asyncio.open_connection(parts.hostname, parts.port) for _ in bodies]
+        for (_, writer), body in zip(streams, bodies, strict=True):
+            writer.write(f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        answers = []
+        for reader, writer in streams:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            length = next(int(line.split(":")[1]) for line in head.split("\r\n") if line.lower().startswith("content-length"))
+            answers.append((int(head[9:12]), json.loads(await reader.readexactly(length))))
+            writer.close()
+        return answers
+
+    return asyncio.run(run())

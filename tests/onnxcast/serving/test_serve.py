@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from serve_support import forecast_of, infer_body
+from serve_support import burst, forecast_of, infer_body
 
 from onnxcast import cli
 from onnxcast.promote import promote
@@ -95,16 +95,9 @@ class TestServe:
         server.wait_ready("1")
         rng = np.random.default_rng(2)
         histories = rng.normal(100, 10, size=(48, 1, 16, 2)).astype(np.float32)
-        barrier = threading.Barrier(48)
-
-        def call(history):
-            barrier.wait()
-            return server.infer(history)
-
-        with ThreadPoolExecutor(48) as pool:
-            results = list(pool.map(call, histories))
+        results = burst(f"{server.url}/v2/models/m/infer", [json.dumps(infer_body(h)).encode() for h in histories])
         expected = forecast_of(report, histories[:, 0])
-        for (status, body, _), want in zip(results, expected, strict=True):
+        for (status, body), want in zip(results, expected, strict=True):
             assert status == 200, body
             np.testing.assert_allclose(body["outputs"][0]["data"], want, rtol=1e-6, atol=1e-5)
         metrics = server.metrics()
