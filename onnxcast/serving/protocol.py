@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 from onnxcast.contract import INPUT_NAME, OUTPUT_NAME
 
@@ -56,9 +57,12 @@ def decode_request(body: bytes, header_length: str | None, limits: Limits) -> In
             raise RequestError(f"Inference-Header-Content-Length {size} is outside the body's {len(body)} bytes")
         body, binary = body[:size], body[size:]
     try:
-        request = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError("request body is not valid JSON") from None
+        request = orjson.loads(body)  # ~6x faster than json for a history of floats
+    except orjson.JSONDecodeError:
+        try:  # NaN and Infinity are not JSON, but Python clients send them: say which value
+            request = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise RequestError("request body is not valid JSON") from None
     if not isinstance(request, dict):
         raise RequestError("request body must be a JSON object with 'inputs'")
     inputs = request.get("inputs")
@@ -86,15 +90,15 @@ def encode_response(model: str, version: str, request_id: str | None, forecast: 
     if binary:
         raw = np.ascontiguousarray(forecast, dtype="<f4").tobytes()
         output["parameters"] = {"binary_data_size": len(raw)}
-        header = json.dumps(response, separators=(",", ":")).encode()
+        header = orjson.dumps(response)
         headers[HEADER_LENGTH] = str(len(header))
         return header + raw, headers
-    output["data"] = forecast.astype(np.float32).ravel().tolist()
-    return json.dumps(response, separators=(",", ":")).encode(), headers
+    output["data"] = np.ascontiguousarray(forecast, dtype=np.float32).ravel()
+    return orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY), headers
 
 
 def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
+    return orjson.dumps({"error": message})
 
 
 # --- helpers ------------------------------------------------------------------------------
