@@ -207,7 +207,8 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
         try:
             model = served(name, version)
             if isinstance(model, Response):
-                status, extra, payload = model.status_code, dict(model.headers), model.body
+                status, payload = model.status_code, model.body
+                extra = {k: v for k, v in model.headers.items() if k != "content-length"}
             else:
                 length = headers.get("content-length", "")
                 if length.isdigit() and int(length) > settings.max_body_bytes:

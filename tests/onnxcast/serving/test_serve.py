@@ -3,6 +3,7 @@ validation, batching, metrics, atomic swaps under load, graceful shutdown."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -208,6 +209,11 @@ class TestValidation:
         assert status == 400 and "value at [0, 0, 0] is not finite" in body["error"]
         status, body, _ = server.infer(np.zeros((1, 16, 2), np.float32), model="other")
         assert status == 404 and body["error"] == "unknown model 'other'; this server serves 'm'"
+        connection = http.client.HTTPConnection(server.url.removeprefix("http://"))
+        connection.request("POST", "/v2/models/other/infer", body=b"{}")
+        answer = connection.getresponse()
+        assert answer.status == 404 and answer.headers.get_all("content-length") == [str(len(answer.read()))]
+        connection.close()
         status, body, _ = server.get("/v2/models/m/versions/7")
         assert status == 404 and "version '7' of 'm' is not served; serving '1'" in body["error"]
         assert 'code="400"' in server.metrics()
