@@ -239,7 +239,7 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
         status, headers, payload = await handle_infer(name, version, dict(request.headers), request.body)
         return Response(payload, status, headers=headers)
 
-    app.state.handle_infer = handle_infer
+    app.state.handle_infer, app.state.max_body_bytes = handle_infer, settings.max_body_bytes
     app.get("/v2/models/{name}", **openapi.MODEL_METADATA)(model_metadata)
     app.get("/v2/models/{name}/versions/{version}", **openapi.MODEL_METADATA)(model_metadata)
     app.get("/v2/models/{name}/ready", **openapi.MODEL_READY)(model_ready)
@@ -283,6 +283,7 @@ class FastInferPath:
     def __init__(self, app):
         self.app = app
         self.handle = app.state.handle_infer
+        self.max_body_bytes = app.state.max_body_bytes
 
     async def __call__(self, scope, receive, send):
         match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -291,12 +292,15 @@ class FastInferPath:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
         async def read_body() -> bytes:
-            chunks, more = [], True
+            chunks, more, size = [], True, 0
             while more:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     raise RequestError("client went away", 499)
                 chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                if size > self.max_body_bytes:  # chunked bodies carry no Content-Length to check first
+                    raise RequestError(f"request body is over the {self.max_body_bytes} bytes limit", 413)
                 more = message.get("more_body", False)
             return b"".join(chunks)
 
