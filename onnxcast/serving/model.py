@@ -136,4 +136,6 @@ class ChannelFollower:
                 self.poll()
             except Exception:  # a bug must not kill the follower and freeze the version silently
                 log.exception("channel poll crashed; retrying in %.1f s", self.interval)
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            # Until a first model is loaded, retry at least every second: readiness waits on it.
+            interval = self.interval if self.current is not None else min(self.interval, 1.0)
+            self._stop.wait(max(0.0, interval - (time.monotonic() - started)))

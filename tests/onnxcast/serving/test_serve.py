@@ -15,6 +15,7 @@ from serve_support import burst, forecast_of, infer_body
 
 from onnxcast import cli
 from onnxcast.promote import promote
+from onnxcast.store import open_store, sha256_hex
 
 pytestmark = pytest.mark.slow
 
@@ -56,10 +57,17 @@ class TestServe:
         promote(make_run("a"), str(store), "m", "cloud", version="1")
         server = start_server(str(store))
         server.wait_ready("1")
-        promote(make_run("b"), str(store), "m", "cloud", version="2")  # then its bytes are swapped
+        # Version 2 is written (through the edge channel), its cloud artifact's bytes are then
+        # swapped, and only then does the cloud pointer move to it, as a bucket writer could.
+        promote(make_run("b"), str(store), "m", "edge", version="2")
         artifact = store / "m/versions/2/lstm-fp32.onnx"
-        artifact.chmod(0o644)
         artifact.write_bytes(artifact.read_bytes()[:-4] + b"evil")
+        rollout = open_store(str(store))
+        manifest = rollout.read(rollout.version_key("m", "2"))
+        pointer = rollout.read_channel("m", "cloud")
+        rollout.replace_pointer(rollout.channel_key("m", "cloud"), {
+            **pointer.value, "version": "2", "manifest_sha256": sha256_hex(manifest),
+            "sha256": json.loads(manifest)["artifacts"]["lstm-fp32.onnx"]["sha256"]}, pointer.token)
         deadline = time.monotonic() + 30
         while 'onnxcast_serve_poll_errors_total{error="VerificationError",model="m"}' not in server.metrics():
             assert time.monotonic() < deadline, server.log.read_text()
