@@ -124,6 +124,7 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
         changed = _move_pointer(store, model_name, channel, plan.version, manifest, manifest_sha,
                                 pointers[channel], action="promote", actor=actor, reason=reason)
         moved[channel] = "moved" if changed else "unchanged"
+    _publish_model_repositories(store, model_name, moved)
     return PromotionResult(model_name, plan.version, store.uri, tuple(written), tuple(skipped), moved)
 
 
@@ -148,6 +149,7 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_ver
                          f"for channel {channel!r} (it has {sorted(manifest.get('channels', {}))})")
     _move_pointer(store, model_name, channel, target, manifest, manifest_sha, pointer,
                   action="rollback", actor=actor or default_actor(), reason=reason)
+    _publish_model_repositories(store, model_name, [channel])
     return RollbackResult(model_name, channel, target, current, True)
 
 
@@ -379,6 +381,16 @@ def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: s
     }
     store.replace_pointer(store.channel_key(model_name, channel), value, pointer.token)
     return True
+
+
+def _publish_model_repositories(store: RolloutStore, model_name: str, channels) -> None:
+    """The cloud channel is also published as a Triton / KServe model repository (idempotent:
+    a rerun of the same promotion repairs a repository an earlier attempt left behind)."""
+    from onnxcast.serving.repository import PUBLISHED_CHANNELS, publish_model_repository
+
+    for channel in channels:
+        if channel in PUBLISHED_CHANNELS:
+            publish_model_repository(store, model_name, channel)
 
 
 def _now() -> str:
