@@ -2,13 +2,15 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 INFRA_VENV ?= .venv-infra
+KSERVE_VENV ?= .venv-kserve
 BIN := $(VENV)/bin
 export ONNXCAST_HOME ?= $(CURDIR)/.onnxcast
 # A stamp per environment: reinstall only when the pins change.
 STAMP := $(VENV)/.installed
 INFRA_STAMP := $(INFRA_VENV)/.installed
+KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench bench-accuracy airflow lock clean browser
+.PHONY: install demo test test-fast lint bench bench-accuracy bench-serve bench-serve-kserve airflow lock clean browser
 
 install: $(STAMP)
 
@@ -23,6 +25,11 @@ $(STAMP): requirements/main.in requirements/constraints.txt pyproject.toml
 $(INFRA_STAMP): requirements/infra.in requirements/constraints-infra.txt
 	test -x $(INFRA_VENV)/bin/python || $(PYTHON) -m venv $(INFRA_VENV)
 	$(INFRA_VENV)/bin/python -m pip install --quiet -r requirements/infra.in -c requirements/constraints-infra.txt
+	touch $@
+
+$(KSERVE_STAMP): requirements/kserve.in requirements/constraints-kserve.txt
+	test -x $(KSERVE_VENV)/bin/python || $(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/python -m pip install --quiet -r requirements/kserve.in -c requirements/constraints-kserve.txt
 	touch $@
 
 demo: $(STAMP)
@@ -52,6 +59,14 @@ bench: $(STAMP)
 bench-accuracy: $(STAMP)
 	$(BIN)/python bench/accuracy.py
 
+# onnxcast serve vs mlflow models serve of the same model, on loopback (bench/serve-results.md).
+bench-serve: $(STAMP)
+	$(BIN)/python bench/serve.py $(BENCH_SERVE_ARGS)
+
+# The same, plus KServe's Python model server (its own environment) for the engine comparison.
+bench-serve-kserve: $(STAMP) $(KSERVE_STAMP)
+	$(BIN)/python bench/serve.py --kserve-python $(KSERVE_VENV)/bin/python $(BENCH_SERVE_ARGS)
+
 airflow: $(STAMP)
 	$(BIN)/python scripts/airflow_standalone.py
 
@@ -62,4 +77,4 @@ lock:
 	/tmp/onnxcast-lock/bin/pip freeze --exclude-editable | grep -v '^onnxcast' > requirements/constraints.txt
 
 clean:
-	rm -rf $(VENV) $(INFRA_VENV) .pytest_cache
+	rm -rf $(VENV) $(INFRA_VENV) $(KSERVE_VENV) .pytest_cache

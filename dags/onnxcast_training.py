@@ -14,6 +14,7 @@ as the `challenger` and promotes it to the rollout channels **only if it beats t
 | 4 | `register` | report.json, MLflow runs, model version with alias `challenger` |
 | 5 | `champion_challenger` | compares holdout MAE of challenger and champion |
 | 6 | `promote` | rollout store version + channel pointers, alias `champion` (skipped if the champion wins) |
+| 7 | `wait_until_serving` | with the *serving_url* param: deferrable wait until `onnxcast serve` answers with the promoted version |
 
 The training window ends at the run's data interval end (or *trained_until*), so clearing
 a past run reproduces it. Every task links to its MLflow run ("MLflow run" button).
@@ -36,6 +37,7 @@ from operators import (
     TrainOrFetchModelOperator,
     ValidateModelOperator,
 )
+from operators.serving import ServingReadySensor
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 RUN_DIR = "{{ ti.xcom_pull(task_ids='check_data', key='run_dir') }}"
@@ -83,6 +85,9 @@ with DAG(
                                                    "promote only a challenger that beats it"),
         "min_improvement": Param(0.0, type="number", minimum=0,
                                  description="Relative MAE improvement over the champion required to promote"),
+        "serving_url": Param(None, type=["null", "string"],
+                             description="onnxcast serve following the cloud channel (http://host:port): when "
+                                         "set, wait until it serves the promoted version"),
         "extra_settings": Param({}, type="object",
                                 description="Other pipeline settings by name (hidden_size, d_model, n_heads, "
                                             "num_layers, latency_repeats, accuracy_budget, quality, ...)"),
@@ -130,4 +135,12 @@ with DAG(
         decision="{{ ti.xcom_pull(task_ids='champion_challenger') }}",
         outlets=[ROLLOUT],
     )
-    train >> export >> optimize >> validate >> register >> decide >> promote
+    serving = ServingReadySensor(
+        task_id="wait_until_serving",
+        service_url="{{ params.serving_url }}",
+        model_name="{{ params.model_name }}",
+        version="{{ (ti.xcom_pull(task_ids='promote') or {}).get('version') }}",
+        channels="{{ (ti.xcom_pull(task_ids='promote') or {}).get('channels') }}",
+        trigger_rule="none_failed",  # a skipped promotion: nothing to wait for, the run stays green
+    )
+    train >> export >> optimize >> validate >> register >> decide >> promote >> serving

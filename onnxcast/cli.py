@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_rollout_commands(commands)
+    from onnxcast.serving.cli import add_serve_command
+
+    add_serve_command(commands)
     return parser
 
 

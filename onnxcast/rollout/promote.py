@@ -148,6 +148,7 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
                                 pointers[channel], action="promote", actor=actor, reason=reason,
                                 signers=signers, days=days)
         moved[channel] = "moved" if changed else "unchanged"
+    _publish_model_repositories(store, model_name, moved, signers)
     return PromotionResult(model_name, plan.version, store.uri, tuple(written), tuple(skipped), moved)
 
 
@@ -176,6 +177,7 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_ver
                          f"for channel {channel!r} (it has {sorted(manifest.get('channels', {}))})")
     _move_pointer(store, model_name, channel, target, manifest, manifest_sha, pointer,
                   action="rollback", actor=actor or default_actor(), reason=reason, signers=signers, days=days)
+    _publish_model_repositories(store, model_name, [channel], signers)
     return RollbackResult(model_name, channel, target, current, True)
 
 
@@ -489,6 +491,22 @@ def _signers(signers: Sequence | str | None) -> list:
     if signers and not isinstance(signers, str) and all(hasattr(s, "sign") for s in signers):
         return list(signers)
     return load_signers(signers)
+
+
+def _publish_model_repositories(store: RolloutStore, model_name: str, channels, signers: Sequence) -> None:
+    """The cloud channel is also published as a Triton / KServe model repository (idempotent:
+    a rerun of the same promotion repairs a repository an earlier attempt left behind). The
+    bytes come from a verified pull: against ``$ONNXCAST_TRUST`` when the worker has one, else
+    against the public keys of the release keys that just signed."""
+    from onnxcast.rollout.signing import TRUST_ENV, signers_root
+    from onnxcast.serving.repository import PUBLISHED_CHANNELS, publish_model_repository
+
+    wanted = [c for c in channels if c in PUBLISHED_CHANNELS]
+    if not wanted:
+        return
+    trust = os.environ.get(TRUST_ENV) or signers_root(signers)
+    for channel in wanted:
+        publish_model_repository(store, model_name, channel, trust=trust)
 
 
 def _now() -> str:

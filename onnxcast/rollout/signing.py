@@ -188,6 +188,13 @@ def sign_root(root, signers: Sequence) -> bytes:
     return root.to_bytes(JSONSerializer(compact=False))
 
 
+def signers_root(signers: Sequence):
+    """A trust root held in memory that trusts exactly ``signers`` (any one of them): for a
+    writer that checks what it just signed, as a device would, without a root file."""
+    keys = [s.public_key for s in signers]
+    return make_root(keys, keys, expires_days=1)
+
+
 def parse_root(data: bytes, where: str):
     """A Metadata[Root] from bytes; RefusedError when it is not one."""
     from tuf.api.metadata import Metadata, Root

@@ -166,6 +166,11 @@ class RolloutStore(ABC):
         ConflictError naming the pointer otherwise. Returns the new token."""
 
     @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write ``key`` whatever it holds (readers see the old bytes or the new ones). Only for
+        derived, rebuildable objects (the model repository's config), never versions or pointers."""
+
+    @abstractmethod
     def list_versions(self, model: str) -> list[str]:
         """Version ids with any object under ``<model>/versions/`` (complete or not)."""
 
@@ -244,6 +249,18 @@ class LocalStore(RolloutStore):
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
         return sha256_hex(data)
+
+    def put(self, key: str, data: bytes) -> None:
+        try:
+            with self._folder(key, create=True) as (folder, name):
+                tmp = f".{name}.{uuid.uuid4().hex}.tmp"
+                try:
+                    _write_synced(folder, tmp, data)
+                    os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                finally:
+                    _unlink(folder, tmp)
+        except OSError as exc:
+            raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
 
     def list_versions(self, model: str) -> list[str]:
         directory = self.root / check_name("model", model) / "versions"
@@ -412,6 +429,14 @@ class S3Store(RolloutStore):
         if now is not None and now[0] == data:
             return now[1]
         raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")
+
+    def put(self, key: str, data: bytes) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._put(key, data)
+        except ClientError as exc:
+            raise self._error(exc, "PutObject", key) from None
 
     def list_versions(self, model: str) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError

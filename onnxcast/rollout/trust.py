@@ -66,7 +66,11 @@ class DeviceTrust:
 
     def __init__(self, dest: str | Path, trust_file: str | Path | None = None):
         self.folder = Path(dest).absolute() / TRUST_DIR
-        self.root = self._load(trust_file or os.environ.get(TRUST_ENV) or None)
+        given = trust_file or os.environ.get(TRUST_ENV) or None
+        self.root = self._load(given)
+        # A root held in memory pins its keys: no chain is walked from it (a writer checking
+        # what its own keys just signed).
+        self.pinned = given is not None and not isinstance(given, str | os.PathLike)
 
     # --- the root -------------------------------------------------------------------------
     def update_root(self, store, up_to: int) -> int:
@@ -74,6 +78,8 @@ class DeviceTrust:
         version the channel pointer names; unverified, so a lie only costs a refusal);
         returns the version now trusted. A root that does not chain is refused (the trusted
         one stays), and so is a missing one."""
+        if self.pinned:
+            return self.root.signed.version
         up_to = min(up_to, self.root.signed.version + MAX_ROOT_STEPS)
         while self.root.signed.version < up_to:
             key = store.root_key(self.root.signed.version + 1)
@@ -105,7 +111,7 @@ class DeviceTrust:
         if (now or datetime.now(UTC)) >= expires:
             raise RefusedError(f"{where}: expired at {signed['expires']} (a frozen or stale channel); refusing it")
         root_version = signed.get("root_version", 0)
-        if isinstance(root_version, int) and root_version > self.root.signed.version:
+        if isinstance(root_version, int) and root_version > self.root.signed.version and not self.pinned:
             raise RefusedError(f"{where}: names root version {root_version}, the device trusts version "
                                f"{self.root.signed.version}; refusing it")
         counter = signed.get("counter")
@@ -159,7 +165,11 @@ class DeviceTrust:
                               "reinstall the device") from None
         return value if isinstance(value, dict) else {}
 
-    def _load(self, trust_file: str | Path | None):
+    def _load(self, trust_file):
+        from tuf.api.metadata import Metadata
+
+        if isinstance(trust_file, Metadata):  # a root held in memory (signing.signers_root)
+            return trust_file
         installed = self.folder / ROOT_FILE
         have = _read_root_file(installed) if installed.exists() else None
         if trust_file is None:

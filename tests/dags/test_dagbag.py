@@ -65,6 +65,8 @@ class TestDagBag:
         assert mapped == {"train_or_fetch", "export", "optimize", "validate"}
         assert [o.name for o in dag.get_task("promote").outlets] == ["onnxcast_rollout"]
         assert dag.params["families"] == ["lstm", "transformer"]
+        assert dag.params["serving_url"] is None  # waiting for onnxcast serve is opt-in
+        assert dag.get_task("wait_until_serving").upstream_task_ids == {"promote"}
         for task in dag.tasks:
             assert [link.name for link in task.operator_extra_links] == ["MLflow run"], task.task_id
 

@@ -56,7 +56,14 @@ SKIPPED: dict[str, str] = {
     r"^CHECKOV=\S+ \.venv/bin/python -m pytest tests/infra\b": "runs a test module: tests/infra/test_terraform.py",
     r"^cp docker/\.env\.example docker/\.env$": "prepares the Docker Compose setup; no Docker engine here",
     r"^docker compose ": "no Docker engine here (docker/README.md says the compose file is not run)",
+    r"^make bench-serve$": "a load generator against two servers for minutes; tests/bench/test_bench_serve_smoke.py "
+                           "runs bench/serve.py briefly",
+    r"^make bench-serve-kserve$": "builds KServe's own environment from the package registry, then the same bench",
 }
+
+# A documented HTTP client of `onnxcast serve`: run against the server the test starts from the
+# documented serve command (its port mapped), not on its own.
+SERVE_CLIENT = re.compile(r"^curl -s localhost:(\d+)/\S+$")
 
 # Documented places -> local equivalents in the workspace (cwd of every command, so relative
 # paths such as out/, last_week.csv and meter.parquet stay as documented).
@@ -89,8 +96,17 @@ def _later_promotion(argv: list[str]) -> list[str]:
             "--version", "later", "--reason", "a later promotion to roll back from", *signing]
 
 
+def _cloud_promotion(argv: list[str]) -> list[str]:
+    """The README promotes to edge only; a cloud service needs the cloud channel."""
+    store, model, channel = (_option(argv, name) for name in ("--store", "--model", "--channel"))
+    return ["promote", "--report", "out/report.json", "--store", store, "--model", model, "--channel", channel,
+            "--reason", "the channel the documented service follows",
+            "--signing-key", "keys/signing.key"]  # the development key README.md's `keys generate` made
+
+
 PREREQUISITES: list[tuple[str, Callable[[list[str]], list[str]]]] = [
     (r"^rollback\b", _later_promotion),
+    (r"^serve\b", _cloud_promotion),
 ]
 
 
@@ -203,7 +219,8 @@ def test_the_documents_hold_commands():
 
 
 def test_every_documented_command_is_run_or_skipped_with_a_reason():
-    unhandled = [str(c) for c in COMMANDS if not c.is_onnxcast and skip_reason(c) is None]
+    unhandled = [str(c) for c in COMMANDS
+                 if not c.is_onnxcast and skip_reason(c) is None and not SERVE_CLIENT.match(c.text)]
     assert not unhandled, "documented commands neither run nor in SKIPPED:\n" + "\n".join(unhandled)
     stale = [pattern for pattern in SKIPPED if not any(re.search(pattern, c.text) for c in COMMANDS)]
     assert not stale, f"SKIPPED entries that match no documented command: {stale}"
@@ -375,6 +392,10 @@ def test_documented_commands_run(workspace):
             if re.search(pattern, " ".join(args)):
                 before = run_onnxcast(make(args), workspace)
                 assert before.returncode == 0, f"prerequisite of {command}:\n{before.stderr[-3000:]}"
+        if args[0] == "serve":
+            serve_and_query(command, args, workspace)
+            ran.append(command)
+            continue
         result = run_onnxcast(args, workspace)
         assert result.returncode == 0, f"{command}\nexit {result.returncode}:\n{result.stderr[-3000:]}"
         assert "Traceback" not in result.stderr, f"{command}\n{result.stderr[-3000:]}"
@@ -384,3 +405,50 @@ def test_documented_commands_run(workspace):
             raise AssertionError(f"{command}\nunexpected output ({exc!r}):\n{result.stdout[-2000:]}") from None
         ran.append(command)
     assert len(ran) >= 5, [str(c) for c in ran]
+
+
+def serve_and_query(command: DocCommand, args: list[str], workspace: Path) -> None:
+    """Start the documented `onnxcast serve` on a free port, wait until it is ready, run every
+    documented `curl` against it (the port mapped), then stop it as a user would (SIGTERM)."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    documented_port = _option(args, "--port")
+    args = [a if a != documented_port else str(port) for a in args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "ONNXCAST_", "AIRFLOW"))}
+    env.update(OMP_NUM_THREADS="1", ONNXCAST_HOME=str(workspace / "onnxcast-home"))
+    server = subprocess.Popen([str(ONNXCAST), *args], cwd=workspace, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, f"{command}\nexited {server.returncode}:\n{server.stderr.read()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"{command}: not ready after 120 s"
+            time.sleep(0.5)
+        clients = [c for c in COMMANDS if SERVE_CLIENT.match(c.text)]
+        assert clients, "the documentation shows no client of onnxcast serve"
+        for client in clients:
+            text = client.text.replace(f"localhost:{documented_port}", f"127.0.0.1:{port}")
+            result = subprocess.run(shlex.split(text), capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, f"{client}\nexit {result.returncode}: {result.stderr}"
+            body = json.loads(result.stdout)
+            assert body["name"] == _option(args, "--model") and body["versions"], f"{client}: {body}"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    assert server.returncode == 0, f"{command}: exit {server.returncode} after SIGTERM"

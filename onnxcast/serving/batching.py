@@ -1,0 +1,134 @@
+"""Adaptive batching: concurrent requests become one ONNX Runtime call.
+
+Requests wait in a queue. The batcher takes the first one and, while other requests are
+already on their way (being read or decoded) and the batch is below ``max_batch_size``
+histories, waits for more up to ``max_delay`` seconds; a lone client is never delayed.
+Requests with different history lengths go to different calls (one tensor per call).
+While a batch runs in the inference thread, the next one fills up, so batches grow with
+load. Every request in a batch is answered by the same model version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxcast.serving.model import ServedModel
+
+INLINE_ROWS = 4  # a lone small request runs on the event loop; batches run in the inference thread
+
+
+class NotReadyError(RuntimeError):
+    """No verified model is loaded yet."""
+
+
+@dataclass
+class _Pending:
+    history: np.ndarray
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Coalesces ``submit`` calls; ``model`` returns the model to run a batch with (read once
+    per batch). ``observe(rows, requests, version)`` is called after each batch."""
+
+    def __init__(self, model: Callable[[], ServedModel | None], *, max_batch_size: int = 64,
+                 max_delay: float = 0.005, observe: Callable[[int, int, str], None] | None = None):
+        self._model, self.max_batch_size, self.max_delay = model, max_batch_size, max_delay
+        self._observe = observe
+        self._queue: deque[_Pending] = deque()
+        self._wakeup: asyncio.Event | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
+        self._task: asyncio.Task | None = None
+        self.arriving = 0  # requests received and not yet queued: worth waiting for
+
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def stop(self) -> None:
+        """Finish what is queued, then stop."""
+        while self._queue:
+            await asyncio.sleep(0.005)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, history: np.ndarray) -> tuple[np.ndarray, str]:
+        """The forecast for ``history [batch, time, features]`` and the version that made it."""
+        if self._model() is None:
+            raise NotReadyError("no verified model is loaded yet")
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(history, future))
+        self._wakeup.set()
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            first = self._queue[0]
+            deadline = first.enqueued + self.max_delay
+            while self._rows(first.history.shape[1]) < self.max_batch_size and self.arriving > 0:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), left)
+                except TimeoutError:
+                    break
+            batch = self._take(first.history.shape[1])
+            model = self._model()
+            loop = asyncio.get_running_loop()
+            try:
+                if model is None:
+                    raise NotReadyError("no verified model is loaded yet")
+                histories = [p.history for p in batch]
+                stacked = histories[0] if len(histories) == 1 else np.concatenate(histories)
+                if len(stacked) <= INLINE_ROWS and not self._queue and self.arriving == 0:
+                    forecast = model.run(stacked)  # alone: handing over to a thread costs more than it saves
+                else:
+                    forecast = await loop.run_in_executor(self._executor, model.run, stacked)
+            except Exception as exc:  # answer every waiting request; the loop must go on
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                continue
+            start = 0
+            for pending in batch:
+                rows = len(pending.history)
+                if not pending.future.done():  # a client may have gone away
+                    pending.future.set_result((forecast[start:start + rows], model.version))
+                start += rows
+            if self._observe:
+                self._observe(start, len(batch), model.version)
+
+    def _rows(self, steps: int) -> int:
+        return sum(len(p.history) for p in self._queue if p.history.shape[1] == steps)
+
+    def _take(self, steps: int) -> list[_Pending]:
+        """Queued requests of ``steps`` history length, in order, up to the batch size (at least one)."""
+        taken, kept, rows = [], deque(), 0
+        while self._queue:
+            pending = self._queue.popleft()
+            size = len(pending.history)
+            if pending.history.shape[1] == steps and (not taken or rows + size <= self.max_batch_size):
+                taken.append(pending)
+                rows += size
+            else:
+                kept.append(pending)
+        self._queue.extendleft(reversed(kept))
+        return taken

@@ -1,0 +1,110 @@
+"""The V2 codec and the batcher as small functions (the HTTP behaviour is in test_serve.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+import orjson
+import pytest
+
+from onnxcast.serving.batching import Batcher
+from onnxcast.serving.model import ServedModel
+from onnxcast.serving.protocol import Limits, RequestError, decode_request, encode_response
+
+LIMITS = Limits(n_features=2, min_history=16, max_history=24, max_batch=8)
+
+
+def _binary(history: np.ndarray, **tensor_extra) -> tuple[bytes, str]:
+    raw = history.astype("<f4").tobytes()
+    header = json.dumps({"inputs": [{"name": "history", "datatype": "FP32", "shape": list(history.shape),
+                                     "parameters": {"binary_data_size": len(raw), **tensor_extra}}],
+                         "outputs": [{"name": "forecast", "parameters": {"binary_data": True}}]}).encode()
+    return header + raw, str(len(header))
+
+
+class TestProtocol:
+    def test_binary_round_trip(self):
+        history = np.random.default_rng(0).normal(size=(3, 16, 2)).astype(np.float32)
+        body, length = _binary(history)
+        request = decode_request(body, length, LIMITS)
+        assert request.binary_output and np.array_equal(request.history, history)
+        forecast = np.arange(12, dtype=np.float32).reshape(3, 4)
+        payload, headers = encode_response("m", "7", "abc", forecast, binary=True)
+        size = int(headers["inference-header-content-length"])
+        header = orjson.loads(payload[:size])
+        assert header["model_version"] == "7" and header["id"] == "abc"
+        assert header["outputs"][0]["parameters"]["binary_data_size"] == 48
+        assert np.array_equal(np.frombuffer(payload[size:], "<f4").reshape(3, 4), forecast)
+
+    @pytest.mark.parametrize("body, length, message", [
+        (b"{}", "x", "Inference-Header-Content-Length 'x' is not an integer"),
+        (b"{}", "99", "outside the body's 2 bytes"),
+        (*_binary(np.zeros((1, 16, 2), np.float32), binary_data_size=4), "binary_data_size 4 does not match"),
+    ])
+    def test_binary_errors(self, body, length, message):
+        with pytest.raises(RequestError, match=message):
+            decode_request(body, length, LIMITS)
+
+    def test_history_range_and_fp64(self):
+        body = {"inputs": [{"name": "history", "datatype": "FP64", "shape": [1, 24, 2], "data": [1.5] * 48}]}
+        request = decode_request(json.dumps(body).encode(), None, LIMITS)
+        assert request.history.dtype == np.float32 and request.history.shape == (1, 24, 2)
+        body["inputs"][0].update(shape=[1, 25, 2], data=[1.5] * 50)
+        with pytest.raises(RequestError, match="history of 25 step"):
+            decode_request(json.dumps(body).encode(), None, LIMITS)
+
+
+class _Recorder:
+    """A stand-in model that records the batch size of every call."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int]] = []
+
+    def run(self, history):
+        self.calls.append(history.shape[:2])
+        time.sleep(0.01)
+        return history[:, -4:, 0] * 1.0
+
+
+def _model(recorder: _Recorder) -> ServedModel:
+    model = ServedModel("m", "1", "a.onnx", "00", None, 16, 4, 2, ("y", "x1"))
+    object.__setattr__(model, "run", recorder.run)
+    return model
+
+
+class TestBatcher:
+    def test_coalesces_up_to_the_batch_size_and_never_mixes_history_lengths(self):
+        recorder = _Recorder()
+        model = _model(recorder)
+
+        async def scenario():
+            batcher = Batcher(lambda: model, max_batch_size=4, max_delay=0.05)
+            await batcher.start()
+            histories = [np.full((1, 16 if i % 2 else 20, 2), i, np.float32) for i in range(10)]
+            results = await asyncio.gather(*(batcher.submit(h) for h in histories))
+            await batcher.stop()
+            return histories, results
+
+        histories, results = asyncio.run(scenario())
+        for history, (forecast, version) in zip(histories, results, strict=True):
+            assert version == "1" and np.array_equal(forecast, history[:, -4:, 0])
+        assert all(rows <= 4 for rows, _ in recorder.calls) and sum(r for r, _ in recorder.calls) == 10
+        assert len(recorder.calls) < 10  # coalesced
+
+    def test_a_lone_request_is_not_delayed(self):
+        recorder = _Recorder()
+        model = _model(recorder)
+
+        async def scenario():
+            batcher = Batcher(lambda: model, max_batch_size=64, max_delay=5.0)
+            await batcher.start()
+            started = time.perf_counter()
+            await batcher.submit(np.zeros((1, 16, 2), np.float32))
+            elapsed = time.perf_counter() - started
+            await batcher.stop()
+            return elapsed
+
+        assert asyncio.run(scenario()) < 1.0  # nothing else on its way: no 5 s wait

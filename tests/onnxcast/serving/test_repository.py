@@ -1,0 +1,63 @@
+"""The cloud channel is also a Triton / KServe model repository in the store: one numbered
+version per channel move, config.pbtxt with dynamic batching and the model's dims."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from onnxcast.errors import VerificationError
+from onnxcast.promote import promote, rollback
+from onnxcast.serving.repository import publish_model_repository
+from onnxcast.store import open_store
+
+
+def test_promotions_and_rollbacks_become_numbered_triton_versions(store_uri, make_run):
+    store = open_store(store_uri)
+    promote(make_run("a"), store_uri, "m", ["edge", "cloud"], version="1")
+    promote(make_run("b"), store_uri, "m", "cloud", version="2")
+    rollback(store_uri, "m", "cloud", reason="test")
+    base = "_model_repository/cloud/m"
+    for number, version in (("1", "1"), ("2", "2"), ("3", "1")):  # a rollback is a new, higher number
+        assert store.read(f"{base}/{number}/model.onnx") == store.read(f"m/versions/{version}/lstm-fp32.onnx")
+    index = json.loads(store.read(f"{base}/onnxcast.json"))
+    assert {n: e["version"] for n, e in index.items()} == {"1": "1", "2": "2", "3": "1"}
+    config = store.read(f"{base}/config.pbtxt").decode()
+    for line in ('name: "m"', 'platform: "onnxruntime_onnx"', "max_batch_size: 64",
+                 "version_policy: { latest: { num_versions: 1 } }",
+                 'input [ { name: "history" data_type: TYPE_FP32 dims: [ -1, 2 ] } ]',
+                 'output [ { name: "forecast" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+                 "dynamic_batching { max_queue_delay_microseconds: 5000 }"):
+        assert line in config.splitlines()
+    assert store.read("_model_repository/edge/m/config.pbtxt") is None  # devices pull the edge channel
+
+
+def test_republishing_is_a_no_op(tmp_path, make_run):
+    store = str(tmp_path / "store")
+    promote(make_run("a"), store, "m", "cloud", version="1")
+    again = publish_model_repository(store, "m", "cloud")
+    assert (again.number, again.version, again.changed) == (1, "1", False)
+
+
+def test_a_tampered_artifact_is_not_published(tmp_path, make_run):
+    store = tmp_path / "store"
+    promote(make_run("a"), str(store), "m", "cloud", version="1")
+    artifact = store / "m/versions/1/lstm-fp32.onnx"
+    artifact.write_bytes(artifact.read_bytes()[:-1] + b"x")
+    (store / "_model_repository/cloud/m/1/model.onnx").unlink()
+    with pytest.raises(VerificationError, match="refusing version 1"):
+        publish_model_repository(str(store), "m", "cloud")
+    assert not (store / "_model_repository/cloud/m/1/model.onnx").exists()
+
+
+def test_published_model_runs_with_onnxruntime_at_tritons_batch_sizes(tmp_path, make_run):
+    import numpy as np
+    import onnxruntime as ort
+
+    store = tmp_path / "store"
+    promote(make_run("a"), str(store), "m", "cloud", version="1")
+    session = ort.InferenceSession(str(store / "_model_repository/cloud/m/1/model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    for batch in (1, 64):
+        assert session.run(["forecast"], {"history": np.ones((batch, 16, 2), np.float32)})[0].shape == (batch, 4)
