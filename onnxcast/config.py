@@ -12,7 +12,8 @@ from typing import Any
 
 from onnxcast.errors import ConfigError
 
-MODEL_FAMILIES = ("lstm", "transformer")
+MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
+DEFAULT_MODELS = ("lstm", "transformer")
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
 
@@ -47,7 +48,7 @@ class PipelineConfig:
     freq: str | None = None  # pandas offset alias; inferred from the timestamps when None
     horizon: int = 24
     lookback: int = 168
-    models: tuple[str, ...] = MODEL_FAMILIES
+    models: tuple[str, ...] = DEFAULT_MODELS
     season: int | None = None  # seasonal-naive period; derived from freq when None
     validation_fraction: float = 0.15
     holdout_fraction: float = 0.15
