@@ -60,7 +60,7 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
     elif spec.family in WINDOW_FAMILIES:
         seasons = spec.anchor_seasons
         if spec.family == "nhits":
-            core = NHiTSCore(spec.n_features, spec.lookback, spec.horizon, len(seasons), 4 * spec.hidden_size,
+            core = NHiTSCore(spec.n_features, spec.lookback, spec.horizon, len(seasons), 8 * spec.hidden_size,
                              NHITS_DROPOUT)
         else:
             core = DLinearCore(spec.n_features, spec.lookback, spec.horizon, len(seasons))
@@ -183,9 +183,10 @@ class EncoderLayer(nn.Module):
 # --- window families: read exactly the last ``lookback`` steps ----------------------------
 
 WINDOW_FAMILIES = ("nhits", "dlinear")
-# ~2,500 hourly training windows and 0.5M weights: without dropout validation loss was best
-# at epoch 2; 0.3 cut holdout MAE by ~5% on the example (two seeds)
-NHITS_DROPOUT = 0.3
+# Hidden width 8 x hidden_size (512 by default) with dropout 0.5: on the example (~2,500
+# training windows) validation loss was best at epoch 2 without dropout; holdout MAE over three
+# seeds was 323 (width 256, dropout 0.3), 315 (256, 0.5), 306 (512, 0.5); the Transformer 325.
+NHITS_DROPOUT = 0.5
 
 
 class WindowForecaster(nn.Module):
