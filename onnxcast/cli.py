@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop after this many epochs without a better validation loss")
     model.add_argument("--batch-size", type=int, default=d.batch_size, help="training windows per step")
     model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="AdamW learning rate")
-    model.add_argument("--hidden-size", type=int, default=d.hidden_size, help="LSTM hidden units")
+    model.add_argument("--hidden-size", type=int, default=d.hidden_size, help="LSTM hidden units (N-HiTS: MLP width 8x this)")
     model.add_argument("--num-layers", type=int, default=d.num_layers, help="LSTM and Transformer layers")
     model.add_argument("--d-model", type=int, default=d.d_model, help="Transformer width")
     model.add_argument("--n-heads", type=int, default=d.n_heads,
