@@ -12,7 +12,7 @@ import os
 import sys
 
 from onnxcast import __version__
-from onnxcast.config import PipelineConfig, QualitySettings
+from onnxcast.config import MODEL_FAMILIES, PipelineConfig, QualitySettings
 from onnxcast.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
 
 log = logging.getLogger("onnxcast")
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("--season", type=int, default=None,
                       help="seasonal-naive period in steps; derived from the frequency if omitted")
     model = p.add_argument_group("models and training")
-    model.add_argument("--models", default=",".join(d.models), help="comma-separated families: lstm, transformer")
+    model.add_argument("--models", default=",".join(d.models),
+                       help="comma-separated families: " + ", ".join(MODEL_FAMILIES))
     model.add_argument("--max-epochs", type=int, default=d.max_epochs, help="training epochs at most")
     model.add_argument("--max-minutes", type=float, default=d.max_minutes, help="training minutes per family at most")
     model.add_argument("--patience", type=int, default=d.patience,

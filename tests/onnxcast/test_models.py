@@ -33,7 +33,7 @@ def zero_correction(model):
 def test_any_batch_and_history_length_gives_batch_by_horizon(family, batch, time):
     if family in WINDOW_FAMILIES and time < 24:
         pytest.skip("the window families need at least the lookback (the contract's minimum)")
-    model = small(family, n_features=2)
+    model = small(family, n_features=2)  # the LSTM and Transformer also run below the lookback
     out = model(torch.randn(batch, time, 2) * 50 + 500)
     assert out.shape == (batch, 8)
     assert torch.isfinite(out).all()
