@@ -12,8 +12,9 @@ from typing import Any
 
 from onnxcast.errors import ConfigError
 
+# nhits and dlinear: window families (onnxcast.models); more accurate than the Transformer on
+# hourly, half-hourly and weekly data and trained in seconds (docs/performance.md#model-families)
 MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
-DEFAULT_MODELS = ("lstm", "transformer")
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
 
@@ -48,7 +49,7 @@ class PipelineConfig:
     freq: str | None = None  # pandas offset alias; inferred from the timestamps when None
     horizon: int = 24
     lookback: int = 168
-    models: tuple[str, ...] = DEFAULT_MODELS
+    models: tuple[str, ...] = MODEL_FAMILIES
     season: int | None = None  # seasonal-naive period; derived from freq when None
     validation_fraction: float = 0.15
     holdout_fraction: float = 0.15

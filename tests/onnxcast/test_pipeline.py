@@ -21,12 +21,12 @@ def test_report_follows_the_contract(tiny_run):
     validate_report(report)
     on_disk = json.loads((Path(cfg.out_dir) / "report.json").read_text())
     assert on_disk["selected"] == report["selected"]
-    assert [m["family"] for m in report["models"]] == ["lstm", "transformer"]
+    assert [m["family"] for m in report["models"]] == ["lstm", "transformer", "nhits", "dlinear"]
     assert report["dataset"]["rows"] == 1200 and report["dataset"]["freq"] == "h"
     assert report["split"]["holdout_end"].startswith("2012-05-29T23:00")
 
 
-def test_both_families_pass_parity_at_several_shapes_and_beat_the_baseline(tiny_run):
+def test_every_family_passes_parity_at_several_shapes_and_beats_the_baseline(tiny_run):
     _, report = tiny_run
     baseline = report["baselines"]["seasonal_naive"]["mae"]
     for model in report["models"]:
@@ -60,7 +60,7 @@ def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
     for channel in ("edge", "cloud"):
         choice = report["selected"][channel]
         assert by_name[(choice["family"], choice["variant"])]["eligible"]
-    for family in ("lstm", "transformer"):
+    for family in ("lstm", "transformer", "nhits", "dlinear"):
         assert by_name[(family, "int8")]["size_bytes"] < by_name[(family, "fp32")]["size_bytes"]
 
 
