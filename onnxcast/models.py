@@ -1,11 +1,13 @@
-"""LSTM and Transformer-encoder forecasters: ``history [batch, time, n_features]`` (raw units)
--> ``forecast [batch, horizon]`` (raw units).
+"""Forecasters: ``history [batch, time, n_features]`` (raw units) -> ``forecast [batch, horizon]``
+(raw units). LSTM and Transformer encoder (:class:`Forecaster`), and the window families
+N-HiTS and DLinear (:class:`WindowForecaster`).
 
 Scaling lives inside the module (and so inside the ONNX graph): a global standard scaler
 fitted on the training segment, then per-window normalisation (RevIN without affine
 parameters), which keeps the models honest on trending series whose holdout level was
-never seen in training. Both cores accept any history length: nothing depends on ``time``
-being the training ``lookback``.
+never seen in training. The LSTM and Transformer cores accept any history length; the
+window families read the newest ``lookback`` steps of any history at least that long (the
+ONNX contract, docs/architecture.md).
 """
 
 from __future__ import annotations
