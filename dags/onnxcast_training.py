@@ -65,7 +65,7 @@ with DAG(
         "horizon": Param(24, type="integer", minimum=1, description="Steps to forecast"),
         "lookback": Param(168, type="integer", minimum=2, description="History steps the model is trained on"),
         "families": Param(["lstm", "transformer"], type="array", minItems=1,
-                          items={"type": "string", "enum": ["lstm", "transformer"]},
+                          items={"type": "string", "enum": ["lstm", "transformer", "nhits", "dlinear"]},
                           description="Model families trained in parallel (one mapped task each)"),
         "max_epochs": Param(30, type="integer", minimum=1, description="Training epochs at most (early stopping)"),
         "channels": Param(["edge", "cloud"], type="array", minItems=1,

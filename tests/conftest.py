@@ -196,7 +196,7 @@ def tiny_config(tiny_csv, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_run(tiny_config):
-    """One full pipeline run (both families) on tiny settings; returns (cfg, report)."""
+    """One full pipeline run (every family) on tiny settings; returns (cfg, report)."""
     from onnxcast.pipeline import run_pipeline
 
     cfg = tiny_config(max_epochs=4)
