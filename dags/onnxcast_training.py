@@ -64,7 +64,7 @@ with DAG(
                       description="pandas frequency (h, 30min, D, W-SUN, MS); empty: inferred from the timestamps"),
         "horizon": Param(24, type="integer", minimum=1, description="Steps to forecast"),
         "lookback": Param(168, type="integer", minimum=2, description="History steps the model is trained on"),
-        "families": Param(["lstm", "transformer"], type="array", minItems=1,
+        "families": Param(["nhits", "dlinear", "lstm", "transformer"], type="array", minItems=1,
                           items={"type": "string", "enum": ["lstm", "transformer", "nhits", "dlinear"]},
                           description="Model families trained in parallel (one mapped task each)"),
         "max_epochs": Param(30, type="integer", minimum=1, description="Training epochs at most (early stopping)"),
