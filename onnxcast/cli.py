@@ -12,7 +12,7 @@ import os
 import sys
 
 from onnxcast import __version__
-from onnxcast.config import PipelineConfig, QualitySettings
+from onnxcast.config import MODEL_FAMILIES, PipelineConfig, QualitySettings
 from onnxcast.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
 
 log = logging.getLogger("onnxcast")
@@ -84,14 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("--season", type=int, default=None,
                       help="seasonal-naive period in steps; derived from the frequency if omitted")
     model = p.add_argument_group("models and training")
-    model.add_argument("--models", default=",".join(d.models), help="comma-separated families: lstm, transformer")
+    model.add_argument("--models", default=",".join(d.models),
+                       help="comma-separated families: " + ", ".join(MODEL_FAMILIES))
     model.add_argument("--max-epochs", type=int, default=d.max_epochs, help="training epochs at most")
     model.add_argument("--max-minutes", type=float, default=d.max_minutes, help="training minutes per family at most")
     model.add_argument("--patience", type=int, default=d.patience,
                        help="stop after this many epochs without a better validation loss")
     model.add_argument("--batch-size", type=int, default=d.batch_size, help="training windows per step")
     model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="AdamW learning rate")
-    model.add_argument("--hidden-size", type=int, default=d.hidden_size, help="LSTM hidden units")
+    model.add_argument("--hidden-size", type=int, default=d.hidden_size, help="LSTM hidden units (N-HiTS: MLP width 8x this)")
     model.add_argument("--num-layers", type=int, default=d.num_layers, help="LSTM and Transformer layers")
     model.add_argument("--d-model", type=int, default=d.d_model, help="Transformer width")
     model.add_argument("--n-heads", type=int, default=d.n_heads,

@@ -12,7 +12,10 @@ from typing import Any
 
 from onnxcast.errors import ConfigError
 
-MODEL_FAMILIES = ("lstm", "transformer")
+# nhits and dlinear: window families (onnxcast.models), trained in seconds; N-HiTS was more
+# accurate than the Transformer on hourly, half-hourly and weekly data, DLinear on weekly data
+# only (docs/performance.md#model-families)
+MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
 

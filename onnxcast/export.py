@@ -48,7 +48,8 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            proto = _export_dynamo(model, example) if exporter == "dynamo" else _export_torchscript(model, example)
+            proto = (_export_dynamo(model, example, min_time=getattr(model, "min_history", 2)) if exporter == "dynamo"
+                     else _export_torchscript(model, example))
     except Exception as exc:  # torch.export raises many types; report them as one
         raise ExportError(f"torch.onnx.export failed for {type(model.core).__name__}: {str(exc).splitlines()[0]}") from exc
     if opset is not None:
@@ -63,8 +64,9 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     return path
 
 
-def _export_dynamo(model: torch.nn.Module, example: torch.Tensor) -> onnx.ModelProto:
-    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=2)
+def _export_dynamo(model: torch.nn.Module, example: torch.Tensor, min_time: int = 2) -> onnx.ModelProto:
+    # a window family reads the last ``lookback`` steps: its time axis starts there
+    batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=max(2, min_time))
     program = torch.onnx.export(
         model, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
         dynamic_shapes={"history": {0: batch, 1: time}}, optimize=True, verbose=False,

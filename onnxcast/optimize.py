@@ -41,6 +41,9 @@ class QuantSettings:
 QUANTIZATION = {
     "lstm": QuantSettings(("LSTM", "MatMul", "Gemm"), per_channel=False),
     "transformer": QuantSettings(("MatMul", "Gemm", "Attention"), per_channel=True),
+    # MLP weights (N-HiTS: 1-1.5M in Gemm/MatMul at the defaults) are nearly all of the file
+    "nhits": QuantSettings(("MatMul", "Gemm"), per_channel=True),
+    "dlinear": QuantSettings(("MatMul", "Gemm"), per_channel=True),
 }
 
 

@@ -78,8 +78,9 @@ def prepare_data(cfg: PipelineConfig) -> dict:
 
 def train_family(cfg: PipelineConfig, family: str) -> dict:
     """Train one model family on the saved series; save its state dict and config."""
-    from onnxcast.data import windows
-    from onnxcast.models import ModelSpec, build_model
+    from onnxcast.data import seasons_for_freq, windows
+    from onnxcast.evaluation import best_anchor_season
+    from onnxcast.models import WINDOW_FAMILIES, ModelSpec, build_model
     from onnxcast.training import seed_everything, train_model
     from onnxcast.validate import torch_threads
 
@@ -87,9 +88,19 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     values = series.values
     train = windows(values, cfg.lookback, cfg.horizon, 0, split.train_end)[:2]
     validation = windows(values, cfg.lookback, cfg.horizon, split.train_end, split.validation_end)[:2]
+    # Every family starts from a seasonal-naive forecast: the period that was most accurate on
+    # the training rows among those the lookback holds (weekly on hourly demand with a week of
+    # history), unless the settings name a season. The window families also mix in the others.
+    implied = seasons_for_freq(series.freq)
+    anchor = series.season if cfg.season else best_anchor_season(
+        values[: split.train_end, 0], (series.season, *implied), cfg.horizon, cfg.lookback)
     spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, season=series.season)
+                     n_heads=cfg.n_heads, season=anchor,
+                     seasons=(model_seasons(anchor, implied, cfg.lookback) if family in WINDOW_FAMILIES else ()))
+    log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
+             f" (and mixes in {list(spec.anchor_seasons[1:])})" if family in WINDOW_FAMILIES and
+             len(spec.anchor_seasons) > 1 else "")
     seed_everything(cfg.seed)
     train_rows = values[: split.train_end]
     model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
@@ -105,6 +116,12 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
              result.stopped, result.seconds)
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
+
+
+def model_seasons(season: int, implied: tuple[int, ...], lookback: int) -> tuple[int, ...]:
+    """The seasonal periods a model anchors on: the run's ``season`` first, then every other
+    period the frequency implies that fits in the lookback (hourly, lookback 168: 24, 168)."""
+    return (season, *(s for s in dict.fromkeys(implied) if s != season and 1 < s <= lookback))
 
 
 def save_model(cfg: PipelineConfig, family: str, model, spec, extra: dict) -> None:

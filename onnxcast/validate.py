@@ -53,9 +53,14 @@ def onnx_predict(session, history: np.ndarray, batch_size: int = 256) -> np.ndar
 
 
 def parity_shapes(lookback: int, season: int) -> list[tuple[int, int]]:
-    """Batch sizes and history lengths unlike the export's example (batch 2, lookback)."""
-    shortest = max(season, 2, lookback // 2 + 1)
-    return [(1, lookback), (7, shortest), (16, lookback + lookback // 2 + 3), (64, lookback)]
+    """Batch sizes and history lengths unlike the export's example (batch 2, lookback).
+
+    The contract is any history of at least ``lookback`` steps (docs/architecture.md): the
+    window families (N-HiTS, DLinear) read exactly the newest ``lookback`` steps, so shorter
+    histories are outside it. ``season`` (<= lookback, checked by prepare_data) is unused.
+    """
+    del season
+    return [(1, lookback), (7, lookback + 1), (16, lookback + lookback // 2 + 3), (64, lookback)]
 
 
 def sample_histories(values: np.ndarray, batch: int, time_steps: int, rng: np.random.Generator) -> np.ndarray:

@@ -263,17 +263,16 @@ def store_uri(request, tmp_path):
 
 # --- tiny real pipeline runs (shared across test modules) -----------------------------------
 
-TINY = {"horizon": 12, "lookback": 48, "hidden_size": 16, "num_layers": 1, "d_model": 16, "n_heads": 2,
+TINY = {"horizon": 12, "lookback": 56, "hidden_size": 16, "num_layers": 1, "d_model": 16, "n_heads": 2,
         "max_epochs": 2, "latency_repeats": 3, "batch_size": 64}
 
 
 @pytest.fixture(scope="session")
-def tiny_csv(tmp_path_factory, example_csv) -> str:
-    """The last 1200 hourly rows of the example data: small enough to train in seconds."""
-    path = tmp_path_factory.mktemp("tiny-data") / "elec_tail.csv"
-    lines = Path(example_csv).read_text().splitlines()
-    path.write_text("\n".join([lines[0], *lines[-1200:]]) + "\n")
-    return str(path)
+def tiny_csv(tmp_path_factory) -> str:
+    """Weekly CO2 as ``ds,y`` (tests/real_series.py): real data tiny models beat the baselines on."""
+    from real_series import weekly_co2_csv
+
+    return weekly_co2_csv(tmp_path_factory.mktemp("tiny-data") / "co2_weekly.csv")
 
 
 @pytest.fixture(scope="session")
@@ -290,7 +289,7 @@ def tiny_config(tiny_csv, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_run(tiny_config):
-    """One full pipeline run (both families) on tiny settings; returns (cfg, report)."""
+    """One full pipeline run (every family) on tiny settings; returns (cfg, report)."""
     from onnxcast.pipeline import run_pipeline
 
     cfg = tiny_config(max_epochs=4)

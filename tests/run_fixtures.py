@@ -8,20 +8,22 @@ from pathlib import Path
 
 import pytest
 
-TINY_PIPELINE = {"horizon": 12, "lookback": 48, "max_epochs": 1, "models": ["lstm"], "hidden_size": 16,
+TINY_PIPELINE = {"horizon": 12, "lookback": 56, "max_epochs": 1, "models": ["lstm"], "hidden_size": 16,
                  "num_layers": 1, "latency_repeats": 3, "model_name": "tiny-forecaster"}
 
 
 @pytest.fixture(scope="session")
-def tiny_lstm_run(tmp_path_factory, example_csv) -> Path:
-    """A finished pipeline run directory (tiny LSTM on the example data, no Airflow):
+def tiny_lstm_run(tmp_path_factory) -> Path:
+    """A finished pipeline run directory (tiny LSTM on weekly CO2, tests/real_series.py; no Airflow):
     data, model, ONNX variants, validation, report.json and plan.json. Copy before changing."""
     from onnxcast import pipeline
     from onnxcast.champion import write_plan
     from onnxcast.config import PipelineConfig
 
     out = tmp_path_factory.mktemp("tiny-run") / "run"
-    cfg = PipelineConfig.from_dict({**TINY_PIPELINE, "data_uri": example_csv, "out_dir": str(out)})
+    from real_series import weekly_co2_csv
+
+    cfg = PipelineConfig.from_dict({**TINY_PIPELINE, "data_uri": weekly_co2_csv(), "out_dir": str(out)})
     pipeline.prepare_data(cfg)
     for step in (pipeline.train_family, pipeline.export_family, pipeline.optimize_family, pipeline.validate_family):
         step(cfg, "lstm")

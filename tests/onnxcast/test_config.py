@@ -6,7 +6,7 @@ from onnxcast.errors import ConfigError
 
 def test_defaults_are_valid():
     cfg = PipelineConfig(data_uri="x.csv", out_dir="out")
-    assert cfg.models == ("lstm", "transformer")
+    assert cfg.models == ("lstm", "transformer", "nhits", "dlinear")
     assert cfg.n_features == 1
 
 

@@ -15,14 +15,14 @@ from onnxcast.report import select_variants
 from onnxcast.validate import judge_variants
 
 HORIZON, LOOKBACK, SEASON = 12, 48, 24
-# shapes unlike the export's example (batch 2, lookback): batch 1, odd batches, shorter and
-# longer histories
-SHAPES = [(1, LOOKBACK), (5, 30), (9, 101), (64, LOOKBACK)]
+# shapes unlike the export's example (batch 2, lookback): batch 1, odd batches, longer
+# histories (the contract: any history of at least the lookback)
+SHAPES = [(1, LOOKBACK), (5, LOOKBACK + 1), (9, 101), (64, LOOKBACK)]
 METADATA = {"model_family": "", "lookback": LOOKBACK, "horizon": HORIZON, "freq": "h", "target": "y",
             "features": "", "precision": "fp32", "trained_until": "2024-01-01T00:00:00Z", "dataset_sha256": "0"}
 
 
-@pytest.fixture(scope="module", params=["lstm", "transformer"])
+@pytest.fixture(scope="module", params=["lstm", "transformer", "nhits"])
 def variants(request, tmp_path_factory) -> tuple[str, dict[str, Path]]:
     import torch
 
@@ -32,7 +32,8 @@ def variants(request, tmp_path_factory) -> tuple[str, dict[str, Path]]:
 
     family = request.param
     torch.manual_seed(0)
-    spec = ModelSpec(family=family, n_features=1, horizon=HORIZON, lookback=LOOKBACK, season=SEASON)
+    spec = ModelSpec(family=family, n_features=1, horizon=HORIZON, lookback=LOOKBACK, season=SEASON,
+                     seasons=(SEASON, LOOKBACK))
     model = build_model(spec, np.array([100.0]), np.array([10.0])).eval()
     out = tmp_path_factory.mktemp(family)
     fp32 = export_onnx(model, out / "fp32.onnx", n_features=1, lookback=LOOKBACK,
@@ -79,6 +80,10 @@ def test_transformer_attention_is_fused_and_lstm_outputs_are_trimmed(variants):
     family, paths = variants
     ops = [n.op_type for n in onnx.load(paths["fp32-opt"]).graph.node]
     int8_ops = [n.op_type for n in onnx.load(paths["int8"]).graph.node]
+    if family == "nhits":  # every Gemm/MatMul is int8: 3 blocks x 4 layers (less the last, unused
+        # backcast) and the 3 interpolations
+        assert int8_ops.count("MatMulInteger") == 14 and not {"Gemm", "MatMul"} & set(int8_ops)
+        return
     if family == "transformer":
         assert ops.count("Attention") == 2 and "Softmax" not in ops
         assert int8_ops.count("QAttention") == 2

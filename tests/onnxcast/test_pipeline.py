@@ -21,12 +21,12 @@ def test_report_follows_the_contract(tiny_run):
     validate_report(report)
     on_disk = json.loads((Path(cfg.out_dir) / "report.json").read_text())
     assert on_disk["selected"] == report["selected"]
-    assert [m["family"] for m in report["models"]] == ["lstm", "transformer"]
+    assert [m["family"] for m in report["models"]] == ["lstm", "transformer", "nhits", "dlinear"]
     assert report["dataset"]["rows"] == 1200 and report["dataset"]["freq"] == "h"
     assert report["split"]["holdout_end"].startswith("2012-05-29T23:00")
 
 
-def test_both_families_pass_parity_at_several_shapes_and_beat_the_baseline(tiny_run):
+def test_every_family_passes_parity_at_several_shapes_and_beats_the_baseline(tiny_run):
     _, report = tiny_run
     baseline = report["baselines"]["seasonal_naive"]["mae"]
     for model in report["models"]:
@@ -60,7 +60,7 @@ def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
     for channel in ("edge", "cloud"):
         choice = report["selected"][channel]
         assert by_name[(choice["family"], choice["variant"])]["eligible"]
-    for family in ("lstm", "transformer"):
+    for family in ("lstm", "transformer", "nhits", "dlinear"):
         assert by_name[(family, "int8")]["size_bytes"] < by_name[(family, "fp32")]["size_bytes"]
 
 
@@ -101,3 +101,31 @@ def test_lookback_shorter_than_the_season_is_a_settings_error(tmp_path, tiny_con
     with pytest.raises(ConfigError, match="lookback 16 is shorter than the season 24"):
         run_pipeline(cfg)
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_nhits_through_the_cli_on_daily_and_weekly_anchors(tiny_csv, tmp_path):
+    """`onnxcast pipeline --models nhits`: anchored on the 24- and 168-hour seasonal naive,
+    exported with dynamic batch and time, parity at histories of at least the lookback, and
+    an int8 variant judged by holdout accuracy."""
+    from onnxcast import cli
+    from onnxcast.models import ModelSpec
+
+    out = tmp_path / "out"
+    code = cli.main(["pipeline", "--data", tiny_csv, "--out", str(out), "--models", "nhits", "--horizon", "12",
+                     "--lookback", "168", "--hidden-size", "16", "--max-epochs", "3", "--latency-repeats", "3"])
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    validate_report(report)
+    (model,) = report["models"]
+    assert model["family"] == "nhits" and model["gates_passed"], model["failures"]
+    assert model["fp32_holdout_mae"] < report["baselines"]["seasonal_naive"]["mae"]
+    variants = {v["name"]: v for v in model["variants"]}
+    for name in ("fp32", "fp32-opt"):
+        shapes = variants[name]["parity_shapes"]
+        assert {s["time"] for s in shapes} > {168} and all(s["time"] >= 168 for s in shapes)
+        assert {s["batch"] for s in shapes} >= {1, 64}
+    assert variants["int8"]["size_bytes"] < 0.3 * variants["fp32"]["size_bytes"]
+    assert "accuracy_vs_fp32" in variants["int8"]["gates"]
+    assert signature(onnx.load(out / variants["fp32"]["onnx_path"]))["inputs"][0]["shape"][:2] == ["batch", "time"]
+    spec = ModelSpec(**json.loads((out / "models" / "nhits" / "model.json").read_text())["spec"])
+    assert spec.seasons == (24, 168) and spec.anchor_seasons == (24, 168)

@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 import airflow_support
 import pytest
+from real_series import weekly_co2_csv
 from run_fixtures import tiny_lstm_run, tiny_lstm_run_copy  # noqa: F401  (fixtures)
 
 airflow_support.configure()
 
-OPS_SETTINGS = {"data_uri": "example", "horizon": 12, "lookback": 48, "max_epochs": 1, "models": ["lstm"],
+OPS_SETTINGS = {"data_uri": weekly_co2_csv(), "horizon": 12, "lookback": 56, "max_epochs": 1, "models": ["lstm"],
                 "hidden_size": 16, "num_layers": 1, "latency_repeats": 3, "model_name": "ops-forecaster"}
 
 

@@ -22,8 +22,8 @@ def demo(tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AIRFLOW", "ONNXCAST", "MLFLOW_TRACKING"))}
     env["ONNXCAST_HOME"] = str(home)
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--quick", "--families", "lstm",
-                           "--epochs", "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "demo.py"), "--quick", "--families", "nhits",
+                           "--epochs", "6"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     return done, home
 
 
