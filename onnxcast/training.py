@@ -30,6 +30,7 @@ class TrainResult:
     stopped: str  # "early_stopping" | "max_epochs" | "max_minutes"
     seconds: float
     history: list[dict] = field(default_factory=list)
+    initial_validation_loss: float | None = None  # epoch 0: the model as built (its anchor)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,8 +81,8 @@ def train_model(
     started = time.monotonic()
     # epoch 0 is the model as built: a model anchored on a baseline starts there, and training
     # that never beats it on validation keeps it (the gate then says it does not beat the baseline)
-    best_loss, best_epoch, best_state = (evaluate_loss(model, x_val, y_val, batch_size * 4), 0,
-                                         copy.deepcopy(model.state_dict()))
+    initial_loss = evaluate_loss(model, x_val, y_val, batch_size * 4)
+    best_loss, best_epoch, best_state = initial_loss, 0, copy.deepcopy(model.state_dict())
     history: list[dict] = []
     stopped = "max_epochs"
     if progress is None:
@@ -123,7 +124,8 @@ def train_model(
     model.load_state_dict(best_state)
     model.eval()
     return TrainResult(epochs=len(history), best_epoch=best_epoch, best_validation_loss=best_loss,
-                       stopped=stopped, seconds=time.monotonic() - started, history=history)
+                       stopped=stopped, seconds=time.monotonic() - started, history=history,
+                       initial_validation_loss=initial_loss)
 
 
 def evaluate_loss(model: Forecaster, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:

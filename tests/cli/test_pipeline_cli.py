@@ -75,7 +75,7 @@ def test_half_hourly_data_with_a_feature_column(example_csv, tmp_path):
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["--horizon", "0"], "horizon must be >= 1, got 0"),
+        (["--horizon", "0"], "horizon must be in [1, 10000], got 0"),
         (["--models", "lstm,gru"], "'gru'"),
         (["--data", "/nonexistent/data.csv"], "/nonexistent/data.csv: file not found"),
         (["--target-column", "load"], "missing ['load']"),

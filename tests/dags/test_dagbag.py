@@ -64,7 +64,7 @@ class TestDagBag:
         mapped = {t.task_id for t in dag.tasks if getattr(t, "_is_mapped", False) or type(t).__name__ == "MappedOperator"}
         assert mapped == {"train_or_fetch", "export", "optimize", "validate"}
         assert [o.name for o in dag.get_task("promote").outlets] == ["onnxcast_rollout"]
-        assert dag.params["families"] == ["lstm", "transformer"]
+        assert dag.params["families"] == ["nhits", "dlinear", "lstm", "transformer"]
         assert dag.params["serving_url"] is None  # waiting for onnxcast serve is opt-in
         assert dag.get_task("wait_until_serving").upstream_task_ids == {"promote"}
         for task in dag.tasks:
