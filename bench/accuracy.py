@@ -81,7 +81,7 @@ DATASETS = [
             {"time_column": "ds", "target_column": "y", "horizon": 24, "lookback": 168}, make=_victoria),
     Dataset("mauna-loa-co2", "weekly CO2 at Mauna Loa 1958-2001 (statsmodels.datasets.co2; 59 missing weeks "
             "interpolated on request)", {"time_column": "week", "target_column": "ppm", "horizon": 13, "lookback": 104,
-                                         "quality": {"fill_gaps_max_steps": 20}}, make=_co2),
+                                         "quality": {"fill_gaps_max_steps": 20, "max_missing_fraction": 0.03}}, make=_co2),
     Dataset("el-nino-sst", "monthly sea surface temperature, El Nino region 1950-2010 (statsmodels.datasets.elnino)",
             {"time_column": "month", "target_column": "sst", "horizon": 12, "lookback": 48}, make=_elnino),
     Dataset("sunspots", "yearly sunspot numbers 1700-2008 (statsmodels.datasets.sunspots)",
