@@ -32,4 +32,22 @@ def model_flops(spec, time: int) -> int:
         return lstm_flops(spec.n_features, spec.hidden_size, spec.num_layers, spec.horizon, time)
     if spec.family == "transformer":
         return transformer_flops(spec.n_features, spec.d_model, spec.num_layers, spec.horizon, time)
+    if spec.family in ("nhits", "dlinear"):  # window families: only Linear layers and constant matmuls
+        return linear_flops(spec)
     raise ValueError(f"unknown family {spec.family!r}")
+
+
+def linear_flops(spec) -> int:
+    """Per forecast: 2 * in * out of every Linear layer of the built model, plus the N-HiTS
+    interpolation matmuls ([knots] x [knots, horizon]); they read the last ``lookback`` steps
+    whatever the history length."""
+    import torch
+
+    from onnxcast.models import build_model
+
+    model = build_model(spec)
+    total = sum(2 * m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+    for name, buffer in model.named_buffers():
+        if name.endswith("interpolate"):
+            total += 2 * buffer.shape[0] * buffer.shape[1]
+    return total
