@@ -98,12 +98,14 @@ def test_training_dag_promotes_through_mlflow_server_and_s3(connections):
 
     s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
     prefix = f"rollout/{MODEL}/versions/{version.version}"
-    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
+    envelope = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
+    assert envelope["signatures"], "the manifest is signed (the embedded mode's development key)"
+    manifest = envelope["signed"]
     for name, entry in manifest["artifacts"].items():
         obj = s3.get_object(Bucket=bucket, Key=f"{prefix}/{name}")
         assert hashlib.sha256(obj["Body"].read()).hexdigest() == entry["sha256"]
         assert obj["ServerSideEncryption"] == "AES256"
-    edge = json.loads(s3.get_object(Bucket=bucket, Key=f"rollout/{MODEL}/channels/edge.json")["Body"].read())
+    edge = json.loads(s3.get_object(Bucket=bucket, Key=f"rollout/{MODEL}/channels/edge.json")["Body"].read())["signed"]
     assert edge["version"] == str(version.version)
     assert manifest["mlflow"]["version"] == str(version.version)
     assert "testing" not in json.dumps(manifest["mlflow"])  # no credentials in the manifest
