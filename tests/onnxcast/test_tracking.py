@@ -68,7 +68,7 @@ class TestLogAndRegister:
         client = client_for(tracking_uri)
         parent = client.get_run(tracked.parent_run_id)
         assert parent.info.status == "FINISHED"
-        assert parent.data.params["lookback"] == "48" and parent.data.params["quality.max_gap_fraction"]
+        assert parent.data.params["lookback"] == "56" and parent.data.params["quality.max_gap_fraction"]
         assert "baseline.seasonal_naive.mae" in parent.data.metrics
         assert {a.path for a in client.list_artifacts(tracked.parent_run_id)} >= {"report.json", "plots", "ranking.json"}
         ranking = json.loads(Path(client.download_artifacts(tracked.parent_run_id, "ranking.json")).read_text())
