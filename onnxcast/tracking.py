@@ -151,6 +151,36 @@ def ensure_run(*, model_name: str, run_key: str, family: str | None = None, role
             "url": run_url(client.tracking_uri, experiment_id, run_id, ui_url)}
 
 
+def end_open_runs(run_key: str, status: str, *, family: str | None = None, parent: bool = True,
+                  model_name: str | None = None, tracking_uri: str | None = None) -> list[str]:
+    """Mark the RUNNING runs of ``run_key`` ``status`` (FAILED or KILLED): the child run of
+    ``family`` and, with ``parent``, the pipeline run. A failed or killed task calls it so
+    that no run is left RUNNING; a retry takes its run over again (ensure_run). Returns the
+    run ids it ended."""
+    if status not in ("FAILED", "KILLED"):
+        raise ValueError(f"status must be FAILED or KILLED, got {status!r}")
+    client = client_for(tracking_uri)
+    if model_name:
+        experiment = client.get_experiment_by_name(model_name)
+        experiments = [experiment.experiment_id] if experiment is not None else []
+    else:
+        experiments = [e.experiment_id for e in client.search_experiments(max_results=1000)]
+    if not experiments:
+        return []
+    roles = []
+    if family:
+        roles.append(f"tags.`{FAMILY_TAG}` = '{_quote(family)}'")
+    if parent:
+        roles.append(f"tags.`{ROLE_TAG}` = 'pipeline'")
+    ended = []
+    for role in roles:
+        query = f"tags.`{RUN_KEY_TAG}` = '{_quote(run_key)}' and attributes.status = 'RUNNING' and {role}"
+        for run in client.search_runs(experiments, filter_string=query, max_results=100):
+            client.set_terminated(run.info.run_id, status)
+            ended.append(run.info.run_id)
+    return ended
+
+
 def log_failed_data_check(quality_dir: str | Path, *, model_name: str, run_key: str, error: str,
                           tracking_uri: str | None = None, ui_url: str | None = None) -> dict:
     """Record a run stopped by the data-quality gate: the GX report (HTML + JSON) as artifacts
@@ -438,6 +468,8 @@ def _find_or_create_run(client, experiment_id: str, run_key: str, role: str, fam
     found = client.search_runs([experiment_id], filter_string=query, max_results=1,
                                order_by=["attributes.start_time ASC"])
     if found:
+        if found[0].info.status in ("FAILED", "KILLED"):  # a retry takes its run over again
+            client.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
     return client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
 
