@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import OPS_SETTINGS, assert_template_fields_stored_unchanged, make_context
+from conftest import OPS_SETTINGS, assert_template_fields_stored_unchanged, commit, make_context
 
 pytestmark = pytest.mark.slow
 
@@ -89,6 +89,7 @@ class TestTrainOrFetchModelOperator:
         from operators import TrainOrFetchModelOperator
 
         write_plan(run_dir, [{"family": "lstm", "source": str(prepared_run / "models/lstm"), "role": "challenger"}])
+        commit(run_dir)
         op = TrainOrFetchModelOperator(task_id="t", run_dir=run_dir, family="lstm", mlflow_conn_id=None)
         assert op.execute(make_context()) == op.execute(make_context())
         record = read(Path(run_dir, "models/lstm/model.json"))

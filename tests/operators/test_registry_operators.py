@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_template_fields_stored_unchanged, make_context
+from conftest import assert_template_fields_stored_unchanged, commit, make_context
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +22,7 @@ def rename(run_dir: str, model_name: str) -> None:
 
     path = Path(run_dir) / "config.json"
     replace(PipelineConfig.load(path), model_name=model_name).save(path)
+    commit(run_dir)
 
 
 class TestRegisterModelOperator:
