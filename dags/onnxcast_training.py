@@ -61,7 +61,7 @@ with DAG(
                           description="CSV or Parquet: local path, s3:// URI, or 'example' (Victoria electricity demand)"),
         "time_column": Param("ds", type="string", description="Timestamp column"),
         "target_column": Param("y", type="string", description="Column to forecast"),
-        "feature_columns": Param([], type="array", items={"type": "string"},
+        "feature_columns": Param([], type=["null", "array"], items={"type": "string"},
                                  description="Extra numeric input columns (the target is always an input)"),
         "freq": Param(None, type=["null", "string"],
                       description="pandas frequency (h, 30min, D, W-SUN, MS); empty: inferred from the timestamps"),
@@ -96,7 +96,7 @@ with DAG(
         "serving_url": Param(None, type=["null", "string"],
                              description="onnxcast serve following the cloud channel (http://host:port): when "
                                          "set, wait until it serves the promoted version"),
-        "extra_settings": Param({}, type="object",
+        "extra_settings": Param({}, type=["null", "object"],
                                 description="Other pipeline settings by name (hidden_size, d_model, n_heads, "
                                             "num_layers, latency_repeats, accuracy_budget, quality, ...)"),
     },

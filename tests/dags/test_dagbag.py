@@ -57,6 +57,18 @@ class TestDagBag:
             assert param.schema.get("type"), f"{dag_id}.{name} has no type"
             assert param.description, f"{dag_id}.{name} has no description"
 
+    @pytest.mark.parametrize("dag_id", sorted(DAG_IDS))
+    def test_params_with_an_empty_default_are_optional_in_the_trigger_form(self, dagbag, dag_id):
+        """The form marks a typed field required unless its type allows null (Airflow's params
+        tutorial): an empty default ([], {}, None) means the field may be left out."""
+        dag = dagbag.dags[dag_id]
+        for name in dag.params:
+            param = dag.params.get_param(name)
+            types = param.schema.get("type")
+            types = types if isinstance(types, list) else [types]
+            if param.value in (None, [], {}, ""):
+                assert "null" in types, f"{dag_id}.{name} (default {param.value!r}) shows as required"
+
     def test_training_dag_shape(self, dagbag):
         dag = dagbag.dags["onnxcast_training"]
         assert dag.schedule == "@weekly"
