@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param
 
-from operators import (
+from onnxcast.airflow.operators import (
     ChampionChallengerOperator,
     CheckDataOperator,
     ExportModelOperator,
@@ -40,7 +40,7 @@ from operators import (
     TrainOrFetchModelOperator,
     ValidateModelOperator,
 )
-from operators.serving import ServingReadySensor
+from onnxcast.airflow.serving import ServingReadySensor
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 RUN_DIR = "{{ ti.xcom_pull(task_ids='check_data', key='run_dir') }}"

@@ -30,7 +30,7 @@ def aws_connection(s3_server, monkeypatch):
 
 
 def test_the_repository_config_is_the_embedded_mode(monkeypatch):
-    from operators import settings
+    from onnxcast.airflow.operators import settings
 
     monkeypatch.delenv("ONNXCAST_MODE", raising=False)
     assert settings.mode() == "embedded"  # airflow.cfg: [onnxcast] mode = embedded
@@ -41,7 +41,7 @@ def test_the_repository_config_is_the_embedded_mode(monkeypatch):
 def test_no_run_root_fails_the_data_check_naming_the_setting(deployed):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from operators import CheckDataOperator
+    from onnxcast.airflow.operators import CheckDataOperator
 
     op = CheckDataOperator(task_id="check_data", settings=OPS_SETTINGS, compare_with_champion=False)
     with pytest.raises(AirflowFailException, match="no run store configured: set ONNXCAST_RUN_ROOT"):
@@ -51,7 +51,7 @@ def test_no_run_root_fails_the_data_check_naming_the_setting(deployed):
 def test_no_mlflow_connection_fails_instead_of_a_local_sqlite_store(deployed):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from operators.hooks import MlflowHook
+    from onnxcast.airflow.hooks import MlflowHook
 
     with pytest.raises(AirflowFailException, match="no Airflow connection 'mlflow_default'"):
         MlflowHook().get_settings()
@@ -60,7 +60,7 @@ def test_no_mlflow_connection_fails_instead_of_a_local_sqlite_store(deployed):
 def test_no_aws_connection_fails_instead_of_the_environment(deployed):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from operators.hooks import S3SettingsHook
+    from onnxcast.airflow.hooks import S3SettingsHook
 
     with pytest.raises(AirflowFailException, match="no Airflow connection 'aws_default' for S3"):
         S3SettingsHook().get_settings()
@@ -69,7 +69,7 @@ def test_no_aws_connection_fails_instead_of_the_environment(deployed):
 def test_no_store_uri_fails_the_promotion_settings(deployed):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from operators.settings import store_uri
+    from onnxcast.airflow.settings import store_uri
 
     with pytest.raises(AirflowFailException, match="no rollout store configured"):
         store_uri(None)
@@ -77,7 +77,7 @@ def test_no_store_uri_fails_the_promotion_settings(deployed):
 
 
 def test_aws_default_is_resolved_by_the_amazon_provider(deployed, aws_connection):
-    from operators.hooks import S3SettingsHook
+    from onnxcast.airflow.hooks import S3SettingsHook
 
     settings = S3SettingsHook().get_settings()
     assert settings["endpoint_url"] == aws_connection and settings["region_name"] == "us-east-1"
@@ -90,7 +90,7 @@ def test_tasks_hand_files_to_each_other_through_an_s3_run_store(deployed, aws_co
     bucket. Also the input data is read through aws_default."""
     import boto3
 
-    from operators import CheckDataOperator, TrainOrFetchModelOperator
+    from onnxcast.airflow.operators import CheckDataOperator, TrainOrFetchModelOperator
 
     client = boto3.client("s3", endpoint_url=aws_connection, aws_access_key_id="testing",
                           aws_secret_access_key="testing", region_name="us-east-1")
