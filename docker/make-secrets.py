@@ -129,12 +129,13 @@ def write_all(vault: Vault) -> None:
     mlflow_users = {user: vault.get(f"mlflow-{user}-password") for user in MLFLOW_USERS}
     vault.write("mlflow-users.json", json.dumps(mlflow_users, indent=2) + "\n")
     vault.get("mlflow-flask-secret-key")
-    vault.write("mlflow-basic-auth.ini",
+    auth_db = postgres_url("mlflow_auth", db["mlflow_auth"], driver="postgresql+psycopg2")
+    vault.write("mlflow-basic-auth.ini",  # read by configparser: a literal % is written %%
                 "[mlflow]\n"
                 "default_permission = READ\n"
-                f"database_uri = {postgres_url('mlflow_auth', db['mlflow_auth'], driver='postgresql+psycopg2')}\n"
+                f"database_uri = {auth_db.replace('%', '%%')}\n"
                 "admin_username = admin\n"
-                f"admin_password = {mlflow_admin}\n"
+                f"admin_password = {mlflow_admin.replace('%', '%%')}\n"
                 "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
 
     # Airflow connections (LocalFilesystemBackend): MLflow as the pipeline user, S3 per identity.
