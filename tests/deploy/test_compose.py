@@ -25,9 +25,21 @@ AIRFLOW_COMPONENTS = {"airflow-scheduler", "airflow-dag-processor", "airflow-tri
 SECRET_WORD = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|KEY|CRED|CONN", re.IGNORECASE)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last);
+    merge keys (<<) may repeat what they merge."""
+
+    def construct_mapping(self, node, deep=False):
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value if key.tag != "tag:yaml.org,2002:merge"]
+        duplicates = sorted({str(k) for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate keys {duplicates}", node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return yaml.safe_load(COMPOSE.read_text())
+    return yaml.load(COMPOSE.read_text(), Loader=UniqueKeyLoader)
 
 
 @pytest.fixture(scope="module")

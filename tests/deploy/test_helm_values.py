@@ -46,8 +46,19 @@ NO_CHART = ("the Apache Airflow chart is not here: set ONNXCAST_AIRFLOW_CHART to
             f"{CHART_VERSION} (tests/deploy/README.md)")
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+        duplicates = sorted({str(k) for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate keys {duplicates}", node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load(executor: str) -> dict:
-    return yaml.safe_load(VALUES[executor].read_text())
+    return yaml.load(VALUES[executor].read_text(), Loader=UniqueKeyLoader)
 
 
 def get(values: dict, path: tuple[str, ...]):
