@@ -113,7 +113,12 @@ def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettin
     _step(f"PostgreSQL {settings.postgres_host}:{settings.postgres_port}: databases "
           f"{settings.airflow_db}, {settings.mlflow_db}, {settings.mlflow_auth_db}")
     databases = (settings.airflow_db, settings.mlflow_db, settings.mlflow_auth_db)
-    services.ensure_databases(settings, {db: vault.get(f"postgres-{db}.password") for db in databases})
+    try:
+        services.ensure_databases(settings, {db: vault.get(f"postgres-{db}.password") for db in databases},
+                                  layout.root)
+        services.claim_redis_db(settings, layout.root)
+    except services.OwnershipError as exc:
+        raise StackError(str(exc)) from None
 
     _step(f"SeaweedFS S3 on {settings.url('seaweedfs.s3.port')}")
     identities = services.write_seaweedfs_config(layout, vault)

@@ -192,25 +192,68 @@ def postgres_admin_connect(settings: StackSettings, database: str = "postgres"):
                             user=settings.postgres_admin_user, dbname=database, connect_timeout=5)
 
 
-def ensure_databases(settings: StackSettings, passwords: dict[str, str]) -> None:
-    """One login role per database (owner), with the stack's generated password."""
+def ensure_databases(settings: StackSettings, passwords: dict[str, str], owner: Path) -> None:
+    """One login role per database (its owner), with the stack's generated password. A database
+    is marked with the stack folder that made it: one left by a stack folder that no longer
+    exists is dropped and made again; one of another live stack folder is an error."""
     from psycopg2 import sql
 
+    mark = f"{OWNER_MARK}{owner}"
     conn = postgres_admin_connect(settings)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
             for database, password in passwords.items():
+                cur.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+                            (database,))
+                row = cur.fetchone()
+                if row is not None and row[0] != mark:
+                    other = (row[0] or "").removeprefix(OWNER_MARK)
+                    if not row[0] or not row[0].startswith(OWNER_MARK) or Path(other).exists():
+                        raise OwnershipError(
+                            f"PostgreSQL database {database} belongs to {other or 'something else'}, not to "
+                            f"{owner}: stop and wipe that stack (ONNXCAST_HOME={Path(other).parent} make "
+                            f"stack-down STACK_ARGS=--wipe) or choose another prefix (--name)")
+                    cur.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))
+                    row = None  # left by a stack folder that is gone: start afresh
                 cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (database,))
                 verb = "ALTER" if cur.fetchone() else "CREATE"
                 cur.execute(sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(
                     sql.Identifier(database), sql.Literal(password)))
-                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
-                if not cur.fetchone():
+                if row is None:
                     cur.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
                         sql.Identifier(database), sql.Identifier(database)))
+                    cur.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                        sql.Identifier(database), sql.Literal(mark)))
     finally:
         conn.close()
+
+
+def claim_redis_db(settings: StackSettings, owner: Path) -> None:
+    """Take the broker's Redis database for this stack. A database in use by another stack folder
+    that still exists is an error; one left by a folder that is gone is emptied and taken."""
+    import redis
+
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
+    holder = client.get(REDIS_OWNER_KEY)
+    holder = holder.decode() if holder else None
+    if holder != str(owner):
+        if holder and Path(holder).exists():
+            raise OwnershipError(f"Redis {settings.broker_url} is the broker of the stack in {holder}: "
+                                 f"choose another database (--redis-db) or wipe that stack")
+        if holder is None and client.dbsize():
+            raise OwnershipError(f"Redis {settings.broker_url} holds {client.dbsize()} keys of something else: "
+                                 f"choose another database (--redis-db)")
+        client.flushdb()
+        client.set(REDIS_OWNER_KEY, str(owner))
+
+
+class OwnershipError(RuntimeError):
+    """A database or Redis db the stack would use belongs to another stack."""
+
+
+OWNER_MARK = "onnxcast stack: "
+REDIS_OWNER_KEY = "onnxcast:stack:owner"
 
 
 def drop_databases(settings: StackSettings, databases: list[str]) -> None:
