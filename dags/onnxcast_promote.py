@@ -38,7 +38,8 @@ with DAG(
         "channels": Param(["edge", "cloud"], type="array", minItems=1,
                           items={"type": "string", "enum": ["edge", "cloud"]}, description="Channels to move"),
         "store_uri": Param(None, type=["null", "string"],
-                           description="Rollout store: s3://bucket/prefix or a folder; empty: $ONNXCAST_HOME/rollout"),
+                           description="Rollout store: s3://bucket/prefix or a folder; empty: the deployment's "
+                                       "ONNXCAST_STORE_URI (embedded mode: $ONNXCAST_HOME/rollout)"),
         "reason": Param("manual promotion", type="string", minLength=1,
                         description="Why: recorded in the manifest, the channel history and the registry"),
     },

@@ -18,7 +18,10 @@ as the `challenger` and promotes it to the rollout channels **only if it beats t
 
 The training window ends at the run's data interval end (or *trained_until*), so clearing
 a past run reproduces it. Every task links to its MLflow run ("MLflow run" button).
-Connections: `mlflow_default` (tracking URI), `aws_default` (S3 rollout store).
+Tasks may run on different workers: they hand files to each other through the run store
+(*run_root*, or `ONNXCAST_RUN_ROOT`), staged into local scratch and published with a
+commit marker. Connections: `mlflow_default` (tracking server), `aws_default` (every S3
+access: input data, run store, rollout store).
 """
 
 from __future__ import annotations
@@ -77,7 +80,12 @@ with DAG(
                             description="Start from an existing model instead of training: models:/name@alias, "
                                         "models:/name/version or s3://bucket/prefix/ (model.pt + model.json)"),
         "store_uri": Param(None, type=["null", "string"],
-                           description="Rollout store: s3://bucket/prefix or a folder; empty: $ONNXCAST_HOME/rollout"),
+                           description="Rollout store: s3://bucket/prefix or a folder; empty: the deployment's "
+                                       "ONNXCAST_STORE_URI (embedded mode: $ONNXCAST_HOME/rollout)"),
+        "run_root": Param(None, type=["null", "string"],
+                          description="Run store, where the tasks of this run hand files to each other: "
+                                      "s3://bucket/prefix; empty: the deployment's ONNXCAST_RUN_ROOT "
+                                      "(embedded mode: $ONNXCAST_HOME/runs)"),
         "trained_until": Param(None, type=["null", "string"],
                                description="Ignore data after this timestamp; empty: the run's data interval end"),
         "compare_with_champion": Param(True, type="boolean",
@@ -109,6 +117,7 @@ with DAG(
         },
         extra_settings="{{ params.extra_settings }}",
         fetch_from="{{ params.fetch_from }}",
+        run_root="{{ params.run_root }}",
         trained_until="{{ params.trained_until }}",
         compare_with_champion="{{ params.compare_with_champion }}",
     )

@@ -14,9 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from onnxcast.errors import OnnxcastError
+from onnxcast.layout import RunLayout
 
-PLAN = "plan.json"
-DECISION = "champion_challenger.json"
 CHAMPION_FAMILY = "champion"
 
 
@@ -37,14 +36,14 @@ def write_plan(run_dir: str | Path, entries: list[dict], notes: list[str] = (),
     if len(set(names)) != len(names):
         raise PlanError(f"duplicate family names in the plan: {names}")
     plan = {"families": entries, "notes": list(notes), "incomparable_champion": incomparable_champion}
-    write_json(Path(run_dir) / PLAN, plan)
+    write_json(RunLayout(run_dir).plan, plan)
     return plan
 
 
 def read_plan(run_dir: str | Path) -> dict:
     from onnxcast.report import read_json
 
-    path = Path(run_dir) / PLAN
+    path = RunLayout(run_dir).plan
     if not path.exists():
         raise PlanError(f"{path}: no plan; run the data check step first")
     return read_json(path)
@@ -55,7 +54,7 @@ def plan_entry(run_dir: str | Path, family: str) -> dict:
     for entry in plan["families"]:
         if entry["family"] == family:
             return entry
-    raise PlanError(f"{Path(run_dir) / PLAN}: no family {family!r}; the plan has "
+    raise PlanError(f"{RunLayout(run_dir).plan}: no family {family!r}; the plan has "
                     f"{[e['family'] for e in plan['families']]}")
 
 
@@ -78,8 +77,8 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
     """
     from onnxcast.report import read_json, write_json
 
-    run_dir = Path(run_dir)
-    report = read_json(run_dir / "report.json")
+    layout = RunLayout(run_dir)
+    report = read_json(layout.report)
     family = report["selected"]["edge"]["family"]
     entry = next(m for m in report["models"] if m["family"] == family)
     decision = {
@@ -102,8 +101,8 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
         decision.update(promote=True, reason="no champion to compare with: " + ("; ".join(plan.get("notes", []))
                                                                                or "none registered"))
     else:
-        validation = read_json(run_dir / "models" / CHAMPION_FAMILY / "validation.json")
-        spec = read_json(run_dir / "models" / CHAMPION_FAMILY / "model.json")["spec"]
+        validation = read_json(layout.validation(CHAMPION_FAMILY))
+        spec = read_json(layout.model_json(CHAMPION_FAMILY))["spec"]
         champion_mae = validation["fp32_holdout_mae"]
         improvement = 1.0 - decision["challenger_mae"] / champion_mae if champion_mae else 0.0
         decision.update(champion_version=champion.get("version"), champion_family=spec["family"],
@@ -130,7 +129,7 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
             decision.update(promote=False, reason=f"challenger MAE {decision['challenger_mae']:.4g} does not beat "
                                                   f"champion v{champion.get('version')} {champion_mae:.4g} by more "
                                                   f"than {min_improvement:.2%} ({improvement:+.2%})")
-    write_json(run_dir / DECISION, decision)
+    write_json(layout.decision, decision)
     return decision
 
 

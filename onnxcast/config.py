@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import ConfigError
+from onnxcast.layout import RunLayout
 
 # nhits and dlinear: window families (onnxcast.models), trained in seconds; N-HiTS was more
 # accurate than the Transformer on hourly, half-hourly and weekly data, DLinear on weekly data
@@ -108,6 +109,11 @@ class PipelineConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.out_dir)
+
+    @property
+    def layout(self) -> RunLayout:
+        """The paths of the run directory ``out_dir`` (onnxcast.layout)."""
+        return RunLayout(self.out_dir)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

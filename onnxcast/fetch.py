@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import OnnxcastError
+from onnxcast.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -190,16 +191,9 @@ def _read_bytes(source: dict, name: str, s3_settings: dict | None) -> bytes:
 
 
 def _s3_client(settings):
-    import boto3
-    from botocore.config import Config
+    from onnxcast.s3 import make_client
 
-    session = boto3.session.Session(profile_name=settings.profile_name) if settings.profile_name else boto3
-    return session.client(
-        "s3", endpoint_url=settings.endpoint_url, region_name=settings.region_name,
-        aws_access_key_id=settings.aws_access_key_id, aws_secret_access_key=settings.aws_secret_access_key,
-        aws_session_token=settings.aws_session_token,
-        config=Config(retries={"max_attempts": settings.max_attempts, "mode": "standard"},
-                      connect_timeout=settings.connect_timeout, read_timeout=settings.read_timeout))
+    return make_client(settings)
 
 
 def _read_spec(data: bytes | Path, where: str) -> dict:
@@ -234,6 +228,7 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
     version = _resolve(source, tracking_uri)
     number = str(version.version)
     run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
     with tempfile.TemporaryDirectory() as tmp:
         folder = download_version_files(model_name, number, Path(tmp), tracking_uri)
         reports = sorted(folder.rglob("report.json"))
@@ -244,7 +239,8 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
         entry = next(m for m in report["models"] if m["family"] == family)
         # Every path the report names is checked before anything is written: a registered
         # report is input, and an absolute or ../ onnx_path would write wherever we can.
-        family_dir = confined_path(run_dir, f"models/{check_name('family', str(family))}", f"models:/{model_name}/{number}")
+        family_dir = confined_path(run_dir, str(layout.family(check_name("family", str(family))).relative_to(run_dir)),
+                                   f"models:/{model_name}/{number}")
         targets = [confined_path(run_dir, str(v.get("onnx_path", "")), f"models:/{model_name}/{number}")
                    for v in entry["variants"]]
         cfg = PipelineConfig.from_dict({**report["config"], "out_dir": str(run_dir)})
@@ -265,13 +261,13 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
                 raise VerificationError(f"models:/{model_name}/{number}: {target.name} differs from the sha256 "
                                         "its report records")
             variants.append({"name": variant["name"], "path": target.name, "note": variant.get("note", "")})
-    write_json(family_dir / "onnx" / "variants.json", variants)
+    write_json(layout.variants(family), variants)
     write_plan(run_dir, [{"family": family, "source": f"models:/{model_name}/{number}", "role": "challenger",
                           "version": number}])
     staged = {"version": number, "family": family, "source": source["uri"],
               "mlflow": {**(report.get("mlflow") or {}), "model": model_name, "version": number,
                          "run_id": version.run_id}}
-    write_json(run_dir / "staged.json", staged)
+    write_json(layout.staged, staged)
     return staged
 
 

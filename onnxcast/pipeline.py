@@ -1,16 +1,11 @@
 """The forecasting-to-ONNX pipeline as steps over a run directory.
 
 Each step reads what earlier steps wrote under ``cfg.out_dir`` and writes its own files
-atomically, so a step can be retried (Airflow) and run in another process:
-
-    config.json
-    data/series.npz, series.json, dataset.json      prepare_data
-    quality/                                        prepare_data (data-quality report)
-    models/<family>/model.pt, model.json            train_family (or fetch)
-    models/<family>/onnx/fp32.onnx                  export_family
-    models/<family>/onnx/<variant>.onnx             optimize_family
-    models/<family>/validation.json                 validate_family
-    report.json                                     assemble_report (written last)
+atomically, so a step can be retried (Airflow) and run in another process. The files are
+named by :class:`onnxcast.layout.RunLayout` (``cfg.layout``): prepare_data writes config,
+data and quality; train_family (or a fetch) the model; export_family and optimize_family
+the ONNX variants; validate_family the family's validation; assemble_report the report,
+last.
 
 ``run_pipeline`` runs them all for the CLI, in a staging folder that replaces the output
 only when the run succeeded.
@@ -27,16 +22,13 @@ from pathlib import Path
 from onnxcast import __version__
 from onnxcast.config import PipelineConfig
 from onnxcast.errors import ConfigError, DataQualityError, GateError
+from onnxcast.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.report import read_json, select_variants, write_json
 
 log = logging.getLogger(__name__)
 
-REPORT = "report.json"
-BASELINES = "baselines.json"  # under data/: every baseline and the reference, per origin
-
-
 def family_dir(cfg: PipelineConfig, family: str) -> Path:
-    return cfg.run_dir / "models" / family
+    return cfg.layout.family(family)
 
 
 # --- steps -------------------------------------------------------------------------------
@@ -47,16 +39,17 @@ def prepare_data(cfg: PipelineConfig) -> dict:
     from onnxcast.quality import check_data
     from onnxcast.validate import baselines_for
 
-    result = check_data(cfg, cfg.run_dir / "quality")
+    layout = cfg.layout
+    result = check_data(cfg, layout.quality)
     series = result.series
     if cfg.lookback < series.season:
         raise ConfigError(f"lookback {cfg.lookback} is shorter than the season {series.season} of "
                           f"{series.freq!r} data: the models start from the last season of history; "
                           f"use a lookback of at least {series.season} or set season")
     split = split_by_time(len(series.values), cfg)
-    series.save(cfg.run_dir / "data")
+    series.save(layout.data)
     baselines = baselines_for(cfg, series, split, reference=True)
-    write_json(cfg.run_dir / "data" / BASELINES, baselines)
+    write_json(layout.baselines, baselines)
     best = baselines["seasonal_naive"]
     log.info("baselines on %d origins (stride %d): best %s MAE %.4g; reference %s MAE %.4g",
              baselines["origins"]["count"], baselines["origins"]["stride"], baselines["best"], best["mae"],
@@ -68,8 +61,8 @@ def prepare_data(cfg: PipelineConfig) -> dict:
         "target": cfg.target_column, "features": list(cfg.feature_columns),
     }
     summary = {"dataset": dataset, "split": split.as_dict(series.timestamps), "quality": result.to_dict()}
-    cfg.save(cfg.run_dir / "config.json")
-    write_json(cfg.run_dir / "data" / "dataset.json", summary)
+    cfg.save(layout.config)
+    write_json(layout.dataset, summary)
     log.info("data: %d rows %s..%s freq=%s season=%d; train %d, validation %d, holdout %d rows",
              dataset["rows"], dataset["start"], dataset["end"], dataset["freq"], dataset["season"],
              split.train_end, split.validation_end - split.train_end, split.rows - split.validation_end)
@@ -132,8 +125,8 @@ def save_model(cfg: PipelineConfig, family: str, model, spec, extra: dict) -> No
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / ".model.pt.tmp"
     torch.save(model.state_dict(), tmp)
-    tmp.replace(directory / "model.pt")
-    write_json(directory / "model.json", {"spec": spec.to_dict(), "onnxcast_version": __version__, **extra})
+    tmp.replace(cfg.layout.model_pt(family))
+    write_json(cfg.layout.model_json(family), {"spec": spec.to_dict(), "onnxcast_version": __version__, **extra})
 
 
 def load_model(cfg: PipelineConfig, family: str):
@@ -142,10 +135,9 @@ def load_model(cfg: PipelineConfig, family: str):
 
     from onnxcast.models import ModelSpec, build_model
 
-    directory = family_dir(cfg, family)
-    spec = ModelSpec(**read_json(directory / "model.json")["spec"])
+    spec = ModelSpec(**read_json(cfg.layout.model_json(family))["spec"])
     model = build_model(spec)
-    model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
+    model.load_state_dict(torch.load(cfg.layout.model_pt(family), weights_only=True))
     return model.eval(), spec
 
 
@@ -161,7 +153,7 @@ def export_family(cfg: PipelineConfig, family: str) -> str:
         "precision": "fp32", "trained_until": _iso(series.timestamps[-1]),
         "dataset_sha256": series.sha256, "season": series.season, "version": __version__,
     }
-    path = export_onnx(model, family_dir(cfg, family) / "onnx" / "fp32.onnx", n_features=spec.n_features,
+    path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
     return str(path)
 
@@ -170,9 +162,9 @@ def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
     """Build fp32-opt, int8 and fp16 from fp32.onnx."""
     from onnxcast.optimize import make_variants
 
-    onnx_dir = family_dir(cfg, family) / "onnx"
-    made = make_variants(onnx_dir / "fp32.onnx", onnx_dir, family)
-    write_json(onnx_dir / "variants.json", [{"name": v.name, "path": v.path.name, "note": v.note} for v in made])
+    onnx_dir = cfg.layout.onnx_dir(family)
+    made = make_variants(cfg.layout.onnx(family), onnx_dir, family)
+    write_json(cfg.layout.variants(family), [{"name": v.name, "path": v.path.name, "note": v.note} for v in made])
     return [v.name for v in made]
 
 
@@ -182,11 +174,11 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
 
     series, split = _load_data(cfg)
     model, spec = load_model(cfg, family)
-    onnx_dir = family_dir(cfg, family) / "onnx"
-    variants = read_json(onnx_dir / "variants.json")
+    onnx_dir = cfg.layout.onnx_dir(family)
+    variants = read_json(cfg.layout.variants(family))
     entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=load_baselines(cfg))
-    entry["training"] = read_json(family_dir(cfg, family) / "model.json")
-    write_json(family_dir(cfg, family) / "validation.json", entry)
+    entry["training"] = read_json(cfg.layout.model_json(family))
+    write_json(cfg.layout.validation(family), entry)
     return entry
 
 
@@ -195,7 +187,7 @@ def load_baselines(cfg: PipelineConfig) -> dict:
     directory from before they were saved)."""
     from onnxcast.validate import baselines_for
 
-    path = cfg.run_dir / "data" / BASELINES
+    path = cfg.layout.baselines
     if path.exists():
         return read_json(path)
     series, split = _load_data(cfg)
@@ -210,8 +202,8 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     """
     from onnxcast.report import compare_families
 
-    summary = read_json(cfg.run_dir / "data" / "dataset.json")
-    models = [read_json(family_dir(cfg, f) / "validation.json") for f in (families or cfg.models)]
+    summary = read_json(cfg.layout.dataset)
+    models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
     baselines = load_baselines(cfg)
     family_choice = compare_families(models, baselines["origins"]["block"])
     selected, ranking = select_variants(models, family_choice)
@@ -237,9 +229,9 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         "failures": failures,
     }
     if failures:
-        write_json(cfg.run_dir / "failed-report.json", report)
+        write_json(cfg.layout.failed_report, report)
         raise GateError(failures)
-    write_json(cfg.run_dir / REPORT, report)
+    write_json(cfg.layout.report, report)
     return report
 
 
@@ -273,7 +265,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
             exc.report_path = str(out / Path(exc.report_path).relative_to(staging))
         raise
     _publish(staging, out)
-    log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, out / REPORT)
+    log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, cfg.layout.report)
     return report
 
 
@@ -284,21 +276,22 @@ def _step(number: int, name: str, function, *args):
 
 def _publish(staging: Path, out: Path) -> None:
     """Move the staged run into ``out``, report.json last (its presence means complete)."""
-    for name in ("failed-report.json", REPORT):
+    report = RunLayout(staging).report
+    for name in (FAILED_REPORT, REPORT):
         (out / name).unlink(missing_ok=True)
     for entry in sorted(staging.iterdir()):
-        if entry.name == REPORT:
+        if entry == report:
             continue
         target = out / entry.name
         if target.is_dir():
             shutil.rmtree(target)
         entry.replace(target)
-    (staging / REPORT).replace(out / REPORT)
+    report.replace(RunLayout(out).report)
     staging.rmdir()
 
 
 def _keep_diagnostics(staging: Path, out: Path) -> None:
-    for name in ("quality", "failed-report.json"):
+    for name in (RunLayout(staging).quality.name, FAILED_REPORT):
         source = staging / name
         if source.exists():
             target = out / name
@@ -313,7 +306,7 @@ def _keep_diagnostics(staging: Path, out: Path) -> None:
 def _load_data(cfg: PipelineConfig):
     from onnxcast.data import SeriesData, split_by_time
 
-    series = SeriesData.load(cfg.run_dir / "data")
+    series = SeriesData.load(cfg.layout.data)
     return series, split_by_time(len(series.values), cfg)
 
 

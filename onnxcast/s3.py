@@ -1,11 +1,27 @@
-"""S3 access shared by reading and the rollout store. Endpoint, region and credentials come
-from the environment (AWS_* variables, AWS_ENDPOINT_URL) or explicit settings, never code."""
+"""S3 access shared by reading, fetching, the run store and the rollout store.
+
+Endpoint, region and credentials come from explicit settings (an Airflow ``aws_default``
+connection resolved by the Amazon provider, see ``operators.hooks``) or, when none are
+given, from boto3's own chain (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, instance role);
+never from code. One client builder (:func:`make_client`) for every S3 user, so timeouts
+and retries are the same everywhere and bounded.
+"""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
 from onnxcast.errors import DataError
+
+if TYPE_CHECKING:
+    from onnxcast.rollout.store import S3Settings
+
+# Settings for reads that have no settings argument of their own (the input data of a run):
+# set around the call by whoever holds them (the data-check task), None means boto3's chain.
+_read_settings: ContextVar[dict[str, Any] | None] = ContextVar("onnxcast_s3_read_settings", default=None)
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -18,21 +34,44 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-@lru_cache(maxsize=8)
-def s3_client(endpoint_url: str | None = None, region_name: str | None = None):
+def make_client(settings: S3Settings | None = None):
+    """A boto3 S3 client for ``settings`` with bounded timeouts and botocore's standard
+    retries (throttling, 5xx and connection errors, with backoff)."""
     import boto3
     from botocore.config import Config
 
-    config = Config(retries={"max_attempts": 5, "mode": "standard"})
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region_name, config=config)
+    from onnxcast.rollout.store import S3Settings
+
+    s = settings or S3Settings.from_values({})
+    session = boto3.session.Session(aws_access_key_id=s.aws_access_key_id,
+                                    aws_secret_access_key=s.aws_secret_access_key,
+                                    aws_session_token=s.aws_session_token,
+                                    profile_name=s.profile_name, region_name=s.region_name)
+    config = Config(retries={"mode": "standard", "max_attempts": s.max_attempts},
+                    connect_timeout=s.connect_timeout, read_timeout=s.read_timeout)
+    return session.client("s3", endpoint_url=s.endpoint_url, config=config)
+
+
+@contextmanager
+def read_settings(settings: dict[str, Any] | None) -> Iterator[None]:
+    """Use ``settings`` (S3Settings keywords) for :func:`get_object_bytes` inside the block."""
+    token = _read_settings.set(settings or None)
+    try:
+        yield
+    finally:
+        _read_settings.reset(token)
 
 
 def get_object_bytes(uri: str) -> bytes:
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from onnxcast.rollout.store import S3Settings
+
     bucket, key = split_s3_uri(uri)
+    settings = _read_settings.get()
+    client = make_client(S3Settings.from_values(settings) if settings else None)
     try:
-        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
         raise DataError(f"{uri}: cannot read from S3 ({code})") from None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import OnnxcastError
+from onnxcast.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,36 @@ def ensure_run(*, model_name: str, run_key: str, family: str | None = None, role
             "url": run_url(client.tracking_uri, experiment_id, run_id, ui_url)}
 
 
+def end_open_runs(run_key: str, status: str, *, family: str | None = None, parent: bool = True,
+                  model_name: str | None = None, tracking_uri: str | None = None) -> list[str]:
+    """Mark the RUNNING runs of ``run_key`` ``status`` (FAILED or KILLED): the child run of
+    ``family`` and, with ``parent``, the pipeline run. A failed or killed task calls it so
+    that no run is left RUNNING; a retry takes its run over again (ensure_run). Returns the
+    run ids it ended."""
+    if status not in ("FAILED", "KILLED"):
+        raise ValueError(f"status must be FAILED or KILLED, got {status!r}")
+    client = client_for(tracking_uri)
+    if model_name:
+        experiment = client.get_experiment_by_name(model_name)
+        experiments = [experiment.experiment_id] if experiment is not None else []
+    else:
+        experiments = [e.experiment_id for e in client.search_experiments(max_results=1000)]
+    if not experiments:
+        return []
+    roles = []
+    if family:
+        roles.append(f"tags.`{FAMILY_TAG}` = '{_quote(family)}'")
+    if parent:
+        roles.append(f"tags.`{ROLE_TAG}` = 'pipeline'")
+    ended = []
+    for role in roles:
+        query = f"tags.`{RUN_KEY_TAG}` = '{_quote(run_key)}' and attributes.status = 'RUNNING' and {role}"
+        for run in client.search_runs(experiments, filter_string=query, max_results=100):
+            client.set_terminated(run.info.run_id, status)
+            ended.append(run.info.run_id)
+    return ended
+
+
 def log_failed_data_check(quality_dir: str | Path, *, model_name: str, run_key: str, error: str,
                           tracking_uri: str | None = None, ui_url: str | None = None) -> dict:
     """Record a run stopped by the data-quality gate: the GX report (HTML + JSON) as artifacts
@@ -177,10 +208,10 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     from onnxcast.config import PipelineConfig
     from onnxcast.report import read_json
 
-    run_dir = Path(run_dir)
-    cfg = PipelineConfig.load(run_dir / "config.json")
-    report_path = run_dir / "report.json"
-    report = read_json(report_path) if report_path.exists() else read_json(run_dir / "failed-report.json")
+    layout = RunLayout(run_dir)
+    cfg = PipelineConfig.load(layout.config)
+    report_path = layout.report if layout.report.exists() else layout.failed_report
+    report = read_json(report_path)
     client = client_for(tracking_uri)
     experiment_id = ensure_experiment(client, model_name)
     base_tags = {RUN_KEY_TAG: run_key, **(tags or {})}
@@ -205,14 +236,14 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     client.set_tag(parent, "onnxcast.status", report.get("status", "passed"))
     for channel, choice in (report.get("selected") or {}).items():
         client.set_tag(parent, f"onnxcast.selected.{channel}", f"{choice['family']}/{choice['variant']}")
-    client.log_artifact(parent, str(report_path if report_path.exists() else run_dir / "failed-report.json"))
+    client.log_artifact(parent, str(report_path))
     if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
         client.log_table(parent, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
-    if (run_dir / "quality").is_dir():
-        client.log_artifacts(parent, str(run_dir / "quality"), "quality")
+    if layout.quality.is_dir():
+        client.log_artifacts(parent, str(layout.quality), "quality")
     selected = (report.get("selected") or {}).get("edge", {}).get("family")
     if selected:
-        plot = plot_forecast(run_dir, selected, run_dir / "plots" / "forecast_vs_actual.png")
+        plot = plot_forecast(layout.root, selected, layout.plots / "forecast_vs_actual.png")
         client.log_artifact(parent, str(plot), "plots")
 
     children = {}
@@ -221,7 +252,7 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
         child = _find_or_create_run(client, experiment_id, run_key, role, family,
                                     {**base_tags, ROLE_TAG: role, FAMILY_TAG: family,
                                      "mlflow.parentRunId": parent}, f"{family}")
-        _log_family(client, child, run_dir, family)
+        _log_family(client, child, layout, family)
         client.set_terminated(child, "FINISHED")
         children[family] = child
     client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
@@ -242,8 +273,8 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
 
     from onnxcast.report import read_json
 
-    run_dir = Path(run_dir)
-    report = read_json(run_dir / "report.json")
+    layout = RunLayout(run_dir)
+    report = read_json(layout.report)
     family = report["selected"]["edge"]["family"]
     client = client_for(tracking_uri)
     existing = find_version(client, model_name, run_key)
@@ -257,10 +288,10 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     import numpy as np
     import onnx
 
-    family_dir = run_dir / "models" / family
-    onnx_dir = family_dir / "onnx"
-    example = _holdout_example(run_dir)
-    session = _session(onnx_dir / "fp32.onnx")
+    family_dir = layout.family(family)
+    onnx_dir = layout.onnx_dir(family)
+    example = _holdout_example(layout)
+    session = _session(layout.onnx(family))
     output = session.run(["forecast"], {"history": example})[0]
     inferred = infer_signature({"history": example}, {"forecast": output})
     # the contract: batch and time are dynamic (infer_signature fixes time at the example's)
@@ -270,13 +301,13 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
         params=inferred.params)
     # every variant (fp32 too, byte for byte: the flavor re-serializes its own copy)
     extra_files = [str(p) for p in sorted(onnx_dir.glob("*.onnx"))]
-    extra_files += [str(family_dir / name) for name in (*PYTORCH_FILES, "validation.json")]
-    extra_files.append(str(run_dir / "report.json"))
-    report_sha = _sha256(run_dir / "report.json")
+    extra_files += [str(family_dir / name) for name in PYTORCH_FILES]
+    extra_files += [str(layout.validation(family)), str(layout.report)]
+    report_sha = _sha256(layout.report)
     child = tracked.family_run_ids[family]
     with mlflow.start_run(run_id=child, nested=mlflow.active_run() is not None):
         info = mlflow.onnx.log_model(
-            onnx.load(str(onnx_dir / "fp32.onnx")), name=MODEL_ARTIFACT, signature=signature,
+            onnx.load(str(layout.onnx(family))), name=MODEL_ARTIFACT, signature=signature,
             input_example={"history": example}, save_as_external_data=False,
             onnx_execution_providers=["CPUExecutionProvider"], extra_files=extra_files,
             metadata={"onnxcast_family": family, "onnxcast_run_key": run_key})
@@ -390,9 +421,9 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     from onnxcast.data import SeriesData, split_by_time
     from onnxcast.validate import holdout_windows, onnx_predict
 
-    run_dir = Path(run_dir)
-    cfg = PipelineConfig.load(run_dir / "config.json")
-    series = SeriesData.load(run_dir / "data")
+    layout = RunLayout(run_dir)
+    cfg = PipelineConfig.load(layout.config)
+    series = SeriesData.load(layout.data)
     split = split_by_time(len(series.values), cfg)
     holdout = holdout_windows(cfg, series, split)
     from onnxcast.report import read_json
@@ -405,9 +436,9 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
             end = origin + cfg.horizon
     holdout = replace(holdout, history=holdout.history[keep], actual=holdout.actual[keep],
                       origins=holdout.origins[keep])
-    predicted = onnx_predict(_session(run_dir / "models" / family / "onnx" / f"{variant}.onnx"), holdout.history)
-    naive_name = read_json(run_dir / "report.json")["baselines"].get("best", "seasonal_naive") \
-        if (run_dir / "report.json").exists() else "seasonal_naive"
+    predicted = onnx_predict(_session(layout.onnx(family, variant)), holdout.history)
+    naive_name = read_json(layout.report)["baselines"].get("best", "seasonal_naive") \
+        if layout.report.exists() else "seasonal_naive"
     season = int(naive_name.rsplit("_", 1)[1]) if naive_name.startswith("seasonal_naive_") else (
         1 if naive_name == "naive" else series.season)
     naive = seasonal_naive(series.target, holdout.origins, cfg.horizon, season)
@@ -437,6 +468,8 @@ def _find_or_create_run(client, experiment_id: str, run_key: str, role: str, fam
     found = client.search_runs([experiment_id], filter_string=query, max_results=1,
                                order_by=["attributes.start_time ASC"])
     if found:
+        if found[0].info.status in ("FAILED", "KILLED"):  # a retry takes its run over again
+            client.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
     return client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
 
@@ -448,12 +481,12 @@ def _ranking_table(ranking: list[dict]) -> dict[str, list]:
                 else json.dumps(row.get(c)) for row in ranking] for c in columns}
 
 
-def _log_family(client, run_id: str, run_dir: Path, family: str) -> None:
+def _log_family(client, run_id: str, layout: RunLayout, family: str) -> None:
     from onnxcast.report import read_json
 
-    family_dir = run_dir / "models" / family
-    entry = read_json(family_dir / "validation.json")
-    model_json = read_json(family_dir / "model.json")
+    family_dir = layout.family(family)
+    entry = read_json(layout.validation(family))
+    model_json = read_json(layout.model_json(family))
     params = {f"spec.{k}": v for k, v in model_json["spec"].items()}
     params["source"] = json.dumps(model_json.get("source", "trained")) if not isinstance(
         model_json.get("source"), str) else model_json["source"]
@@ -478,8 +511,8 @@ def _log_family(client, run_id: str, run_dir: Path, family: str) -> None:
             metrics[f"training.{key}"] = training[key]
     _log_metrics(client, run_id, metrics)
     client.set_tag(run_id, "onnxcast.gates_passed", str(entry["gates_passed"]))
-    client.log_artifact(run_id, str(family_dir / "validation.json"))
-    client.log_artifacts(run_id, str(family_dir / "onnx"), "onnx")
+    client.log_artifact(run_id, str(layout.validation(family)))
+    client.log_artifacts(run_id, str(layout.onnx_dir(family)), "onnx")
     for name in PYTORCH_FILES:
         client.log_artifact(run_id, str(family_dir / name), "pytorch")
 
@@ -497,15 +530,15 @@ def _ensure_registered_model(client, name: str) -> None:
             pass
 
 
-def _holdout_example(run_dir: Path):
+def _holdout_example(layout: RunLayout):
     import numpy as np
 
     from onnxcast.config import PipelineConfig
     from onnxcast.data import SeriesData, split_by_time
     from onnxcast.validate import holdout_windows
 
-    cfg = PipelineConfig.load(run_dir / "config.json")
-    series = SeriesData.load(run_dir / "data")
+    cfg = PipelineConfig.load(layout.config)
+    series = SeriesData.load(layout.data)
     holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg))
     return np.ascontiguousarray(holdout.history[:2], dtype=np.float32)
 

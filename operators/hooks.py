@@ -2,10 +2,16 @@
 
 ``mlflow_default``: the tracking URI in ``host`` (``http://mlflow:5000``) or in the extra
 ``{"tracking_uri": ...}``; ``login``/``password`` become MLflow's basic-auth variables;
-the extra ``ui_url`` sets the link shown on tasks. ``aws_default``: ``login``/``password``
-are the access key pair, the extra holds ``endpoint_url``, ``region_name`` (and optionally
-``sse``, ``sse_kms_key_id``). A missing connection means the embedded defaults (SQLite
-MLflow under ``ONNXCAST_HOME``; boto3's own credential chain).
+the extra ``ui_url`` sets the link shown on tasks. ``aws_default``: an Amazon provider
+``aws`` connection, resolved by its ``AwsBaseHook`` (access keys in ``login``/``password``,
+or an instance/pod role; ``role_arn`` in the extra to assume a role; ``endpoint_url`` and
+``region_name`` in the extra), plus onnxcast's ``sse``/``sse_kms_key_id`` extras for the
+rollout store. Every S3 access (input data, run store, rollout store, fetches) goes
+through it.
+
+A missing connection means the embedded defaults (a SQLite MLflow store under
+``ONNXCAST_HOME``; boto3's own credential chain) in the embedded mode only; in a
+deployment (operators.settings) it fails the task, naming the connection.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import os
 from typing import Any
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 
 class MlflowHook(BaseHook):
@@ -37,6 +43,7 @@ class MlflowHook(BaseHook):
         from onnxcast.tracking import default_tracking_uri
 
         conn = self._connection()
+        _bound_mlflow_retries()
         if conn is None:
             self._settings = {"tracking_uri": default_tracking_uri(), "ui_url": None}
             return self._settings
@@ -59,9 +66,16 @@ class MlflowHook(BaseHook):
     def _connection(self):
         if not self.mlflow_conn_id:
             return None
+        from operators.settings import embedded
+
         try:
             return self.get_connection(self.mlflow_conn_id)
         except AirflowNotFoundException:
+            if not embedded():
+                raise AirflowFailException(
+                    f"no Airflow connection {self.mlflow_conn_id!r}: create it with the MLflow tracking server's URL "
+                    "(and the pipeline user's login/password); the local SQLite store is for the embedded mode "
+                    "(ONNXCAST_MODE=embedded) only") from None
             self.log.info("No connection %r: using the embedded MLflow store", self.mlflow_conn_id)
             return None
 
@@ -74,35 +88,71 @@ class S3SettingsHook(BaseHook):
     conn_type = "aws"
     hook_name = "AWS S3 (onnxcast)"
 
-    EXTRA_KEYS = ("endpoint_url", "region_name", "aws_session_token", "profile_name", "sse", "sse_kms_key_id")
 
     def __init__(self, aws_conn_id: str | None = default_conn_name) -> None:
         super().__init__()
         self.aws_conn_id = aws_conn_id
+        self._settings: dict[str, Any] | None = None
 
     def get_settings(self) -> dict[str, Any]:
-        """Keyword settings for ``onnxcast.store.open_store`` / ``S3Settings`` (never logged)."""
+        """Keyword settings for ``onnxcast.s3.make_client`` / ``S3Settings`` (never logged).
+
+        Credentials are resolved by the Amazon provider's AwsBaseHook (keys, profile, or an
+        assumed role: temporary keys with a session token)."""
+        from operators.settings import embedded
+
+        if self._settings is not None:
+            return self._settings
         if not self.aws_conn_id:
-            return {}
+            self._settings = {}
+            return self._settings
         try:
             conn = self.get_connection(self.aws_conn_id)
         except AirflowNotFoundException:
+            if not embedded():
+                raise AirflowFailException(
+                    f"no Airflow connection {self.aws_conn_id!r} for S3: create an 'aws' connection (keys, or a "
+                    "role, and endpoint_url in its extra for a non-AWS store); the environment's credentials are "
+                    "used in the embedded mode (ONNXCAST_MODE=embedded) only") from None
             self.log.info("No connection %r: S3 settings come from the environment", self.aws_conn_id)
-            return {}
+            self._settings = {}
+            return self._settings
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
         extra = conn.extra_dejson
-        settings = {key: extra[key] for key in self.EXTRA_KEYS if extra.get(key)}
-        if not settings.get("region_name") and extra.get("region"):
-            settings["region_name"] = extra["region"]
-        if conn.login:
-            settings["aws_access_key_id"] = conn.login
-            settings["aws_secret_access_key"] = conn.password
-        return settings
+        aws = AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="s3")
+        config = aws.conn_config
+        settings = {key: extra[key] for key in ("sse", "sse_kms_key_id") if extra.get(key)}
+        settings["endpoint_url"] = config.endpoint_url or extra.get("endpoint_url") or None
+        settings["region_name"] = config.region_name or extra.get("region") or None
+        credentials = aws.get_credentials(region_name=settings["region_name"])
+        settings.update(aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
+                        aws_session_token=credentials.token or None)
+        self._settings = {k: v for k, v in settings.items() if v is not None}
+        return self._settings
+
+    def s3_client(self):
+        """A boto3 S3 client with the connection's settings (bounded timeouts and retries)."""
+        from onnxcast.rollout.store import S3Settings
+        from onnxcast.s3 import make_client
+
+        values = {k: v for k, v in self.get_settings().items() if k not in ("sse", "sse_kms_key_id")}
+        return make_client(S3Settings.from_values(values))
 
     def open_store(self, uri: str):
         """The rollout store at ``uri``; S3 settings apply to ``s3://`` URIs only."""
         from onnxcast.rollout.store import open_store
 
         return open_store(uri, **(self.get_settings() if uri.startswith("s3://") else {}))
+
+
+def _bound_mlflow_retries() -> None:
+    """MLflow retries a failed request 7 times with a backoff factor of 2 (minutes when the
+    server is down): bound it, so a task fails within about a minute and Airflow retries it.
+    A deployment can still set the MLFLOW_HTTP_REQUEST_* variables itself."""
+    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                        ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.5"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
+        os.environ.setdefault(name, value)
 
 
 def _uri_from(conn) -> str | None:

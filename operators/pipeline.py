@@ -1,16 +1,25 @@
 """Operators for the pipeline steps: check data, train or fetch, export, optimize, validate.
 
-Every step works in the run directory of its DAG run (``<run_root>/<dag_id>/<run_id>``),
-which the data check creates and announces through XCom; the steps after it take it as
-the templated ``run_dir``. A retried step overwrites only its own outputs there.
+Tasks of one DAG run may run on different hosts; they hand files to each other through
+the run store (onnxcast.runstore): the run directory ``<run_root>/<dag_id>/<run_id>`` on
+S3 (or a local folder in the embedded mode), which the data check creates and announces
+through XCom; the steps after it take it as the templated ``run_dir``. Each task stages
+the committed files it needs into local scratch, works there, and publishes its outputs
+with a commit marker last (:meth:`_TrackedOperator.workspace`), so a retry, or a second
+attempt on another host, never sees half a step. XComs stay small.
+
+A failed or killed task marks its MLflow runs FAILED or KILLED (its retry takes them over
+again), so no run is left RUNNING.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,12 +35,17 @@ from operators.links import MlflowRunLink, persist_mlflow_run_url
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from onnxcast.runstore import RunDir
+
 RUN_DIR_KEY = "run_dir"
 SUMMARY_KEY = "summary"
 
 
 def default_run_root() -> str:
-    return str(Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve() / "runs")
+    """The run store root from the deployment settings (operators.settings)."""
+    from operators.settings import run_root
+
+    return run_root()
 
 
 def run_key(context: Context) -> str:
@@ -39,25 +53,103 @@ def run_key(context: Context) -> str:
     return f"{context['dag_run'].dag_id}/{context['run_id']}"
 
 
-def load_config(run_dir: str) -> PipelineConfig:
-    path = Path(run_dir) / "config.json"
+def load_config(work: str | Path) -> PipelineConfig:
+    """The run's settings from a staged run directory, pointed at that folder."""
+    path = Path(work) / "config.json"
     if not path.exists():
-        raise AirflowFailException(f"{path}: no config; did the data check of this run succeed?")
-    return PipelineConfig.load(path)
+        raise AirflowFailException(f"{path.name}: not in the run store (nothing committed it); did the data "
+                                   "check of this run succeed?")
+    return replace(PipelineConfig.load(path), out_dir=str(work))
+
+
+def end_mlflow_runs(context: Context) -> None:
+    """Failure and retry callback: the task's MLflow runs become FAILED (KILLED when the task
+    was killed from outside: no exception in the context), never left RUNNING. Runs in the
+    task process after a failure, or in the DAG processor when the worker died. A terminal
+    failure also ends the pipeline run; the retry of a task takes its runs over again."""
+    task = context.get("task")
+    try:
+        from onnxcast.tracking import end_open_runs
+
+        exception = context.get("exception")
+        status = "KILLED" if exception is None or type(exception).__name__ in (
+            "AirflowTaskTerminated", "AirflowTaskTimeout") else "FAILED"
+        ti = context["ti"]
+        family = getattr(task, "family", None)
+        family = family if isinstance(family, str) and "{{" not in family else getattr(ti, "rendered_map_index", None)
+        terminal = str(getattr(ti, "state", "")) != "up_for_retry"
+        params = context.get("params") or {}
+        hook = MlflowHook(mlflow_conn_id=getattr(task, "mlflow_conn_id", "mlflow_default"))
+        ended = end_open_runs(run_key(context), status, family=family or None, parent=terminal or not family,
+                              model_name=params.get("model_name"), tracking_uri=hook.tracking_uri)
+        if ended:
+            (task.log if task is not None else _log()).info("MLflow run(s) %s marked %s", ended, status)
+    except Exception as exc:  # noqa: BLE001 - a callback must not fail the callback runner
+        _log().warning("could not mark the MLflow runs of %s: %s", context.get("run_id"), exc)
+
+
+def _log():
+    import logging
+
+    return logging.getLogger(__name__)
 
 
 class _TrackedOperator(BaseOperator):
-    """Shared: the MLflow hook and the link to the task's MLflow run."""
+    """Shared: the MLflow hook, the link to the task's MLflow run, and the run store
+    workspace (stage, work in local scratch, publish with a commit marker)."""
 
     operator_extra_links = (MlflowRunLink(),)
 
-    def __init__(self, *, mlflow_conn_id: str | None = "mlflow_default", **kwargs: Any) -> None:
+    def __init__(self, *, mlflow_conn_id: str | None = "mlflow_default", aws_conn_id: str | None = "aws_default",
+                 **kwargs: Any) -> None:
+        for callback in ("on_failure_callback", "on_retry_callback"):
+            given = kwargs.get(callback)
+            given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
+            kwargs[callback] = [end_mlflow_runs, *given]
         super().__init__(**kwargs)
         self.mlflow_conn_id = mlflow_conn_id
+        self.aws_conn_id = aws_conn_id
 
     @cached_property
     def mlflow_hook(self) -> MlflowHook:
         return MlflowHook(mlflow_conn_id=self.mlflow_conn_id)
+
+    @cached_property
+    def s3_hook(self) -> S3SettingsHook:
+        return S3SettingsHook(aws_conn_id=self.aws_conn_id)
+
+    def open_run(self, url: str) -> RunDir:
+        """The run directory at ``url`` in the run store (S3 through ``aws_conn_id``)."""
+        from onnxcast.runstore import RunDir, backend_for
+
+        factory = self.s3_hook.s3_client if url.startswith("s3://") else None
+        return RunDir(url, backend_for(url, s3_client_factory=factory, conn_id=self.aws_conn_id))
+
+    @contextmanager
+    def workspace(self, context: Context, run_dir: str, *, families: Sequence[str] | None = None,
+                  require: Sequence[str] = (), stage: bool = True, step: str | None = None,
+                  ) -> Iterator[Path]:
+        """A local scratch folder holding the run's committed files (``families`` only, when
+        given); on success what the block changed is published as this task's step. The
+        folder is removed either way: nothing of a failed try is ever published."""
+        from onnxcast.runstore import RunStoreError
+
+        run = self.open_run(run_dir)
+        scratch = Path(tempfile.mkdtemp(prefix=f"onnxcast-{self.task_id}-"))
+        try:
+            staged = run.stage(scratch, families=families, require=require) if stage else None
+            yield scratch
+            ti = context["ti"]
+            run.publish(step or self.step_name(), scratch, staged,
+                        meta={"task_id": self.task_id, "try_number": getattr(ti, "try_number", None)})
+        except RunStoreError as exc:  # a store that is down or a step being rewritten: retry
+            raise RuntimeError(str(exc)) from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def step_name(self) -> str:
+        family = getattr(self, "family", None)
+        return f"{self.task_id}.{family}" if isinstance(family, str) and family else self.task_id
 
     def link_mlflow_run(self, context: Context, model_name: str, family: str | None = None,
                         role: str | None = None) -> dict:
@@ -88,8 +180,7 @@ class CheckDataOperator(_TrackedOperator):
 
     def __init__(self, *, settings: dict[str, Any], extra_settings: dict[str, Any] | str | None = None,
                  run_root: str | None = None, fetch_from: str | None = None, trained_until: str | None = None,
-                 compare_with_champion: bool | str = True, aws_conn_id: str | None = "aws_default",
-                 **kwargs: Any) -> None:
+                 compare_with_champion: bool | str = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
         self.extra_settings = extra_settings
@@ -97,17 +188,24 @@ class CheckDataOperator(_TrackedOperator):
         self.fetch_from = fetch_from
         self.trained_until = trained_until
         self.compare_with_champion = compare_with_champion
-        self.aws_conn_id = aws_conn_id
-
-    @cached_property
-    def s3_hook(self) -> S3SettingsHook:
-        return S3SettingsHook(aws_conn_id=self.aws_conn_id)
 
     def execute(self, context: Context) -> list[str]:
+        from onnxcast.runstore import RunStore
+        from operators.settings import run_root
+
+        store = RunStore(run_root(self.run_root))
+        run_url = store.run_url(context["dag_run"].dag_id, context["run_id"])
+        with self.workspace(context, run_url, stage=False, require=()) as work:
+            families, summary = self._check(context, work, run_url)
+        context["ti"].xcom_push(key=RUN_DIR_KEY, value=run_url)
+        context["ti"].xcom_push(key=SUMMARY_KEY, value=summary)
+        return families
+
+    def _check(self, context: Context, run_dir: Path, run_url: str) -> tuple[list[str], dict]:
         from onnxcast.champion import CHAMPION_FAMILY, write_plan
         from onnxcast.pipeline import prepare_data
+        from onnxcast.s3 import read_settings
 
-        run_dir = Path(self.run_root or default_run_root()) / context["dag_run"].dag_id / _safe(context["run_id"])
         extra = _extra_settings(self.extra_settings)
         values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
         if values.get("data_uri") == "example":
@@ -120,9 +218,10 @@ class CheckDataOperator(_TrackedOperator):
             cfg = PipelineConfig.from_dict(values)
         except ConfigError as exc:  # bad settings: retrying cannot help
             raise AirflowFailException(str(exc)) from None
-        run_dir.mkdir(parents=True, exist_ok=True)
+        s3 = self.s3_hook.get_settings() if str(cfg.data_uri).startswith("s3://") else None
         try:
-            summary = prepare_data(cfg)
+            with read_settings(s3):
+                summary = prepare_data(cfg)
         except (ConfigError, DataError) as exc:  # the same bytes fail the same way: no retry
             self._record_failed_check(context, cfg, exc)
             raise AirflowFailException(" ".join(str(exc).split())) from None
@@ -138,14 +237,12 @@ class CheckDataOperator(_TrackedOperator):
             notes.append("comparison with the champion is off")
         write_plan(run_dir, entries, notes, incomparable or None)
         families = [e["family"] for e in entries]
-        summary = {"run_dir": str(run_dir), "rows": summary["dataset"]["rows"], "end": summary["dataset"]["end"],
+        summary = {"run_dir": run_url, "rows": summary["dataset"]["rows"], "end": summary["dataset"]["end"],
                    "dataset_sha256": summary["dataset"]["sha256"], "trained_until": cfg.trained_until,
                    "champion_version": champion["version"] if champion else None, "notes": notes}
-        context["ti"].xcom_push(key=RUN_DIR_KEY, value=str(run_dir))
-        context["ti"].xcom_push(key=SUMMARY_KEY, value=summary)
-        self.log.info("Run %s: %d rows up to %s; families %s; %s", run_dir, summary["rows"], summary["end"],
+        self.log.info("Run %s: %d rows up to %s; families %s; %s", run_url, summary["rows"], summary["end"],
                       families, "; ".join(notes) or "champion included")
-        return families
+        return families, summary
 
     def _record_failed_check(self, context: Context, cfg: PipelineConfig, exc: Exception) -> None:
         """Log the GX report of a failed check to the run's MLflow run and link the task to it."""
@@ -202,11 +299,12 @@ class _FamilyStepOperator(_TrackedOperator):
     def execute(self, context: Context) -> dict:
         from onnxcast.champion import plan_entry
 
-        cfg = load_config(self.run_dir)
-        entry = plan_entry(self.run_dir, self.family)
-        role = "champion-evaluation" if entry.get("role") == "champion" else "family"
-        self.link_mlflow_run(context, cfg.model_name, self.family, role)
-        return self.run_step(context, cfg, entry)
+        with self.workspace(context, self.run_dir, families=[self.family]) as work:
+            cfg = load_config(work)
+            entry = plan_entry(work, self.family)
+            role = "champion-evaluation" if entry.get("role") == "champion" else "family"
+            self.link_mlflow_run(context, cfg.model_name, self.family, role)
+            return self.run_step(context, cfg, entry)
 
     def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
         raise NotImplementedError
@@ -214,14 +312,6 @@ class _FamilyStepOperator(_TrackedOperator):
 
 class TrainOrFetchModelOperator(_FamilyStepOperator):
     """Train the family, or fetch it (MLflow ``models:/`` or ``s3://``) when the plan names a source."""
-
-    def __init__(self, *, aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.aws_conn_id = aws_conn_id
-
-    @cached_property
-    def s3_hook(self) -> S3SettingsHook:
-        return S3SettingsHook(aws_conn_id=self.aws_conn_id)
 
     def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
         from onnxcast.pipeline import family_dir, train_family
@@ -253,7 +343,7 @@ class ExportModelOperator(_FamilyStepOperator):
 
         path = export_family(cfg, self.family)
         self.log.info("Exported %s to %s", self.family, path)
-        return {"family": self.family, "onnx_path": path}
+        return {"family": self.family, "onnx_path": str(Path(path).relative_to(cfg.run_dir))}
 
 
 class OptimizeModelOperator(_FamilyStepOperator):
@@ -296,7 +386,9 @@ def _interval_end(context: Context) -> str | None:
 
 def _safe(run_id: str) -> str:
     """A run id as one path segment (run ids may hold ``:`` and ``+``)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+    from onnxcast.runstore import safe_segment
+
+    return safe_segment(run_id)
 
 
 def _extra_settings(value: Any) -> dict:

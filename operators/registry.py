@@ -31,33 +31,37 @@ class RegisterModelOperator(_TrackedOperator):
         self.run_dir = run_dir
 
     def execute(self, context: Context) -> dict:
+        with self.workspace(context, self.run_dir) as work:
+            return self._register(context, work)
+
+    def _register(self, context: Context, work) -> dict:
         from onnxcast.champion import challengers, champion_entry
         from onnxcast.pipeline import assemble_report
         from onnxcast.report import read_json, write_json
         from onnxcast.tracking import log_pipeline_run, register_model, run_url
 
-        cfg = load_config(self.run_dir)
-        families = challengers(self.run_dir)
-        champion = champion_entry(self.run_dir)
+        cfg = load_config(work)
+        families = challengers(work)
+        champion = champion_entry(work)
         extra = [champion["family"]] if champion else []
         key = run_key(context)
         tags = {"airflow.dag_id": context["dag_run"].dag_id, "airflow.run_id": context["run_id"]}
         try:
             assemble_report(cfg, families)
         except GateError as exc:
-            tracked = log_pipeline_run(self.run_dir, model_name=cfg.model_name, run_key=key, families=families,
+            tracked = log_pipeline_run(work, model_name=cfg.model_name, run_key=key, families=families,
                                        extra_families=extra, tracking_uri=self.mlflow_hook.tracking_uri, tags=tags)
             persist_mlflow_run_url(context, run_url(self.mlflow_hook.tracking_uri, tracked.experiment_id,
                                                     tracked.parent_run_id, self.mlflow_hook.ui_url))
             raise AirflowFailException(str(exc)) from None
-        tracked = log_pipeline_run(self.run_dir, model_name=cfg.model_name, run_key=key, families=families,
+        tracked = log_pipeline_run(work, model_name=cfg.model_name, run_key=key, families=families,
                                    extra_families=extra, tracking_uri=self.mlflow_hook.tracking_uri, tags=tags)
         persist_mlflow_run_url(context, run_url(self.mlflow_hook.tracking_uri, tracked.experiment_id,
                                                 tracked.parent_run_id, self.mlflow_hook.ui_url))
-        version = register_model(self.run_dir, tracked, model_name=cfg.model_name, run_key=key,
+        version = register_model(work, tracked, model_name=cfg.model_name, run_key=key,
                                  tracking_uri=self.mlflow_hook.tracking_uri)
         # promotion names the registry version in the rollout manifest (report["mlflow"])
-        report_path = f"{self.run_dir}/report.json"
+        report_path = cfg.layout.report
         report = read_json(report_path)
         report["mlflow"] = {"tracking_uri": _public(self.mlflow_hook.tracking_uri), "model": cfg.model_name,
                             "version": version.version, "run_id": version.run_id,
@@ -86,15 +90,19 @@ class ChampionChallengerOperator(_TrackedOperator):
         self.require_beats_champion = require_beats_champion
 
     def execute(self, context: Context) -> dict:
+        with self.workspace(context, self.run_dir) as work:
+            return self._decide(context, work)
+
+    def _decide(self, context: Context, work) -> dict:
         from onnxcast.champion import decide
         from onnxcast.report import read_json
         from onnxcast.tracking import record_decision
 
-        cfg = load_config(self.run_dir)
-        decision = decide(self.run_dir, min_improvement=float(self.min_improvement or 0.0),
+        cfg = load_config(work)
+        decision = decide(work, min_improvement=float(self.min_improvement or 0.0),
                           require_beats_champion=self.require_beats_champion)
         decision["challenger_version"] = str(self.version)
-        parent = (read_json(f"{self.run_dir}/report.json").get("mlflow") or {}).get("parent_run_id")
+        parent = (read_json(cfg.layout.report).get("mlflow") or {}).get("parent_run_id")
         record_decision(cfg.model_name, str(self.version), decision, parent_run_id=parent,
                         tracking_uri=self.mlflow_hook.tracking_uri)
         self.link_mlflow_run(context, cfg.model_name)

@@ -15,29 +15,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from onnxcast.errors import ConfigError, GateError, OnnxcastError
-from operators.hooks import S3SettingsHook
-from operators.pipeline import (
-    _safe,
-    _TrackedOperator,
-    as_bool,
-    default_run_root,
-    load_config,
-    run_key,
-)
+from operators.pipeline import _TrackedOperator, as_bool, load_config, run_key
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 def default_store_uri() -> str:
-    return str(Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve() / "rollout")
+    """The rollout store from the deployment settings (operators.settings)."""
+    from operators.settings import store_uri
+
+    return store_uri()
 
 
 def development_keys_dir() -> Path:
@@ -50,22 +44,21 @@ def _actor(context: Context) -> str:
 
 
 class _StoreOperator(_TrackedOperator):
-    def __init__(self, *, store_uri: str | None = None, aws_conn_id: str | None = "aws_default",
-                 signing_key: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, store_uri: str | None = None, signing_key: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store_uri = store_uri
-        self.aws_conn_id = aws_conn_id
         self.signing_key = signing_key
 
     def release_signers(self) -> list:
         """The release key(s): ``signing_key``, else ``$ONNXCAST_SIGNING_KEY``, else (embedded
         mode only) the development key under ``$ONNXCAST_HOME/keys``."""
         from onnxcast.rollout.signing import SIGNING_KEY_ENV, development_key, load_signers
+        from operators.settings import embedded, store_configured
 
         spec = None if self.signing_key in (None, "", "None") else str(self.signing_key)
         spec = spec or os.environ.get(SIGNING_KEY_ENV) or None
         try:
-            if spec is None and self.store_uri in (None, "", "None"):
+            if spec is None and embedded() and not store_configured(self.store_uri):
                 path, created = development_key(development_keys_dir())
                 self.log.warning("No signing key configured (%s): embedded mode signs with the development key "
                                  "%s%s; devices trust %s", SIGNING_KEY_ENV, path, " (made now)" if created else "",
@@ -75,14 +68,11 @@ class _StoreOperator(_TrackedOperator):
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
 
-    @cached_property
-    def s3_hook(self) -> S3SettingsHook:
-        return S3SettingsHook(aws_conn_id=self.aws_conn_id)
-
     def open_store(self):
+        from operators.settings import store_uri
+
         try:
-            uri = None if self.store_uri in (None, "", "None") else str(self.store_uri)
-            return self.s3_hook.open_store(uri or default_store_uri())
+            return self.s3_hook.open_store(store_uri(self.store_uri))
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
 
@@ -133,12 +123,16 @@ class PromoteModelOperator(_StoreOperator):
         return decision
 
     def execute(self, context: Context) -> dict:
+        decision = self._checked_decision()
+        with self.workspace(context, self.run_dir) as work:
+            return self._promote(context, work, decision)
+
+    def _promote(self, context: Context, work: Path, decision: dict | None) -> dict:
         from onnxcast.rollout.promote import promote
         from onnxcast.tracking import set_champion
 
-        cfg = load_config(self.run_dir)
+        cfg = load_config(work)
         self.link_mlflow_run(context, cfg.model_name)
-        decision = self._checked_decision()
         if decision is not None and not decision["promote"]:
             raise AirflowSkipException(f"not promoted: {decision.get('reason')}")
         if self.assemble_report:
@@ -147,7 +141,7 @@ class PromoteModelOperator(_StoreOperator):
         store = self.open_store()
         signers = self.release_signers()
         try:
-            result = promote(self.run_dir, store, cfg.model_name, self.channels, version=str(self.version),
+            result = promote(work, store, cfg.model_name, self.channels, version=str(self.version),
                              actor=_actor(context), reason=reason, signers=signers)
         except OnnxcastError as exc:
             raise AirflowFailException(str(exc)) from None
@@ -169,13 +163,13 @@ class PromoteModelOperator(_StoreOperator):
         from onnxcast.pipeline import assemble_report
         from onnxcast.report import read_json, write_json
 
-        staged = read_json(Path(self.run_dir) / "staged.json")
+        staged = read_json(cfg.layout.staged)
         try:
-            report = assemble_report(cfg, challengers(self.run_dir))
+            report = assemble_report(cfg, challengers(cfg.run_dir))
         except GateError as exc:
             raise AirflowFailException(f"gates re-checked and failed: {exc}") from None
         report["mlflow"] = staged["mlflow"]
-        write_json(Path(self.run_dir) / "report.json", report)
+        write_json(cfg.layout.report, report)
 
 
 class StageRegisteredVersionOperator(_TrackedOperator):
@@ -193,17 +187,21 @@ class StageRegisteredVersionOperator(_TrackedOperator):
 
     def execute(self, context: Context) -> dict:
         from onnxcast.fetch import stage_version
+        from onnxcast.runstore import RunStore
         from onnxcast.tracking import TrackingError
+        from operators.settings import run_root
 
-        run_dir = Path(self.run_root or default_run_root()) / context["dag_run"].dag_id / _safe(context["run_id"])
-        try:
-            staged = stage_version(self.model_name, str(self.ref), run_dir, tracking_uri=self.mlflow_hook.tracking_uri)
-        except (TrackingError, OnnxcastError) as exc:
-            raise AirflowFailException(str(exc)) from None
-        context["ti"].xcom_push(key="run_dir", value=str(run_dir))
+        run_url = RunStore(run_root(self.run_root)).run_url(context["dag_run"].dag_id, context["run_id"])
+        with self.workspace(context, run_url, stage=False) as work:
+            try:
+                staged = stage_version(self.model_name, str(self.ref), work,
+                                       tracking_uri=self.mlflow_hook.tracking_uri)
+            except (TrackingError, OnnxcastError) as exc:
+                raise AirflowFailException(str(exc)) from None
+        context["ti"].xcom_push(key="run_dir", value=run_url)
         self.link_mlflow_run(context, self.model_name)
-        self.log.info("Staged %s v%s (%s) in %s", self.model_name, staged["version"], staged["family"], run_dir)
-        return {"run_dir": str(run_dir), "version": staged["version"], "family": staged["family"]}
+        self.log.info("Staged %s v%s (%s) in %s", self.model_name, staged["version"], staged["family"], run_url)
+        return {"run_dir": run_url, "version": staged["version"], "family": staged["family"]}
 
 
 class RollbackChannelOperator(_StoreOperator):

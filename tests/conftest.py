@@ -114,11 +114,7 @@ def s3_env(s3_server, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    from onnxcast.s3 import s3_client
-
-    s3_client.cache_clear()
-    yield s3_server
-    s3_client.cache_clear()
+    return s3_server
 
 
 @pytest.fixture

@@ -34,14 +34,17 @@ def tiny_lstm_run(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def tiny_lstm_run_copy(tiny_lstm_run, tmp_path) -> Path:
-    """A private copy of ``tiny_lstm_run`` whose config points at the copy."""
+    """A private copy of ``tiny_lstm_run`` whose config points at the copy, committed as one
+    step of a run in a local run store (so operators can stage it as Airflow tasks do)."""
     import shutil
     from dataclasses import replace
 
     from onnxcast.config import PipelineConfig
+    from onnxcast.runstore import LocalBackend, RunDir
 
     target = tmp_path / "run"
     shutil.copytree(tiny_lstm_run, target)
     cfg = PipelineConfig.load(target / "config.json")
     replace(cfg, out_dir=str(target)).save(target / "config.json")
+    RunDir(str(target), LocalBackend(target)).publish("fixture", target)
     return target

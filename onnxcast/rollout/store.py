@@ -507,17 +507,9 @@ class S3Store(RolloutStore):
         return StoreError(f"{self.url(key)}: {action} failed ({detail})")
 
     def _make_client(self):
-        import boto3
-        from botocore.config import Config
+        from onnxcast.s3 import make_client
 
-        s = self.settings
-        session = boto3.session.Session(aws_access_key_id=s.aws_access_key_id,
-                                        aws_secret_access_key=s.aws_secret_access_key,
-                                        aws_session_token=s.aws_session_token,
-                                        profile_name=s.profile_name, region_name=s.region_name)
-        config = Config(retries={"mode": "standard", "max_attempts": s.max_attempts},
-                        connect_timeout=s.connect_timeout, read_timeout=s.read_timeout)
-        return session.client("s3", endpoint_url=s.endpoint_url, config=config)
+        return make_client(self.settings)
 
 
 def _status(exc) -> int:

@@ -80,14 +80,11 @@ def test_directory_is_not_a_file(tmp_path):
 def test_s3_object_is_read_and_decompressed(s3_bucket, base):
     import boto3
 
-    from onnxcast.s3 import s3_client
-
     boto3.client("s3").put_object(Bucket=s3_bucket, Key="in/data.csv.gz", Body=gzip.compress(base))
     raw = read_table(f"s3://{s3_bucket}/in/data.csv.gz")
     assert raw.frame.shape == (3600, 2)
     with pytest.raises(DataError, match=rf"s3://{s3_bucket}/in/absent.csv: cannot read from S3 \(NoSuchKey\)"):
         read_table(f"s3://{s3_bucket}/in/absent.csv")
-    s3_client.cache_clear()
 
 
 def test_a_parquet_file_with_the_timestamps_as_its_index_reads_them_as_a_column(tmp_path):

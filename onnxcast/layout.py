@@ -1,0 +1,112 @@
+"""The layout of a run directory: one place that names every file the steps hand each other.
+
+A run directory is a local folder: the CLI's output folder, or the scratch folder an
+Airflow task staged from the run store (:mod:`onnxcast.runstore`). Every module that
+reads or writes a run's files asks a :class:`RunLayout` for the path::
+
+    config.json                                   the run's settings (prepare_data)
+    plan.json                                     families and where they come from (data check)
+    data/series.npz, series.json, dataset.json    the checked series and the split
+    data/baselines.json                           baselines and the statistical reference
+    quality/                                      the data-quality report
+    models/<family>/model.pt, model.json          trained or fetched model
+    models/<family>/onnx/<variant>.onnx           fp32 (export), fp32-opt/int8/fp16 (optimize)
+    models/<family>/onnx/variants.json            the variants optimize made
+    models/<family>/validation.json               validate
+    report.json | failed-report.json              the report (written last)
+    champion_challenger.json                      the champion/challenger decision
+    staged.json                                   a registered version laid out again (promote DAG)
+    plots/                                        figures logged to MLflow
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPORT = "report.json"
+FAILED_REPORT = "failed-report.json"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths inside the run directory ``root``."""
+
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.json"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def dataset(self) -> Path:
+        return self.data / "dataset.json"
+
+    @property
+    def baselines(self) -> Path:
+        return self.data / "baselines.json"
+
+    @property
+    def quality(self) -> Path:
+        return self.root / "quality"
+
+    @property
+    def report(self) -> Path:
+        return self.root / REPORT
+
+    @property
+    def failed_report(self) -> Path:
+        return self.root / FAILED_REPORT
+
+    @property
+    def decision(self) -> Path:
+        return self.root / "champion_challenger.json"
+
+    @property
+    def staged(self) -> Path:
+        return self.root / "staged.json"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    def family(self, family: str) -> Path:
+        return self.models / family
+
+    def model_pt(self, family: str) -> Path:
+        return self.family(family) / "model.pt"
+
+    def model_json(self, family: str) -> Path:
+        return self.family(family) / "model.json"
+
+    def validation(self, family: str) -> Path:
+        return self.family(family) / "validation.json"
+
+    def onnx_dir(self, family: str) -> Path:
+        return self.family(family) / "onnx"
+
+    def onnx(self, family: str, variant: str = "fp32") -> Path:
+        return self.onnx_dir(family) / f"{variant}.onnx"
+
+    def variants(self, family: str) -> Path:
+        return self.onnx_dir(family) / "variants.json"
+
+    def family_of(self, relative: str) -> str | None:
+        """The family a run-relative path belongs to (``models/<family>/...``), else None."""
+        parts = Path(relative).parts
+        return parts[1] if len(parts) > 2 and parts[0] == "models" else None

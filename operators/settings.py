@@ -1,0 +1,85 @@
+"""Deployment settings of the onnxcast tasks: the mode, the run store, the rollout store.
+
+Each comes from the first of: the DAG param (when the DAG has one), the environment
+variable, the ``[onnxcast]`` section of airflow.cfg (``AIRFLOW__ONNXCAST__*`` works too):
+
+| setting    | environment          | airflow.cfg              | embedded default            |
+|------------|----------------------|--------------------------|-----------------------------|
+| mode       | ``ONNXCAST_MODE``    | ``[onnxcast] mode``      | (unset means ``deployed``)  |
+| run store  | ``ONNXCAST_RUN_ROOT``| ``[onnxcast] run_root``  | ``$ONNXCAST_HOME/runs``     |
+| rollout    | ``ONNXCAST_STORE_URI``| ``[onnxcast] store_uri``| ``$ONNXCAST_HOME/rollout``  |
+
+The **embedded** mode (the demo, ``make airflow``, the tests: the repository's airflow.cfg
+says ``mode = embedded``) runs every task on one machine and falls back to local folders,
+a SQLite MLflow store and a development signing key. Anywhere else (**deployed**: unset,
+or any other value) a missing setting or connection fails the task with a message naming
+it, instead of silently writing to the disk of whichever worker ran the task.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow.sdk.exceptions import AirflowFailException
+
+EMBEDDED = "embedded"
+DEPLOYED = "deployed"
+
+
+def _setting(env: str, key: str) -> str | None:
+    value = os.environ.get(env)
+    if value:
+        return value
+    from airflow.configuration import conf
+
+    value = conf.get("onnxcast", key, fallback=None)
+    return value or None
+
+
+def mode() -> str:
+    """``embedded`` or ``deployed`` (anything but "embedded" counts as deployed)."""
+    value = (_setting("ONNXCAST_MODE", "mode") or DEPLOYED).strip().lower()
+    return EMBEDDED if value == EMBEDDED else DEPLOYED
+
+
+def embedded() -> bool:
+    return mode() == EMBEDDED
+
+
+def onnxcast_home() -> Path:
+    return Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve()
+
+
+def _given(value) -> str | None:
+    return None if value in (None, "", "None") else str(value)
+
+
+def run_root(param: str | None = None) -> str:
+    """Where run directories live (the run store root)."""
+    value = _given(param) or _setting("ONNXCAST_RUN_ROOT", "run_root")
+    if value:
+        return value
+    if embedded():
+        return str(onnxcast_home() / "runs")
+    raise AirflowFailException(
+        "no run store configured: set ONNXCAST_RUN_ROOT (or [onnxcast] run_root in airflow.cfg, or the DAG "
+        "param run_root) to an s3:// URL every worker can reach; local folders are for the embedded mode "
+        "(ONNXCAST_MODE=embedded) only")
+
+
+def store_uri(param: str | None = None) -> str:
+    """The rollout store (where promoted versions and channel pointers go)."""
+    value = _given(param) or _setting("ONNXCAST_STORE_URI", "store_uri")
+    if value:
+        return value
+    if embedded():
+        return str(onnxcast_home() / "rollout")
+    raise AirflowFailException(
+        "no rollout store configured: set the DAG param store_uri, or ONNXCAST_STORE_URI (or [onnxcast] "
+        "store_uri in airflow.cfg), to an s3:// URL; a local default exists in the embedded mode only")
+
+
+def store_configured(param: str | None = None) -> bool:
+    """Whether a rollout store was named (not the embedded default)."""
+    return bool(_given(param) or _setting("ONNXCAST_STORE_URI", "store_uri"))
