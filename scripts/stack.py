@@ -37,6 +37,9 @@ SERVICES = (*CENTRAL, *(f"airflow-worker-{w.rsplit('-', 1)[-1]}" for w in WORKER
 # Bounded waits (seconds) per step, measured with room to spare on 2 busy cores.
 TIMEOUTS = {"seaweedfs": 120, "mlflow": 180, "airflow-db-migrate": 600, "airflow-api-server": 300,
             "components": 300, "workers": 300, "dag": 300}
+# Shutdown order: workers drain first while the API server they report to still answers.
+STOP_STAGES = (("airflow-worker-",), ("airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"),
+               ("airflow-api-server",), ("mlflow",), ("seaweedfs",))
 # Inherited variables that would point a stack process at something else than the stack.
 FOREIGN_ENV_PREFIXES = ("AIRFLOW", "MLFLOW_", "AWS_", "ONNXCAST_", "BOTO_", "PYTHONPATH")
 
@@ -80,9 +83,9 @@ def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unp
             return 0
         print(f"A stack in {layout.root} runs only in part ({', '.join(s.name for s in running)}): "
               "stopping it, then starting everything (data is kept)")
-        processes.stop_all(layout.run, layout.root)
+        processes.stop_all(layout.run, layout.root, stages=STOP_STAGES)
     elif processes.stack_pids(layout.root):
-        processes.stop_all(layout.run, layout.root)
+        processes.stop_all(layout.run, layout.root, stages=STOP_STAGES)
     _check_prerequisites()
     layout.create()
     vault = Secrets(layout.secrets)
@@ -97,7 +100,7 @@ def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unp
     except BaseException:
         print(f"error: the stack did not start; stopping what was started (logs stay in {layout.logs})",
               file=sys.stderr)
-        processes.stop_all(layout.run, layout.root, say=lambda m: print(m, file=sys.stderr))
+        processes.stop_all(layout.run, layout.root, stages=STOP_STAGES, say=lambda m: print(m, file=sys.stderr))
         raise
     info["startup_seconds"] = round(time.monotonic() - started_at, 1)
     services.write_private(layout.info_file, json.dumps(info, indent=2) + "\n")
@@ -364,7 +367,7 @@ def _unpause(api_url: str, token: str, dag_id: str) -> None:
 # --- down and status ---------------------------------------------------------------------------
 
 def stack_down(layout: StackLayout, *, wipe: bool) -> int:
-    found = processes.stop_all(layout.run, layout.root)
+    found = processes.stop_all(layout.run, layout.root, stages=STOP_STAGES)
     left = processes.stack_pids(layout.root)
     if left:
         raise StackError(f"processes of the stack still run after SIGKILL: {sorted(left)}")

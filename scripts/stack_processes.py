@@ -95,22 +95,34 @@ def wait_until(service: ServiceProcess, ready: Callable[[], bool], *, timeout: f
         time.sleep(interval)
 
 
-def stop_all(run_dir: Path, stack_dir: Path, *, grace: float = 20.0, say: Callable[[str], None] = print) -> int:
-    """Stop every recorded service (last started first) and any stray process of this stack:
-    SIGTERM to the process group, SIGKILL after ``grace`` seconds. Returns how many were found."""
+def stop_all(run_dir: Path, stack_dir: Path, *, stages: Sequence[Sequence[str]] = (), grace: float = 20.0,
+             say: Callable[[str], None] = print) -> int:
+    """Stop every recorded service and any stray process of this stack: SIGTERM to each process
+    group, SIGKILL after ``grace`` seconds. ``stages``: groups of service-name prefixes stopped
+    one group after the other (the services in no group come last), so that workers drain
+    while the API they report to still answers. Returns how many were found."""
     services = list(reversed(recorded(run_dir)))
-    running = [s for s in services if s.alive()]
-    for service in running:
-        say(f"stopping {service.name} (process group {service.pid})")
-        _signal_group(service.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for service in running:
-        while _group_exists(service.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if service.alive() and _group_exists(service.pid):
-            say(f"{service.name} still running after {grace:.0f}s: SIGKILL")
-            _signal_group(service.pid, signal.SIGKILL)
-    found = len(running)
+
+    def stage_of(service: ServiceProcess) -> int:
+        for index, prefixes in enumerate(stages):
+            if service.name.startswith(tuple(prefixes)):
+                return index
+        return len(stages)
+
+    found = 0
+    for stage in sorted({stage_of(s) for s in services}):
+        running = [s for s in services if stage_of(s) == stage and s.alive()]
+        for service in running:
+            say(f"stopping {service.name} (process group {service.pid})")
+            _signal_group(service.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for service in running:
+            while service.alive() and _group_exists(service.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if service.alive() and _group_exists(service.pid):
+                say(f"{service.name} still running after {grace:.0f}s: SIGKILL")
+                _signal_group(service.pid, signal.SIGKILL)
+        found += len(running)
     strays = _stack_processes(stack_dir)
     if strays:
         found += len(strays)
