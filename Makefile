@@ -49,7 +49,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check onnxcast operators dags plugins tests scripts bench
+	$(BIN)/ruff check onnxcast dags tests scripts bench
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

@@ -15,7 +15,11 @@ from datetime import UTC, datetime
 
 from airflow.sdk import DAG, Asset, Param
 
-from operators import PromoteModelOperator, StageRegisteredVersionOperator, ValidateModelOperator
+from onnxcast.airflow.operators import (
+    PromoteModelOperator,
+    StageRegisteredVersionOperator,
+    ValidateModelOperator,
+)
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 RUN_DIR = "{{ ti.xcom_pull(task_ids='stage_version', key='run_dir') }}"

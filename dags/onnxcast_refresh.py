@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from airflow.sdk import DAG, Param
 
-from operators import RefreshChannelsOperator
+from onnxcast.airflow.operators import RefreshChannelsOperator
 
 with DAG(
     dag_id="onnxcast_refresh",

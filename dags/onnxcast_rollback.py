@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from airflow.sdk import DAG, Asset, Param
 
-from operators import RollbackChannelOperator
+from onnxcast.airflow.operators import RollbackChannelOperator
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Asset, Param
 
-from operators import (
+from onnxcast.airflow.operators import (
     ChampionChallengerOperator,
     CheckDataOperator,
     ExportModelOperator,
@@ -40,7 +40,8 @@ from operators import (
     TrainOrFetchModelOperator,
     ValidateModelOperator,
 )
-from operators.serving import ServingReadySensor
+from onnxcast.airflow.pipeline import end_mlflow_runs
+from onnxcast.airflow.serving import ServingReadySensor
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 RUN_DIR = "{{ ti.xcom_pull(task_ids='check_data', key='run_dir') }}"
@@ -55,13 +56,16 @@ with DAG(
     max_active_runs=1,
     tags=["onnxcast", "training", "mlflow"],
     render_template_as_native_obj=True,
-    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=1)},
+    # end_mlflow_runs: also declared here so the mapped tasks carry it into the DAG processor,
+    # which runs it when a worker died mid-task (heartbeat timeout): no MLflow run left RUNNING
+    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=1),
+                  "on_failure_callback": end_mlflow_runs, "on_retry_callback": end_mlflow_runs},
     params={
         "data_uri": Param("example", type="string", minLength=1,
                           description="CSV or Parquet: local path, s3:// URI, or 'example' (Victoria electricity demand)"),
         "time_column": Param("ds", type="string", description="Timestamp column"),
         "target_column": Param("y", type="string", description="Column to forecast"),
-        "feature_columns": Param([], type="array", items={"type": "string"},
+        "feature_columns": Param([], type=["null", "array"], items={"type": "string"},
                                  description="Extra numeric input columns (the target is always an input)"),
         "freq": Param(None, type=["null", "string"],
                       description="pandas frequency (h, 30min, D, W-SUN, MS); empty: inferred from the timestamps"),
@@ -96,7 +100,7 @@ with DAG(
         "serving_url": Param(None, type=["null", "string"],
                              description="onnxcast serve following the cloud channel (http://host:port): when "
                                          "set, wait until it serves the promoted version"),
-        "extra_settings": Param({}, type="object",
+        "extra_settings": Param({}, type=["null", "object"],
                                 description="Other pipeline settings by name (hidden_size, d_model, n_heads, "
                                             "num_layers, latency_repeats, accuracy_budget, quality, ...)"),
     },

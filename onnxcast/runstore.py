@@ -187,7 +187,11 @@ def backend_for(url: str, *, s3_client_factory: Callable[[], Any] | None = None,
         return S3Backend(bucket, prefix, s3_client_factory() if s3_client_factory else make_client())
     if "://" not in url or url.startswith("file://"):
         return LocalBackend(url.removeprefix("file://"))
-    return FsspecBackend(url, conn_id=conn_id)
+    try:
+        return FsspecBackend(url, conn_id=conn_id)
+    except ValueError as exc:  # no filesystem registered for the scheme
+        raise RunStoreError(f"{url}: {exc}; use s3://, a local folder (embedded mode), or install the Airflow "
+                            "provider that registers this filesystem") from None
 
 
 # --- run directories ----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """S3 access shared by reading, fetching, the run store and the rollout store.
 
 Endpoint, region and credentials come from explicit settings (an Airflow ``aws_default``
-connection resolved by the Amazon provider, see ``operators.hooks``) or, when none are
+connection resolved by the Amazon provider, see ``onnxcast.airflow.hooks``) or, when none are
 given, from boto3's own chain (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, instance role);
 never from code. One client builder (:func:`make_client`) for every S3 user, so timeouts
 and retries are the same everywhere and bounded.

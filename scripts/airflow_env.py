@@ -3,8 +3,8 @@
 Airflow reads its settings when ``airflow`` is first imported, so :func:`configure` must
 run before that. It points Airflow at the repository's ``airflow.cfg`` (AIRFLOW_CONFIG)
 and keeps all state under ``$ONNXCAST_HOME/airflow`` (AIRFLOW_HOME): SQLite metadata DB,
-logs, generated passwords. The repository goes on PYTHONPATH so that DAG files and task
-processes can import ``operators``.
+logs, generated passwords. The operators come from the installed onnxcast provider
+(``onnxcast.airflow``): no PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ def configure(home: str | Path | None = None) -> dict[str, str]:
     onnxcast_home = Path(home or os.environ.get("ONNXCAST_HOME") or REPO / ".onnxcast").resolve()
     airflow_home = onnxcast_home / "airflow"
     airflow_home.mkdir(parents=True, exist_ok=True)
-    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     values = {
         "ONNXCAST_HOME": str(onnxcast_home),
         "ONNXCAST_REPO": str(REPO),
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW_CONFIG": str(REPO / "airflow.cfg"),
-        "PYTHONPATH": python_path,
         # no telemetry calls from a machine that may have no internet
         "SCARF_ANALYTICS": "false",
         "DO_NOT_TRACK": "true",

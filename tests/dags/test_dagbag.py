@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import airflow_support
 import pytest
@@ -57,6 +58,18 @@ class TestDagBag:
             assert param.schema.get("type"), f"{dag_id}.{name} has no type"
             assert param.description, f"{dag_id}.{name} has no description"
 
+    @pytest.mark.parametrize("dag_id", sorted(DAG_IDS))
+    def test_params_with_an_empty_default_are_optional_in_the_trigger_form(self, dagbag, dag_id):
+        """The form marks a typed field required unless its type allows null (Airflow's params
+        tutorial): an empty default ([], {}, None) means the field may be left out."""
+        dag = dagbag.dags[dag_id]
+        for name in dag.params:
+            param = dag.params.get_param(name)
+            types = param.schema.get("type")
+            types = types if isinstance(types, list) else [types]
+            if param.value in (None, [], {}, ""):
+                assert "null" in types, f"{dag_id}.{name} (default {param.value!r}) shows as required"
+
     def test_training_dag_shape(self, dagbag):
         dag = dagbag.dags["onnxcast_training"]
         assert dag.schedule == "@weekly"
@@ -82,8 +95,22 @@ def test_dag_file_parses_fast_without_heavy_imports(path):
     assert result["seconds"] < MAX_PARSE_SECONDS, f"{path.name} parsed in {result['seconds']:.3f} s"
 
 
-def test_plugin_registers_the_mlflow_link():
-    from airflow import plugins_manager
+def test_provider_registers_the_link_and_the_mlflow_connection_type():
+    """onnxcast is an installed Airflow provider (entry point apache_airflow_provider): Airflow
+    finds its extra link, hooks and the mlflow connection form without a plugins folder."""
+    from airflow.providers_manager import ProvidersManager
 
-    names = [type(link).__name__ for link in plugins_manager.get_operator_extra_links()]
-    assert "MlflowRunLink" in names
+    manager = ProvidersManager()
+    assert "onnxcast" in manager.providers
+    assert "onnxcast.airflow.links.MlflowRunLink" in manager.extra_links_class_names
+    assert manager.hooks["mlflow"].hook_class_name == "onnxcast.airflow.hooks.MlflowHook"
+    assert {"extra__mlflow__tracking_uri", "extra__mlflow__ui_url"} <= set(manager.connection_form_widgets)
+    assert manager.field_behaviours["mlflow"]["relabeling"]["host"] == "Tracking URI"
+
+
+def test_providers_list_shows_onnxcast_through_the_airflow_command():
+    out = subprocess.run([str(Path(sys.executable).parent / "airflow"), "providers", "list", "-o", "json"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    providers = {p["package_name"]: p for p in json.loads(out.stdout[out.stdout.index("["):])}
+    assert providers["onnxcast"]["version"] == __import__("onnxcast").__version__
+

@@ -293,7 +293,7 @@ def test_links_between_documents_and_from_code_resolve():
     links = [(f"{path}: {target}", (REPO / path).parent / target) for path in DOCUMENTS if (REPO / path).exists()
              for target in re.findall(r"\]\(([^)\s]+)\)", (REPO / path).read_text())
              if not re.match(r"[a-z]+:", target)]
-    for folder in ("onnxcast", "operators", "dags", "plugins", "scripts", "bench", "infra", "docker"):
+    for folder in ("onnxcast", "dags", "plugins", "scripts", "bench", "infra", "docker"):
         for source in sorted((REPO / folder).rglob("*")):
             if source.suffix in (".py", ".tf", ".md", ".yml", ".sh", "") and source.is_file():
                 links += [(f"{source.relative_to(REPO)}: {target}", REPO / target)

@@ -56,5 +56,13 @@ def prepared_run(tiny_lstm_run) -> Path:  # noqa: F811
 
 @pytest.fixture
 def run_dir(tiny_lstm_run_copy) -> str:  # noqa: F811
-    """A private copy of the prepared run directory."""
+    """A private copy of the prepared run directory (a run in a local run store)."""
     return str(tiny_lstm_run_copy)
+
+
+def commit(run_dir: str | Path, step: str = "test-edit") -> None:
+    """Commit what a test changed in ``run_dir`` by hand, as a step of the run (operators
+    stage committed files only, and refuse files that differ from their commit)."""
+    from onnxcast.runstore import LocalBackend, RunDir
+
+    RunDir(str(run_dir), LocalBackend(run_dir)).publish(step, run_dir)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import OPS_SETTINGS, assert_template_fields_stored_unchanged, make_context
+from conftest import OPS_SETTINGS, assert_template_fields_stored_unchanged, commit, make_context
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,7 @@ def read(path: str | Path) -> dict:
 
 class TestCheckDataOperator:
     def test_template_fields(self):
-        from operators import CheckDataOperator
+        from onnxcast.airflow.operators import CheckDataOperator
 
         values = {"settings": {"horizon": "{{ params.horizon }}"}, "extra_settings": "{{ params.extra_settings }}",
                   "run_root": "/r", "fetch_from": "{{ params.fetch_from }}", "trained_until": "{{ ds }}",
@@ -27,7 +27,7 @@ class TestCheckDataOperator:
         assert_template_fields_stored_unchanged(op, values)
 
     def test_retry_gives_the_same_run(self, tmp_path):
-        from operators import CheckDataOperator
+        from onnxcast.airflow.operators import CheckDataOperator
 
         op = CheckDataOperator(task_id="check_data", settings=OPS_SETTINGS, run_root=str(tmp_path),
                                compare_with_champion=False)
@@ -53,7 +53,7 @@ class TestCheckDataOperator:
     def test_bad_settings_fail_without_retry(self, tmp_path, bad, fragment):
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators import CheckDataOperator
+        from onnxcast.airflow.operators import CheckDataOperator
 
         extra = bad.pop("extra_settings", None)
         op = CheckDataOperator(task_id="check_data", settings={**OPS_SETTINGS, **bad}, run_root=str(tmp_path),
@@ -65,7 +65,7 @@ class TestCheckDataOperator:
 
 class TestTrainOrFetchModelOperator:
     def test_template_fields(self):
-        from operators import TrainOrFetchModelOperator
+        from onnxcast.airflow.operators import TrainOrFetchModelOperator
 
         op = TrainOrFetchModelOperator(task_id="t", run_dir="{{ ti.xcom_pull('check_data', key='run_dir') }}",
                                        family="lstm")
@@ -75,7 +75,7 @@ class TestTrainOrFetchModelOperator:
     def test_retry_trains_the_same_weights(self, run_dir):
         import torch
 
-        from operators import TrainOrFetchModelOperator
+        from onnxcast.airflow.operators import TrainOrFetchModelOperator
 
         op = TrainOrFetchModelOperator(task_id="t", run_dir=run_dir, family="lstm", mlflow_conn_id=None)
         first = op.execute(make_context())
@@ -85,10 +85,11 @@ class TestTrainOrFetchModelOperator:
         assert all(torch.equal(weights[k], again[k]) for k in weights)
 
     def test_fetch_from_a_folder_when_the_plan_names_a_source(self, run_dir, prepared_run):
+        from onnxcast.airflow.operators import TrainOrFetchModelOperator
         from onnxcast.champion import write_plan
-        from operators import TrainOrFetchModelOperator
 
         write_plan(run_dir, [{"family": "lstm", "source": str(prepared_run / "models/lstm"), "role": "challenger"}])
+        commit(run_dir)
         op = TrainOrFetchModelOperator(task_id="t", run_dir=run_dir, family="lstm", mlflow_conn_id=None)
         assert op.execute(make_context()) == op.execute(make_context())
         record = read(Path(run_dir, "models/lstm/model.json"))
@@ -98,14 +99,14 @@ class TestTrainOrFetchModelOperator:
 @pytest.mark.parametrize("name", ["ExportModelOperator", "OptimizeModelOperator", "ValidateModelOperator"])
 class TestFamilyStepOperators:
     def test_template_fields(self, name):
-        import operators
+        import onnxcast.airflow.operators as operators
 
         op = getattr(operators, name)(task_id="x", run_dir="{{ run_dir }}", family="{{ family }}")
         assert tuple(op.template_fields) == ("run_dir", "family")
         assert_template_fields_stored_unchanged(op, {"run_dir": "{{ run_dir }}", "family": "{{ family }}"})
 
     def test_retry_gives_the_same_result(self, name, run_dir):
-        import operators
+        import onnxcast.airflow.operators as operators
 
         op = getattr(operators, name)(task_id="x", run_dir=run_dir, family="lstm")
         first_context, second_context = make_context(), make_context()
@@ -125,8 +126,8 @@ class TestCheckDataOperatorFailures:
     def test_bad_data_fails_without_retry_and_is_recorded_in_mlflow(self, tmp_path, example_csv):
         from airflow.sdk.exceptions import AirflowFailException
 
+        from onnxcast.airflow.operators import CheckDataOperator
         from onnxcast.tracking import client_for
-        from operators import CheckDataOperator
 
         settings = {**OPS_SETTINGS, "data_uri": example_csv, "model_name": "ops-bad-data",
                     "time_column": "no_such_column"}

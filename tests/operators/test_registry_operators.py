@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_template_fields_stored_unchanged, make_context
+from conftest import assert_template_fields_stored_unchanged, commit, make_context
 
 pytestmark = pytest.mark.slow
 
@@ -22,18 +22,19 @@ def rename(run_dir: str, model_name: str) -> None:
 
     path = Path(run_dir) / "config.json"
     replace(PipelineConfig.load(path), model_name=model_name).save(path)
+    commit(run_dir)
 
 
 class TestRegisterModelOperator:
     def test_template_fields(self):
-        from operators import RegisterModelOperator
+        from onnxcast.airflow.operators import RegisterModelOperator
 
         op = RegisterModelOperator(task_id="register", run_dir="{{ ti.xcom_pull('check_data', key='run_dir') }}")
         assert tuple(op.template_fields) == ("run_dir",)
         assert_template_fields_stored_unchanged(op, {"run_dir": "{{ ti.xcom_pull('check_data', key='run_dir') }}"})
 
     def test_retry_registers_no_duplicate_version(self, run_dir):
-        from operators import RegisterModelOperator
+        from onnxcast.airflow.operators import RegisterModelOperator
 
         rename(run_dir, "ops-register")
         op = RegisterModelOperator(task_id="register", run_dir=run_dir)
@@ -51,7 +52,7 @@ class TestRegisterModelOperator:
 
 class TestChampionChallengerOperator:
     def test_template_fields(self):
-        from operators import ChampionChallengerOperator
+        from onnxcast.airflow.operators import ChampionChallengerOperator
 
         values = {"run_dir": "{{ r }}", "version": "{{ v }}", "min_improvement": "{{ params.min_improvement }}"}
         op = ChampionChallengerOperator(task_id="decide", **values)
@@ -59,7 +60,7 @@ class TestChampionChallengerOperator:
         assert_template_fields_stored_unchanged(op, values)
 
     def test_retry_gives_the_same_decision(self, run_dir):
-        from operators import ChampionChallengerOperator, RegisterModelOperator
+        from onnxcast.airflow.operators import ChampionChallengerOperator, RegisterModelOperator
 
         rename(run_dir, "ops-decide")
         version = RegisterModelOperator(task_id="register", run_dir=run_dir).execute(make_context())["version"]

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def register(run_dir: str, model: str, run_id: str) -> str:
-    from operators import RegisterModelOperator
+    from onnxcast.airflow.operators import RegisterModelOperator
 
     rename(run_dir, model)
     return RegisterModelOperator(task_id="register", run_dir=run_dir).execute(make_context(run_id=run_id))["version"]
@@ -21,7 +21,7 @@ def register(run_dir: str, model: str, run_id: str) -> str:
 
 class TestPromoteModelOperator:
     def test_template_fields(self):
-        from operators import PromoteModelOperator
+        from onnxcast.airflow.operators import PromoteModelOperator
 
         values = {"run_dir": "{{ r }}", "version": "{{ v }}", "channels": "{{ params.channels }}",
                   "store_uri": "{{ params.store_uri }}", "decision": "{{ ti.xcom_pull('decide') }}", "reason": "why",
@@ -33,7 +33,7 @@ class TestPromoteModelOperator:
     def test_skips_when_the_champion_wins(self, run_dir):
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from operators import PromoteModelOperator
+        from onnxcast.airflow.operators import PromoteModelOperator
 
         op = PromoteModelOperator(task_id="promote", run_dir=run_dir, version="1",
                                   decision={"promote": False, "reason": "champion is better"})
@@ -46,7 +46,7 @@ class TestPromoteModelOperator:
         """Issue 9: a decision rendered as a string (or missing) promoted anyway."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators import PromoteModelOperator
+        from onnxcast.airflow.operators import PromoteModelOperator
 
         store = tmp_path / "store"
         op = PromoteModelOperator(task_id="promote", run_dir=run_dir, version="1", store_uri=str(store),
@@ -57,8 +57,8 @@ class TestPromoteModelOperator:
         assert not store.exists()
 
     def test_retry_is_a_no_op(self, run_dir, tmp_path):
+        from onnxcast.airflow.operators import PromoteModelOperator
         from onnxcast.tracking import alias_version
-        from operators import PromoteModelOperator
 
         version = register(run_dir, "ops-promote", "promote-retry")
         store = tmp_path / "store"
@@ -73,8 +73,8 @@ class TestPromoteModelOperator:
         assert manifest["mlflow"]["version"] == version
 
     def test_embedded_mode_signs_with_a_development_key_that_devices_can_trust(self, run_dir, tmp_path, monkeypatch):
+        from onnxcast.airflow.operators import PromoteModelOperator
         from onnxcast.rollout.edge import pull
-        from operators import PromoteModelOperator
 
         home = tmp_path / "home"
         monkeypatch.setenv("ONNXCAST_HOME", str(home))
@@ -90,7 +90,7 @@ class TestPromoteModelOperator:
     def test_a_configured_store_without_a_key_fails_clearly(self, run_dir, tmp_path, monkeypatch):
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators import PromoteModelOperator
+        from onnxcast.airflow.operators import PromoteModelOperator
 
         monkeypatch.delenv("ONNXCAST_SIGNING_KEY")
         version = register(run_dir, "ops-no-key", "promote-no-key")
@@ -103,7 +103,7 @@ class TestPromoteModelOperator:
 
 class TestStageRegisteredVersionOperator:
     def test_template_fields(self):
-        from operators import StageRegisteredVersionOperator
+        from onnxcast.airflow.operators import StageRegisteredVersionOperator
 
         values = {"model_name": "{{ params.model_name }}", "ref": "{{ params.version }}", "run_root": "/r"}
         op = StageRegisteredVersionOperator(task_id="stage", **values)
@@ -111,7 +111,7 @@ class TestStageRegisteredVersionOperator:
         assert_template_fields_stored_unchanged(op, values)
 
     def test_retry_stages_the_same_files(self, run_dir, tmp_path):
-        from operators import StageRegisteredVersionOperator
+        from onnxcast.airflow.operators import StageRegisteredVersionOperator
 
         version = register(run_dir, "ops-stage", "stage-retry")
         op = StageRegisteredVersionOperator(task_id="stage", model_name="ops-stage", ref="challenger",
@@ -126,7 +126,7 @@ class TestStageRegisteredVersionOperator:
     def test_unknown_alias_fails_with_a_clear_message(self, tmp_path):
         from airflow.sdk.exceptions import AirflowFailException
 
-        from operators import StageRegisteredVersionOperator
+        from onnxcast.airflow.operators import StageRegisteredVersionOperator
 
         op = StageRegisteredVersionOperator(task_id="stage", model_name="ops-stage-none", ref="champion",
                                             run_root=str(tmp_path))
@@ -136,7 +136,7 @@ class TestStageRegisteredVersionOperator:
 
 class TestRollbackChannelOperator:
     def test_template_fields(self):
-        from operators import RollbackChannelOperator
+        from onnxcast.airflow.operators import RollbackChannelOperator
 
         values = {"model_name": "m", "channel": "{{ params.channel }}", "to_version": "{{ params.to_version }}",
                   "store_uri": "{{ params.store_uri }}", "reason": "{{ params.reason }}",
@@ -146,8 +146,8 @@ class TestRollbackChannelOperator:
         assert_template_fields_stored_unchanged(op, values)
 
     def test_retry_is_a_no_op(self, run_dir, tmp_path):
+        from onnxcast.airflow.operators import PromoteModelOperator, RollbackChannelOperator
         from onnxcast.tracking import alias_version
-        from operators import PromoteModelOperator, RollbackChannelOperator
 
         store = str(tmp_path / "store")
         versions = []
@@ -167,7 +167,7 @@ class TestRollbackChannelOperator:
 
 class TestRefreshChannelsOperator:
     def test_template_fields(self):
-        from operators import RefreshChannelsOperator
+        from onnxcast.airflow.operators import RefreshChannelsOperator
 
         values = {"model_name": "{{ params.model_name }}", "channels": "{{ params.channels }}",
                   "store_uri": "{{ params.store_uri }}", "expires_days": "{{ params.expires_days }}",
@@ -177,7 +177,7 @@ class TestRefreshChannelsOperator:
         assert_template_fields_stored_unchanged(op, values)
 
     def test_re_signs_existing_channels_and_skips_missing_ones(self, run_dir, tmp_path):
-        from operators import PromoteModelOperator, RefreshChannelsOperator
+        from onnxcast.airflow.operators import PromoteModelOperator, RefreshChannelsOperator
 
         store = str(tmp_path / "store")
         version = register(run_dir, "ops-refresh", "refresh-1")

@@ -9,8 +9,8 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from conftest import assert_template_fields_stored_unchanged, make_context
 from serve_support import kill, launch
 
+from onnxcast.airflow.serving import ServingReadySensor, ServingReadyTrigger
 from onnxcast.promote import promote
-from operators.serving import ServingReadySensor, ServingReadyTrigger
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ class TestServingReadySensor:
         with pytest.raises(TaskDeferred) as deferred:
             sensor.execute(make_context())
         trigger = deferred.value.trigger
-        assert trigger.serialize() == ("operators.serving.ServingReadyTrigger", {
+        assert trigger.serialize() == ("onnxcast.airflow.serving.ServingReadyTrigger", {
             "service_url": service.url, "model_name": "m", "version": "2", "poll_interval": 0.2, "timeout": 60})
         promote(make_run("b"), str(tmp_path / "store"), "m", "cloud", version="2")
         (event,) = _events(ServingReadyTrigger(**trigger.serialize()[1]))

@@ -3,8 +3,8 @@
 In Airflow 3 the task itself computes its links when it finishes (the task runner calls
 ``get_link`` and stores the URL as an XCom under ``xcom_key``); the UI only reads that
 XCom. Operators save the run URL with :func:`persist_mlflow_run_url` during ``execute``;
-the link reads it back. The link class is registered by ``plugins/onnxcast_plugin.py`` so
-the API server can deserialize it.
+the link reads it back. The link class is registered as the provider's ``extra-links``
+(onnxcast.airflow.get_provider_info) so the API server can deserialize it.
 """
 
 from __future__ import annotations

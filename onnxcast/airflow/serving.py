@@ -20,7 +20,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from operators.links import MlflowRunLink
+from onnxcast.airflow.links import MlflowRunLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -49,7 +49,7 @@ class ServingReadyTrigger(BaseTrigger):
         self.poll_interval, self.timeout = poll_interval, timeout
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("operators.serving.ServingReadyTrigger", {
+        return ("onnxcast.airflow.serving.ServingReadyTrigger", {
             "service_url": self.service_url, "model_name": self.model_name, "version": self.version,
             "poll_interval": self.poll_interval, "timeout": self.timeout})
 

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from onnxcast.airflow.links import persist_mlflow_run_url
+from onnxcast.airflow.pipeline import _TrackedOperator, load_config, run_key
 from onnxcast.errors import GateError
-from operators.links import persist_mlflow_run_url
-from operators.pipeline import _TrackedOperator, load_config, run_key
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -11,7 +11,7 @@ through it.
 
 A missing connection means the embedded defaults (a SQLite MLflow store under
 ``ONNXCAST_HOME``; boto3's own credential chain) in the embedded mode only; in a
-deployment (operators.settings) it fails the task, naming the connection.
+deployment (onnxcast.airflow.settings) it fails the task, naming the connection.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class MlflowHook(BaseHook):
     def _connection(self):
         if not self.mlflow_conn_id:
             return None
-        from operators.settings import embedded
+        from onnxcast.airflow.settings import embedded
 
         try:
             return self.get_connection(self.mlflow_conn_id)
@@ -99,7 +99,7 @@ class S3SettingsHook(BaseHook):
 
         Credentials are resolved by the Amazon provider's AwsBaseHook (keys, profile, or an
         assumed role: temporary keys with a session token)."""
-        from operators.settings import embedded
+        from onnxcast.airflow.settings import embedded
 
         if self._settings is not None:
             return self._settings

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
+from onnxcast.airflow.links import MlflowRunLink, persist_mlflow_run_url
 from onnxcast.config import PipelineConfig
 from onnxcast.errors import ConfigError, DataError
-from operators.hooks import MlflowHook, S3SettingsHook
-from operators.links import MlflowRunLink, persist_mlflow_run_url
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -42,8 +42,8 @@ SUMMARY_KEY = "summary"
 
 
 def default_run_root() -> str:
-    """The run store root from the deployment settings (operators.settings)."""
-    from operators.settings import run_root
+    """The run store root from the deployment settings (onnxcast.airflow.settings)."""
+    from onnxcast.airflow.settings import run_root
 
     return run_root()
 
@@ -105,7 +105,7 @@ class _TrackedOperator(BaseOperator):
         for callback in ("on_failure_callback", "on_retry_callback"):
             given = kwargs.get(callback)
             given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
-            kwargs[callback] = [end_mlflow_runs, *given]
+            kwargs[callback] = [end_mlflow_runs, *(c for c in given if c is not end_mlflow_runs)]
         super().__init__(**kwargs)
         self.mlflow_conn_id = mlflow_conn_id
         self.aws_conn_id = aws_conn_id
@@ -190,8 +190,8 @@ class CheckDataOperator(_TrackedOperator):
         self.compare_with_champion = compare_with_champion
 
     def execute(self, context: Context) -> list[str]:
+        from onnxcast.airflow.settings import run_root
         from onnxcast.runstore import RunStore
-        from operators.settings import run_root
 
         store = RunStore(run_root(self.run_root))
         run_url = store.run_url(context["dag_run"].dag_id, context["run_id"])

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from onnxcast.airflow.pipeline import _TrackedOperator, as_bool, load_config, run_key
 from onnxcast.errors import ConfigError, GateError, OnnxcastError
-from operators.pipeline import _TrackedOperator, as_bool, load_config, run_key
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 def default_store_uri() -> str:
-    """The rollout store from the deployment settings (operators.settings)."""
-    from operators.settings import store_uri
+    """The rollout store from the deployment settings (onnxcast.airflow.settings)."""
+    from onnxcast.airflow.settings import store_uri
 
     return store_uri()
 
@@ -52,8 +52,8 @@ class _StoreOperator(_TrackedOperator):
     def release_signers(self) -> list:
         """The release key(s): ``signing_key``, else ``$ONNXCAST_SIGNING_KEY``, else (embedded
         mode only) the development key under ``$ONNXCAST_HOME/keys``."""
+        from onnxcast.airflow.settings import embedded, store_configured
         from onnxcast.rollout.signing import SIGNING_KEY_ENV, development_key, load_signers
-        from operators.settings import embedded, store_configured
 
         spec = None if self.signing_key in (None, "", "None") else str(self.signing_key)
         spec = spec or os.environ.get(SIGNING_KEY_ENV) or None
@@ -69,7 +69,7 @@ class _StoreOperator(_TrackedOperator):
             raise AirflowFailException(str(exc)) from None
 
     def open_store(self):
-        from operators.settings import store_uri
+        from onnxcast.airflow.settings import store_uri
 
         try:
             return self.s3_hook.open_store(store_uri(self.store_uri))
@@ -186,10 +186,10 @@ class StageRegisteredVersionOperator(_TrackedOperator):
         self.run_root = run_root
 
     def execute(self, context: Context) -> dict:
+        from onnxcast.airflow.settings import run_root
         from onnxcast.fetch import stage_version
         from onnxcast.runstore import RunStore
         from onnxcast.tracking import TrackingError
-        from operators.settings import run_root
 
         run_url = RunStore(run_root(self.run_root)).run_url(context["dag_run"].dag_id, context["run_id"])
         with self.workspace(context, run_url, stage=False) as work:

@@ -1,0 +1,38 @@
+"""The onnxcast operators, for DAG files: ``from onnxcast.airflow.operators import ...``.
+
+Each turns context, params and connections into one onnxcast library call and pushes small
+XCom values. Heavy libraries (torch, mlflow, onnxruntime, pandas) are imported inside
+``execute`` only, so DAG files that import this parse fast."""
+
+from onnxcast.airflow.links import MlflowRunLink
+from onnxcast.airflow.pipeline import (
+    CheckDataOperator,
+    ExportModelOperator,
+    OptimizeModelOperator,
+    TrainOrFetchModelOperator,
+    ValidateModelOperator,
+)
+from onnxcast.airflow.registry import ChampionChallengerOperator, RegisterModelOperator
+from onnxcast.airflow.rollout import (
+    PromoteModelOperator,
+    RefreshChannelsOperator,
+    RollbackChannelOperator,
+    StageRegisteredVersionOperator,
+)
+from onnxcast.airflow.serving import ServingReadySensor
+
+__all__ = [
+    "ChampionChallengerOperator",
+    "CheckDataOperator",
+    "ExportModelOperator",
+    "MlflowRunLink",
+    "OptimizeModelOperator",
+    "PromoteModelOperator",
+    "RefreshChannelsOperator",
+    "RegisterModelOperator",
+    "RollbackChannelOperator",
+    "ServingReadySensor",
+    "StageRegisteredVersionOperator",
+    "TrainOrFetchModelOperator",
+    "ValidateModelOperator",
+]

@@ -1,0 +1,127 @@
+"""Outside the embedded mode nothing falls back to a local folder or store: a missing setting
+or connection fails the task naming it. With the settings, tasks hand files to each other
+through an S3 run store reached through ``aws_default`` (moto's S3 server over HTTP here;
+the two-worker stack test does it on SeaweedFS with tasks on two hosts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import OPS_SETTINGS, make_context
+
+
+@pytest.fixture
+def deployed(monkeypatch):
+    monkeypatch.setenv("ONNXCAST_MODE", "deployed")
+    for name in ("ONNXCAST_RUN_ROOT", "ONNXCAST_STORE_URI", "AIRFLOW_CONN_AWS_DEFAULT", "AIRFLOW_CONN_MLFLOW_DEFAULT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def aws_connection(s3_server, monkeypatch):
+    """aws_default as a deployment sets it: keys and the endpoint in the connection only."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
+        "conn_type": "aws", "login": "testing", "password": "testing",
+        "extra": {"endpoint_url": s3_server, "region_name": "us-east-1"}}))
+    return s3_server
+
+
+def test_the_repository_config_is_the_embedded_mode(monkeypatch):
+    from onnxcast.airflow import settings
+
+    monkeypatch.delenv("ONNXCAST_MODE", raising=False)
+    assert settings.mode() == "embedded"  # airflow.cfg: [onnxcast] mode = embedded
+    monkeypatch.setenv("ONNXCAST_MODE", "production")
+    assert settings.mode() == "deployed"  # anything but "embedded" is strict
+
+
+def test_no_run_root_fails_the_data_check_naming_the_setting(deployed):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from onnxcast.airflow.operators import CheckDataOperator
+
+    op = CheckDataOperator(task_id="check_data", settings=OPS_SETTINGS, compare_with_champion=False)
+    with pytest.raises(AirflowFailException, match="no run store configured: set ONNXCAST_RUN_ROOT"):
+        op.execute(make_context())
+
+
+def test_no_mlflow_connection_fails_instead_of_a_local_sqlite_store(deployed):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from onnxcast.airflow.hooks import MlflowHook
+
+    with pytest.raises(AirflowFailException, match="no Airflow connection 'mlflow_default'"):
+        MlflowHook().get_settings()
+
+
+def test_no_aws_connection_fails_instead_of_the_environment(deployed):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from onnxcast.airflow.hooks import S3SettingsHook
+
+    with pytest.raises(AirflowFailException, match="no Airflow connection 'aws_default' for S3"):
+        S3SettingsHook().get_settings()
+
+
+def test_no_store_uri_fails_the_promotion_settings(deployed):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from onnxcast.airflow.settings import store_uri
+
+    with pytest.raises(AirflowFailException, match="no rollout store configured"):
+        store_uri(None)
+    assert store_uri("s3://bucket-a/store") == "s3://bucket-a/store"
+
+
+def test_aws_default_is_resolved_by_the_amazon_provider(deployed, aws_connection):
+    from onnxcast.airflow.hooks import S3SettingsHook
+
+    settings = S3SettingsHook().get_settings()
+    assert settings["endpoint_url"] == aws_connection and settings["region_name"] == "us-east-1"
+    assert settings["aws_access_key_id"] == "testing"
+
+
+@pytest.mark.slow
+def test_tasks_hand_files_to_each_other_through_an_s3_run_store(deployed, aws_connection, monkeypatch, tmp_path):
+    """check_data on one "host", train on another: each with its own scratch, sharing only the
+    bucket. Also the input data is read through aws_default."""
+    import boto3
+
+    from onnxcast.airflow.operators import CheckDataOperator, TrainOrFetchModelOperator
+
+    client = boto3.client("s3", endpoint_url=aws_connection, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    client.create_bucket(Bucket="runs-bucket")
+    with open(OPS_SETTINGS["data_uri"], "rb") as f:
+        client.put_object(Bucket="runs-bucket", Key="input/co2.csv", Body=f.read())
+    monkeypatch.setenv("ONNXCAST_RUN_ROOT", "s3://runs-bucket/runs")
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(
+        {"conn_type": "http", "host": f"sqlite:///{tmp_path / 'mlflow.db'}"}))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "host-a"))
+    (tmp_path / "host-a").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    context = make_context(dag_id="s3_runs")
+    check = CheckDataOperator(task_id="check_data", settings={**OPS_SETTINGS, "data_uri": "s3://runs-bucket/input/co2.csv"},
+                              compare_with_champion=False)
+    assert check.execute(context) == ["lstm"]
+    run_url = context["ti"].xcoms["run_dir"]
+    assert run_url.startswith("s3://runs-bucket/runs/s3_runs/")
+    assert list((tmp_path / "host-a").iterdir()) == []  # scratch removed after publishing
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "host-b"))
+    (tmp_path / "host-b").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    train = TrainOrFetchModelOperator(task_id="train_or_fetch", run_dir=run_url, family="lstm")
+    assert train.execute(make_context(dag_id="s3_runs"))["source"] == "trained"
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="runs-bucket", Prefix="runs/")["Contents"]}
+    prefix = run_url.removeprefix("s3://runs-bucket/")
+    assert {f"{prefix}/_steps/check_data.json", f"{prefix}/_steps/train_or_fetch.lstm.json",
+            f"{prefix}/config.json", f"{prefix}/models/lstm/model.pt"} <= keys
+    marker = json.loads(client.get_object(Bucket="runs-bucket", Key=f"{prefix}/_steps/train_or_fetch.lstm.json")
+                        ["Body"].read())
+    assert set(marker["files"]) == {"models/lstm/model.pt", "models/lstm/model.json"}
