@@ -445,6 +445,8 @@ def airflow_env(base: dict[str, str], layout: StackLayout, vault: Secrets, setti
         "AIRFLOW_CONFIG": str(REPO / "airflow.cfg"),
         "ONNXCAST_REPO": str(REPO),
         "ONNXCAST_HOME": str(onnxcast_home),
+        # the onnxcast (and its Airflow provider) of this checkout, also where the virtualenv's
+        # editable install points at another checkout (a git worktree)
         "PYTHONPATH": str(REPO),
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
         "AIRFLOW__CORE__AUTH_MANAGER":
