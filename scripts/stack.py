@@ -58,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                       help="also drop the stack's databases, its Redis db and the whole stack folder")
     status = commands.add_parser("status", help="what runs and whether it is healthy")
     status.add_argument("--json", action="store_true", help="print JSON")
+    for command, text in (("stop-service", "stop one service (its whole namespace)"),
+                          ("start-service", "start one stopped service again and wait until it answers"),
+                          ("restart", "stop one service, start it again, wait until it answers")):
+        one = commands.add_parser(command, help=text)
+        one.add_argument("service", choices=[s for s in SERVICES if s in RESTARTABLE])
+        if command != "start-service":
+            one.add_argument("--kill", action="store_true", help="SIGKILL at once (a crash), no SIGTERM first")
     args = parser.parse_args(argv)
     layout = StackLayout.for_home()
     try:
@@ -65,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
             return stack_up(layout, name=args.name, redis_db=args.redis_db, unpause=not args.keep_paused)
         if args.command == "down":
             return stack_down(layout, wipe=args.wipe)
+        if args.command in ("stop-service", "restart"):
+            stop_service(layout, args.service, kill=args.kill)
+        if args.command in ("start-service", "restart"):
+            start_service(layout, args.service)
+        if args.command in ("stop-service", "start-service", "restart"):
+            return 0
         return stack_status(layout, as_json=args.json)
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -297,6 +310,62 @@ def _retry(action, *, what: str, service: processes.ServiceProcess, attempts: in
 
 def _step(message: str) -> None:
     print(f"-- {message}", flush=True)
+
+
+# --- one service: stop, start (fault drills) ---------------------------------------------------
+
+RESTARTABLE = ("seaweedfs", "mlflow", *(f"airflow-worker-{w.rsplit('-', 1)[-1]}" for w in WORKERS))
+
+
+def stop_service(layout: StackLayout, name: str, *, kill: bool = False) -> None:
+    """Stop one service of a running stack: its process group and everything in its PID
+    namespace. ``kill``: SIGKILL at once, as a crashed host."""
+    service = {s.name: s for s in processes.recorded(layout.run)}.get(name)
+    if service is None or not service.alive():
+        print(f"{name} is not running")
+        return
+    processes.stop_service(service, kill=kill)
+    print(f"stopped {name} (process group {service.pid}{', SIGKILL' if kill else ''})")
+
+
+def start_service(layout: StackLayout, name: str) -> processes.ServiceProcess:
+    """Start one stopped service of a stack that is up, as ``up`` started it (same command,
+    environment, ports), and wait until it answers."""
+    if name not in RESTARTABLE:
+        raise StackError(f"{name}: only {', '.join(RESTARTABLE)} can be started on their own")
+    service = {s.name: s for s in processes.recorded(layout.run)}.get(name)
+    if service is not None and service.alive():
+        raise StackError(f"{name} is running (process group {service.pid}); stop it first")
+    if not layout.settings_file.exists():
+        raise StackError(f"no stack in {layout.root}: `stack.py up` first")
+    vault = Secrets(layout.secrets)
+    settings = StackSettings.load(layout)
+    base = _base_env(layout)
+    start = _starter(layout)
+    if name == "seaweedfs":
+        identities = services.write_seaweedfs_config(layout, vault)
+        started = start(name, services.seaweedfs_command(layout, settings, identities), base, layout.seaweedfs)
+        admin_s3 = services.s3_client(settings, services.s3_keys(vault, "admin"))
+        processes.wait_until(started, lambda: admin_s3.list_buckets() is not None, timeout=TIMEOUTS["seaweedfs"],
+                             what="serving S3")
+    elif name == "mlflow":
+        started = start(name, services.mlflow_command(settings),
+                        services.mlflow_env(base, layout, vault, settings), layout.mlflow)
+        processes.wait_until(started, lambda: _http_status(f"{settings.url('mlflow')}/health") == 200,
+                             timeout=TIMEOUTS["mlflow"], what="answering /health")
+    else:
+        hostname = next(w for w in WORKERS if name == f"airflow-worker-{w.rsplit('-', 1)[-1]}")
+        folder = layout.worker(hostname)
+        # the same environment as in _start_everything
+        env = services.airflow_env(base, layout, vault, settings, airflow_home=folder / "airflow",
+                                   onnxcast_home=folder / "home", log_folder=folder / "airflow" / "logs")
+        env.update({"TMPDIR": str(folder / "tmp"), "ONNXCAST_WORKER_HOSTNAME": hostname,
+                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.ports[f"log-server.{hostname}"])})
+        started = start(name, services.worker_command(layout, hostname), env, folder)
+        processes.wait_until(started, lambda: f"celery@{hostname}" in _celery_ping(settings),
+                             timeout=TIMEOUTS["workers"], what="answering a Celery ping", interval=2)
+    print(f"started {name} (process group {started.pid})")
+    return started
 
 
 # --- HTTP probes -------------------------------------------------------------------------------

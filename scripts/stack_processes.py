@@ -142,6 +142,44 @@ def stop_all(run_dir: Path, stack_dir: Path, *, stages: Sequence[Sequence[str]] 
     return found
 
 
+def stop_service(service: ServiceProcess, *, kill: bool = False, grace: float = 20.0) -> None:
+    """Stop one service: SIGTERM to its process group (SIGKILL after ``grace`` seconds), or
+    SIGKILL at once with ``kill``; then wait until every process of its PID namespace is gone."""
+    namespace = _namespace_of_children(service.pid)
+    _signal_group(service.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while service.alive() and _group_exists(service.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if service.alive() or _group_exists(service.pid):
+        _signal_group(service.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while (service.alive() or (namespace and _in_namespace(namespace))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if service.alive() or (namespace and _in_namespace(namespace)):
+        raise StackError(f"{service.name}: processes still run after SIGKILL")
+
+
+def _namespace_of_children(pid: int) -> str | None:
+    """The PID namespace of ``pid``'s first child (``unshare --fork``'s init), if it has one."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return os.readlink(f"/proc/{children[0]}/ns/pid") if children else None
+    except OSError:
+        return None
+
+
+def _in_namespace(namespace: str) -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "pid") == namespace and _start_ticks(int(entry.name)) is not None:
+                    pids.add(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
 def stack_pids(stack_dir: Path) -> set[int]:
     """Processes (ids) that belong to the stack in ``stack_dir``, found by their environment."""
     return _stack_processes(stack_dir)

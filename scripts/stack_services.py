@@ -482,6 +482,9 @@ def airflow_env(base: dict[str, str], layout: StackLayout, vault: Secrets, setti
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.ports[f"log-server.{WORKERS[0]}"]),
         "AIRFLOW__LOGGING__DELETE_LOCAL_LOGS": "False",
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        # a task whose worker host died is failed (and retried) after this many seconds without a
+        # heartbeat, not after the default 5 minutes (tests/stack/test_fault_drills.py)
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "75",
         # what the onnxcast tasks read in a deployment: no local fallbacks, S3 for everything shared
         "ONNXCAST_MODE": "deployed",
         "ONNXCAST_RUN_ROOT": f"s3://{BUCKETS['runs']}/runs",
