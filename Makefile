@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 INFRA_STAMP := $(INFRA_VENV)/.installed
 KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench bench-accuracy bench-serve bench-serve-kserve airflow lock clean browser
+.PHONY: install demo test test-fast lint bench bench-accuracy bench-serve bench-serve-kserve airflow lock clean browser stack stack-down
 
 install: $(STAMP)
 
@@ -69,6 +69,15 @@ bench-serve-kserve: $(STAMP) $(KSERVE_STAMP)
 
 airflow: $(STAMP)
 	$(BIN)/python scripts/airflow_standalone.py
+
+# A production-like multi-host stack from local processes (docs/stack.md): PostgreSQL and Redis
+# (the running servers), SeaweedFS S3, MLflow server, Airflow with two Celery worker "hosts".
+# State under $(ONNXCAST_HOME)/stack; `make stack-down STACK_ARGS=--wipe` removes it too.
+stack: $(STAMP)
+	$(BIN)/python scripts/stack.py up $(STACK_ARGS)
+
+stack-down:
+	$(BIN)/python scripts/stack.py down $(STACK_ARGS)
 
 # Re-resolve the pins from the .in files (needs the package registry).
 lock:

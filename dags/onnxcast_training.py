@@ -40,6 +40,7 @@ from onnxcast.airflow.operators import (
     TrainOrFetchModelOperator,
     ValidateModelOperator,
 )
+from onnxcast.airflow.pipeline import end_mlflow_runs
 from onnxcast.airflow.serving import ServingReadySensor
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
@@ -55,7 +56,10 @@ with DAG(
     max_active_runs=1,
     tags=["onnxcast", "training", "mlflow"],
     render_template_as_native_obj=True,
-    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=1)},
+    # end_mlflow_runs: also declared here so the mapped tasks carry it into the DAG processor,
+    # which runs it when a worker died mid-task (heartbeat timeout): no MLflow run left RUNNING
+    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=1),
+                  "on_failure_callback": end_mlflow_runs, "on_retry_callback": end_mlflow_runs},
     params={
         "data_uri": Param("example", type="string", minLength=1,
                           description="CSV or Parquet: local path, s3:// URI, or 'example' (Victoria electricity demand)"),

@@ -105,7 +105,7 @@ class _TrackedOperator(BaseOperator):
         for callback in ("on_failure_callback", "on_retry_callback"):
             given = kwargs.get(callback)
             given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
-            kwargs[callback] = [end_mlflow_runs, *given]
+            kwargs[callback] = [end_mlflow_runs, *(c for c in given if c is not end_mlflow_runs)]
         super().__init__(**kwargs)
         self.mlflow_conn_id = mlflow_conn_id
         self.aws_conn_id = aws_conn_id

@@ -61,6 +61,12 @@ SKIPPED: dict[str, str] = {
     r"^make bench-serve$": "a load generator against two servers for minutes; tests/bench/test_bench_serve_smoke.py "
                            "runs bench/serve.py briefly",
     r"^make bench-serve-kserve$": "builds KServe's own environment from the package registry, then the same bench",
+    r"^make stack(-down)?\b": "starts (or stops) the multi-host stack, minutes of setup; tests/stack/ starts and stops "
+                              "it through scripts/stack.py, as make does",
+    r"^\.venv/bin/python scripts/stack\.py\b": "needs a running stack; tests/stack/ runs scripts/stack.py",
+    r"^(STACK|API|TOKEN|CONF)=|^AWS_ACCESS_KEY_ID=|^curl -s -X POST \$API\b": "a client of a running make stack; "
+                                                                          "tests/stack/test_training_on_stack.py "
+                                                                          "does the same over HTTP",
 }
 
 # A documented HTTP client of `onnxcast serve`: run against the server the test starts from the

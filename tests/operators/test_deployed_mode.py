@@ -30,7 +30,7 @@ def aws_connection(s3_server, monkeypatch):
 
 
 def test_the_repository_config_is_the_embedded_mode(monkeypatch):
-    from onnxcast.airflow.operators import settings
+    from onnxcast.airflow import settings
 
     monkeypatch.delenv("ONNXCAST_MODE", raising=False)
     assert settings.mode() == "embedded"  # airflow.cfg: [onnxcast] mode = embedded

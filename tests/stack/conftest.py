@@ -1,0 +1,86 @@
+"""The multi-host stack for the tests: started once per session the way `make stack` starts it
+(``scripts/stack.py up`` in a subprocess, a throwaway ONNXCAST_HOME, databases of its own),
+stopped and wiped at the end. Skipped only where PostgreSQL or Redis is not running."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from stack_support import AirflowApi
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "scripts" / "stack.py"
+UP_TIMEOUT = 900
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _stack_env(home: Path) -> dict[str, str]:
+    # the session's own settings (AIRFLOW_*, ONNXCAST_SIGNING_KEY, ...) must not reach the stack
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "ONNXCAST_", "MLFLOW_", "AWS_"))}
+    env.update({"ONNXCAST_HOME": str(home), "ONNXCAST_STACK_NAME": f"onnxcast_test_{secrets.token_hex(3)}",
+                "ONNXCAST_STACK_REDIS_DB": os.environ.get("ONNXCAST_TEST_STACK_REDIS_DB", "8")})
+    return env
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> dict:
+    """``stack.json`` of a running stack (URLs, credentials, workers, pids, logs)."""
+    for what, port in (("PostgreSQL", 5432), ("Redis", 6379)):
+        if not _reachable("127.0.0.1", port):
+            pytest.skip(f"{what} is not running on 127.0.0.1:{port}; the stack uses the running server")
+    home = tmp_path_factory.mktemp("stack-home")
+    env = _stack_env(home)
+    started = time.monotonic()
+    up = subprocess.run([sys.executable, str(STACK), "up"], env=env, capture_output=True, text=True,
+                        timeout=UP_TIMEOUT)
+    try:
+        assert up.returncode == 0, f"stack.py up failed:\n{up.stdout[-3000:]}\n{up.stderr[-5000:]}"
+        info = json.loads((home / "stack" / "stack.json").read_text())
+        info["measured_up_seconds"] = round(time.monotonic() - started, 1)
+        info["home"] = str(home)
+        _fail_scheduled_training_runs(info)
+        yield info
+    finally:
+        logs = home / "stack" / "logs"
+        if logs.is_dir():  # kept for a look after the stack folder is wiped
+            shutil.copytree(logs, home / "logs", dirs_exist_ok=True)
+        down = subprocess.run([sys.executable, str(STACK), "down", "--wipe"], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert down.returncode == 0, f"stack.py down failed:\n{down.stdout}\n{down.stderr}"
+
+
+def _fail_scheduled_training_runs(info: dict) -> None:
+    """Unpausing the weekly DAG starts the run of the latest week at once (catchup=False), on
+    the default settings (every family, 30 epochs): minutes of CPU the tests do not need."""
+    api = AirflowApi(info)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = api.get(f"/api/v2/dags/{info['training_dag']}/dagRuns").json()["dag_runs"]
+        scheduled = [r for r in runs if r["run_type"] == "scheduled"]
+        for run in scheduled:
+            if run["state"] not in ("success", "failed"):
+                api.patch(f"/api/v2/dags/{info['training_dag']}/dagRuns/{run['dag_run_id']}", json={"state": "failed"})
+        if scheduled:
+            return
+        time.sleep(2)
+
+
+@pytest.fixture(scope="session")
+def admin_api(stack) -> AirflowApi:
+    return AirflowApi(stack, "admin")

@@ -1,0 +1,47 @@
+"""Clients of the stack for the tests: the Airflow REST API with a user's token, S3 as one
+identity, MLflow basic auth."""
+
+from __future__ import annotations
+
+
+class AirflowApi:
+    """The Airflow REST API with a token of one user."""
+
+    def __init__(self, info: dict, user: str = "admin") -> None:
+        import requests
+
+        self.url = info["api_url"]
+        self.session = requests.Session()
+        password = info["airflow_users"][user]["password"]
+        response = self.session.post(f"{self.url}/auth/token", json={"username": user, "password": password},
+                                     timeout=30)
+        response.raise_for_status()
+        self.session.headers["Authorization"] = f"Bearer {response.json()['access_token']}"
+
+    def get(self, path: str, **kwargs):
+        return self.session.get(self.url + path, timeout=30, **kwargs)
+
+    def post(self, path: str, **kwargs):
+        return self.session.post(self.url + path, timeout=30, **kwargs)
+
+    def patch(self, path: str, **kwargs):
+        return self.session.patch(self.url + path, timeout=30, **kwargs)
+
+
+def s3_client(info: dict, identity: str | None):
+    """boto3 S3 client of the stack as one identity (None: anonymous, unsigned requests)."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": 2}, request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
+                    **({"signature_version": UNSIGNED} if identity is None else {}))
+    keys = info["s3_keys"][identity] if identity else {"access_key": None, "secret_key": None}
+    return boto3.client("s3", endpoint_url=info["s3_endpoint"], region_name=info["s3_region"], config=config,
+                        aws_access_key_id=keys["access_key"], aws_secret_access_key=keys["secret_key"])
+
+
+def mlflow_auth(info: dict, user: str) -> tuple[str, str]:
+    entry = info["mlflow_users"][user]
+    return entry["username"], entry["password"]
