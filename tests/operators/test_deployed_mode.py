@@ -125,3 +125,20 @@ def test_tasks_hand_files_to_each_other_through_an_s3_run_store(deployed, aws_co
     marker = json.loads(client.get_object(Bucket="runs-bucket", Key=f"{prefix}/_steps/train_or_fetch.lstm.json")
                         ["Body"].read())
     assert set(marker["files"]) == {"models/lstm/model.pt", "models/lstm/model.json"}
+
+
+def test_aws_default_can_assume_a_role(deployed, aws_connection, monkeypatch):
+    """role_arn in aws_default: the Amazon provider asks STS (moto's server here) for temporary
+    keys, and every S3 client onnxcast builds uses them, session token included."""
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({
+        "conn_type": "aws", "login": "testing", "password": "testing",
+        "extra": {"endpoint_url": aws_connection, "region_name": "us-east-1",
+                  "role_arn": "arn:aws:iam::123456789012:role/onnxcast-pipeline",
+                  "service_config": {"sts": {"endpoint_url": aws_connection}}}}))
+    from onnxcast.airflow.hooks import S3SettingsHook
+
+    hook = S3SettingsHook()
+    settings = hook.get_settings()
+    assert settings["aws_access_key_id"] != "testing"  # the role's temporary keys, not the connection's
+    assert settings["aws_session_token"]
+    hook.s3_client().list_buckets()  # the temporary keys work against the S3 endpoint
