@@ -39,7 +39,7 @@ S3_IDENTITIES = {
 }
 S3_ACTIONS = ("Read", "Write", "List", "Tagging")
 AIRFLOW_USERS = ("admin", "engineer", "viewer")  # roles: docker-compose.yml SIMPLE_AUTH_MANAGER_USERS
-MLFLOW_USERS = ("pipeline", "reader")
+MLFLOW_USERS = ("pipeline", "reader", "release")
 DATABASES = ("airflow", "mlflow", "mlflow_auth")  # one PostgreSQL role per database, same name
 REGION = "us-east-1"
 S3_ENDPOINT = "http://seaweedfs:8333"

@@ -34,7 +34,11 @@ S3_IDENTITIES = {
 S3_ACTIONS = ("Read", "Write", "List", "Tagging")
 WORKERS = ("onnxcast-worker-a", "onnxcast-worker-b")
 AIRFLOW_USERS = {"admin": "admin", "viewer": "viewer"}  # user -> SimpleAuthManager role
-MLFLOW_USERS = ("pipeline", "reader")
+MLFLOW_USERS = ("pipeline", "reader", "release")
+# Grants on every registered model ("*", MLflow 3.17's permissions API): the pipeline and the
+# release user may register versions and move aliases (champion included) of any model; every
+# other user reads (default_permission READ), and manages only models it created itself.
+MODEL_GRANTS = (("pipeline", "EDIT"), ("release", "EDIT"))
 SEAWEED_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                  "filer.port.grpc", "s3.port", "s3.port.grpc")
 REGION = "us-east-1"
@@ -380,8 +384,9 @@ def mlflow_env(base: dict[str, str], layout: StackLayout, vault: Secrets, settin
 
 
 def ensure_mlflow_users(settings: StackSettings, vault: Secrets) -> None:
-    """The pipeline user (creates experiments and models, so it manages them: sets aliases) and a
-    read-only user; both inherit default_permission READ on everything else."""
+    """The pipeline user (creates experiments and models, so it manages them: sets aliases), the
+    release user (moves aliases of the released models: a person promoting or rolling back by
+    hand) and a read-only user; all inherit default_permission READ on everything else."""
     import requests
 
     passwords = mlflow_passwords(vault)
@@ -395,6 +400,13 @@ def ensure_mlflow_users(settings: StackSettings, vault: Secrets) -> None:
                                       timeout=30)
         if response.status_code != 200:
             raise RuntimeError(f"MLflow user {user!r}: HTTP {response.status_code} {response.text[:200]}")
+    grant = f"{base}/api/3.0/mlflow/users/permissions/grant"
+    for user, permission in MODEL_GRANTS:
+        body = {"username": user, "resource_type": "registered_model", "resource_id": "*", "permission": permission}
+        response = requests.post(grant, json=body, auth=admin, timeout=30)
+        if response.status_code != 200 and "RESOURCE_ALREADY_EXISTS" not in response.text:
+            raise RuntimeError(f"MLflow grant {permission} on every model for {user!r}: "
+                               f"HTTP {response.status_code} {response.text[:200]}")
 
 
 # --- Airflow --------------------------------------------------------------------------------

@@ -73,6 +73,28 @@ class TestMlflowServer:
                             auth=reader, timeout=30)
         assert read.status_code == 200 and read.json()["model_version"]["version"] == number
 
+    def test_the_release_user_moves_the_champion_of_a_pipeline_model_and_the_reader_cannot(self, stack):
+        """Grants on every registered model (stack_services.MODEL_GRANTS): a person releasing by
+        hand (promotion or rollback) moves `champion` of the models the pipeline registered."""
+        base = f"{stack['mlflow_url']}/api/2.0/mlflow"
+        pipeline, release, reader = (mlflow_auth(stack, u) for u in ("pipeline", "release", "reader"))
+        name = f"stack-released-{uuid.uuid4().hex[:8]}"
+        assert requests.post(f"{base}/registered-models/create", json={"name": name}, auth=pipeline,
+                             timeout=30).status_code == 200
+        experiment = requests.post(f"{base}/experiments/create", json={"name": name}, auth=pipeline, timeout=30)
+        run = requests.post(f"{base}/runs/create", json={"experiment_id": experiment.json()["experiment_id"]},
+                            auth=pipeline, timeout=30).json()["run"]["info"]
+        version = requests.post(f"{base}/model-versions/create", auth=pipeline, timeout=30,
+                                json={"name": name, "source": f"{run['artifact_uri']}/model", "run_id": run["run_id"]})
+        assert version.status_code == 200, version.text
+        alias = {"name": name, "alias": "champion", "version": version.json()["model_version"]["version"]}
+        for user, expected in ((reader, 403), (release, 200), (pipeline, 200)):
+            moved = requests.post(f"{base}/registered-models/alias", json=alias, auth=user, timeout=30)
+            assert moved.status_code == expected, (user[0], moved.text)
+        gone = requests.delete(f"{base}/registered-models/alias", params={"name": name, "alias": "champion"},
+                               auth=reader, timeout=30)
+        assert gone.status_code == 403
+
 
 class TestS3:
     def test_anonymous_requests_are_denied(self, stack):
