@@ -34,8 +34,21 @@ def _stack_env(home: Path) -> dict[str, str]:
     # the session's own settings (AIRFLOW_*, ONNXCAST_SIGNING_KEY, ...) must not reach the stack
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "ONNXCAST_", "MLFLOW_", "AWS_"))}
     env.update({"ONNXCAST_HOME": str(home), "ONNXCAST_STACK_NAME": f"onnxcast_test_{secrets.token_hex(3)}",
-                "ONNXCAST_STACK_REDIS_DB": os.environ.get("ONNXCAST_TEST_STACK_REDIS_DB", "8")})
+                "ONNXCAST_STACK_REDIS_DB": os.environ.get("ONNXCAST_TEST_STACK_REDIS_DB") or str(_free_redis_db())})
     return env
+
+
+def _free_redis_db() -> int:
+    """A Redis db (8-15) that no live stack folder owns: a stack of an earlier test session that
+    was killed before its teardown keeps its db (stack.py refuses to take it over)."""
+    import redis
+
+    client_for = lambda db: redis.Redis(host="127.0.0.1", port=6379, db=db, socket_timeout=5)  # noqa: E731
+    for db in range(8, 16):
+        owner = client_for(db).get("onnxcast:stack:owner")
+        if owner is None or not Path(owner.decode()).exists():
+            return db
+    pytest.skip("Redis dbs 8-15 all belong to live stack folders: stop them (scripts/stack.py down --wipe)")
 
 
 @pytest.fixture(scope="session")
