@@ -43,7 +43,7 @@ browser:
 		|| echo "note: chromium not installed; browser tests will skip"; }
 
 test: $(STAMP) $(INFRA_STAMP) browser
-	CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q --durations=40 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

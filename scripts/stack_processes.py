@@ -161,11 +161,31 @@ def stop_service(service: ServiceProcess, *, kill: bool = False, grace: float = 
 
 def _namespace_of_children(pid: int) -> str | None:
     """The PID namespace of ``pid``'s first child (``unshare --fork``'s init), if it has one."""
+    kids = children(pid)
     try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        return os.readlink(f"/proc/{children[0]}/ns/pid") if children else None
+        return os.readlink(f"/proc/{kids[0]}/ns/pid") if kids else None
     except OSError:
         return None
+
+
+def parents() -> dict[int, int]:
+    """Every live process id mapped to its parent's, read from ``/proc/<pid>/stat``.
+
+    ``/proc/<pid>/task/<pid>/children`` would be shorter, but kernels built without
+    CONFIG_PROC_CHILDREN (CI machines among them) do not have it."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``, oldest process id first."""
+    return sorted(child for child, parent in parents().items() if parent == pid)
 
 
 def _in_namespace(namespace: str) -> set[int]:

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import requests
 from stack_support import AirflowApi, mlflow_auth, s3_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import stack_processes  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -204,21 +208,15 @@ def _in_worker(worker: dict, *command: str) -> subprocess.CompletedProcess:
 
 
 def _namespace_init(unshare_pid: int) -> int:
-    children = Path(f"/proc/{unshare_pid}/task/{unshare_pid}/children").read_text().split()
+    children = stack_processes.children(unshare_pid)
     assert len(children) == 1, children
-    return int(children[0])
+    return children[0]
 
 
 def _stack_process_ids(stack: dict) -> set[int]:
     """Every process under the stack's services (their namespaces' processes included)."""
     roots = {p["pid"] for p in stack["processes"].values()}
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-            except (OSError, ValueError):
-                continue
+    parents = stack_processes.parents()
     found = set()
     for pid in parents:
         node = pid

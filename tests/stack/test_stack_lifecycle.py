@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -123,3 +124,21 @@ class TestOwnership:
             stack_services.claim_redis_db(settings, mine)
         other.rmdir()
         stack_services.claim_redis_db(settings, mine)  # its owner is gone: taken over
+
+
+def test_children_are_found_without_the_proc_children_file():
+    """CI kernels lack /proc/<pid>/task/<pid>/children; the parent map comes from stat."""
+
+    parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(stack_processes.children(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kids = stack_processes.children(parent.pid)
+        assert len(kids) == 2
+        assert all(stack_processes.parents()[kid] == parent.pid for kid in kids)
+    finally:
+        for kid in stack_processes.children(parent.pid):
+            os.kill(kid, 9)
+        parent.kill()
+        parent.wait()
