@@ -11,11 +11,11 @@ import secrets
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import requests
+from mlflow_http import move_champion, register_version
 from serve_support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,19 +65,9 @@ def test_pipeline_and_release_move_the_champion_the_reader_cannot(mlflow_auth_se
     base = f"{url}/api/2.0/mlflow"
     pipeline, release, reader = ((n, users[n]) for n in ("pipeline", "release", "reader"))
     assert requests.get(f"{base}/experiments/search", params={"max_results": 1}, timeout=30).status_code == 401
-    name = f"compose-{uuid.uuid4().hex[:8]}"
-    assert requests.post(f"{base}/registered-models/create", json={"name": name}, auth=pipeline,
-                         timeout=30).status_code == 200
-    experiment = requests.post(f"{base}/experiments/create", json={"name": name}, auth=pipeline, timeout=30).json()
-    run = requests.post(f"{base}/runs/create", json={"experiment_id": experiment["experiment_id"]}, auth=pipeline,
-                        timeout=30).json()["run"]["info"]
-    version = requests.post(f"{base}/model-versions/create", auth=pipeline, timeout=30,
-                            json={"name": name, "source": f"{run['artifact_uri']}/model", "run_id": run["run_id"]})
-    assert version.status_code == 200, version.text
-    alias = {"name": name, "alias": "champion", "version": version.json()["model_version"]["version"]}
+    name, version = register_version(base, pipeline, "compose")
     for user, expected in ((reader, 403), (release, 200), (pipeline, 200)):
-        moved = requests.post(f"{base}/registered-models/alias", json=alias, auth=user, timeout=30)
-        assert moved.status_code == expected, (user[0], moved.text)
+        assert move_champion(base, user, name, version) == expected, user[0]
 
 
 def test_a_wrong_admin_password_fails_the_job_with_one_line(mlflow_auth_server):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from mlflow_http import move_champion, register_version
 from stack_support import AirflowApi, mlflow_auth, s3_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -54,47 +55,18 @@ class TestMlflowServer:
                                 params={"max_results": 1}, timeout=30)
         assert response.status_code == 401
 
-    def test_reader_cannot_move_an_alias_the_pipeline_user_can(self, stack):
-        base = f"{stack['mlflow_url']}/api/2.0/mlflow"
-        pipeline, reader = mlflow_auth(stack, "pipeline"), mlflow_auth(stack, "reader")
-        name = f"stack-test-{uuid.uuid4().hex[:8]}"
-        created = requests.post(f"{base}/registered-models/create", json={"name": name}, auth=pipeline, timeout=30)
-        assert created.status_code == 200, created.text
-        experiment = requests.post(f"{base}/experiments/create", json={"name": name}, auth=pipeline, timeout=30)
-        run = requests.post(f"{base}/runs/create", json={"experiment_id": experiment.json()["experiment_id"]},
-                            auth=pipeline, timeout=30).json()["run"]["info"]
-        version = requests.post(f"{base}/model-versions/create", auth=pipeline, timeout=30,
-                                json={"name": name, "source": f"{run['artifact_uri']}/model", "run_id": run["run_id"]})
-        assert version.status_code == 200, version.text
-        number = version.json()["model_version"]["version"]
-        alias = {"name": name, "alias": "champion", "version": number}
-
-        denied = requests.post(f"{base}/registered-models/alias", json=alias, auth=reader, timeout=30)
-        assert denied.status_code == 403, denied.text
-        allowed = requests.post(f"{base}/registered-models/alias", json=alias, auth=pipeline, timeout=30)
-        assert allowed.status_code == 200, allowed.text
-        read = requests.get(f"{base}/registered-models/alias", params={"name": name, "alias": "champion"},
-                            auth=reader, timeout=30)
-        assert read.status_code == 200 and read.json()["model_version"]["version"] == number
-
-    def test_the_release_user_moves_the_champion_of_a_pipeline_model_and_the_reader_cannot(self, stack):
-        """Grants on every registered model (stack_services.MODEL_GRANTS): a person releasing by
-        hand (promotion or rollback) moves `champion` of the models the pipeline registered."""
+    def test_pipeline_and_release_move_the_champion_and_the_reader_only_reads_it(self, stack):
+        """Grants on every registered model (stack_services.MODEL_GRANTS): the pipeline moves
+        `champion` of what it registered, and so does a person releasing by hand (promotion or
+        rollback); the reader reads the alias and can neither move nor delete it."""
         base = f"{stack['mlflow_url']}/api/2.0/mlflow"
         pipeline, release, reader = (mlflow_auth(stack, u) for u in ("pipeline", "release", "reader"))
-        name = f"stack-released-{uuid.uuid4().hex[:8]}"
-        assert requests.post(f"{base}/registered-models/create", json={"name": name}, auth=pipeline,
-                             timeout=30).status_code == 200
-        experiment = requests.post(f"{base}/experiments/create", json={"name": name}, auth=pipeline, timeout=30)
-        run = requests.post(f"{base}/runs/create", json={"experiment_id": experiment.json()["experiment_id"]},
-                            auth=pipeline, timeout=30).json()["run"]["info"]
-        version = requests.post(f"{base}/model-versions/create", auth=pipeline, timeout=30,
-                                json={"name": name, "source": f"{run['artifact_uri']}/model", "run_id": run["run_id"]})
-        assert version.status_code == 200, version.text
-        alias = {"name": name, "alias": "champion", "version": version.json()["model_version"]["version"]}
+        name, version = register_version(base, pipeline, "stack-test")
         for user, expected in ((reader, 403), (release, 200), (pipeline, 200)):
-            moved = requests.post(f"{base}/registered-models/alias", json=alias, auth=user, timeout=30)
-            assert moved.status_code == expected, (user[0], moved.text)
+            assert move_champion(base, user, name, version) == expected, user[0]
+        read = requests.get(f"{base}/registered-models/alias", params={"name": name, "alias": "champion"},
+                            auth=reader, timeout=30)
+        assert read.status_code == 200 and read.json()["model_version"]["version"] == version
         gone = requests.delete(f"{base}/registered-models/alias", params={"name": name, "alias": "champion"},
                                auth=reader, timeout=30)
         assert gone.status_code == 403
