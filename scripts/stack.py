@@ -364,8 +364,22 @@ def start_service(layout: StackLayout, name: str) -> processes.ServiceProcess:
         started = start(name, services.worker_command(layout, hostname), env, folder)
         processes.wait_until(started, lambda: f"celery@{hostname}" in _celery_ping(settings),
                              timeout=TIMEOUTS["workers"], what="answering a Celery ping", interval=2)
+    _record_pid(layout, started)
     print(f"started {name} (process group {started.pid})")
     return started
+
+
+def _record_pid(layout: StackLayout, started: processes.ServiceProcess) -> None:
+    """Keep ``stack.json`` true after a restart: its process (and worker) entry gets the new
+    process group id and log."""
+    if not layout.info_file.exists():
+        return
+    info = json.loads(layout.info_file.read_text())
+    info.setdefault("processes", {})[started.name] = {"pid": started.pid, "log": str(started.log)}
+    for worker in info.get("workers", []):
+        if worker.get("service") == started.name:
+            worker.update(pid=started.pid, log=str(started.log))
+    services.write_private(layout.info_file, json.dumps(info, indent=2) + "\n")
 
 
 # --- HTTP probes -------------------------------------------------------------------------------

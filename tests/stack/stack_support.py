@@ -45,3 +45,11 @@ def s3_client(info: dict, identity: str | None):
 def mlflow_auth(info: dict, user: str) -> tuple[str, str]:
     entry = info["mlflow_users"][user]
     return entry["username"], entry["password"]
+
+
+def live(info: dict) -> dict:
+    """``stack.json`` as it is now: a restarted service (a fault drill's) has a new pid there."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(info["stack_dir"]) / "stack.json").read_text())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 from mlflow_http import move_champion, register_version
-from stack_support import AirflowApi, mlflow_auth, s3_client
+from stack_support import AirflowApi, live, mlflow_auth, s3_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import stack_processes  # noqa: E402
@@ -122,11 +122,11 @@ class TestWorkerHosts:
         assert replies >= {f"celery@{w['hostname']}" for w in stack["workers"]}
 
     def test_each_worker_has_its_own_hostname(self, stack):
-        for worker in stack["workers"]:
+        for worker in live(stack)["workers"]:
             assert _in_worker(worker, "hostname").stdout.strip() == worker["hostname"]
 
     def test_a_file_of_worker_a_is_invisible_to_worker_b(self, stack):
-        a, b = stack["workers"]
+        a, b = live(stack)["workers"]
         probe = Path(a["onnxcast_home"]) / f"probe-{uuid.uuid4().hex}"
         probe.write_text("only on host a")
         try:
@@ -187,7 +187,7 @@ def _namespace_init(unshare_pid: int) -> int:
 
 def _stack_process_ids(stack: dict) -> set[int]:
     """Every process under the stack's services (their namespaces' processes included)."""
-    roots = {p["pid"] for p in stack["processes"].values()}
+    roots = {p["pid"] for p in live(stack)["processes"].values()}
     parents = stack_processes.parents()
     found = set()
     for pid in parents:
