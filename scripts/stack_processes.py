@@ -122,6 +122,11 @@ def stop_all(run_dir: Path, stack_dir: Path, *, stages: Sequence[Sequence[str]] 
             if service.alive() and _group_exists(service.pid):
                 say(f"{service.name} still running after {grace:.0f}s: SIGKILL")
                 _signal_group(service.pid, signal.SIGKILL)
+        # SIGKILL is delivered at once but a process takes a moment to exit (its memory is gone
+        # before it is a zombie, so it no longer shows as a stray): wait until it has
+        deadline = time.monotonic() + 10
+        while any(s.alive() for s in running) and time.monotonic() < deadline:
+            time.sleep(0.05)
         found += len(running)
     strays = _stack_processes(stack_dir)
     if strays:
