@@ -177,7 +177,7 @@ def parents() -> dict[int, int]:
     """Every live process id mapped to its parent's, read from ``/proc/<pid>/stat``.
 
     ``/proc/<pid>/task/<pid>/children`` would be shorter, but kernels built without
-    CONFIG_PROC_CHILDREN (CI machines among them) do not have it."""
+    CONFIG_PROC_CHILDREN do not have it."""
     found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
