@@ -7,8 +7,15 @@ import threading
 
 import pytest
 
-from onnxcast.untrusted import (UntrustedInputError, json_depth, loads_json, quote, read_json_file,
-                                read_regular_file, regular_file_size)
+from onnxcast.untrusted import (
+    UntrustedInputError,
+    json_depth,
+    loads_json,
+    quote,
+    read_json_file,
+    read_regular_file,
+    regular_file_size,
+)
 
 
 def test_a_regular_file_is_read(tmp_path):
