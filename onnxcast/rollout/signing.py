@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import ConfigError, RefusedError
+from onnxcast.rollout.command import device_command
 
 SIGNING_KEY_ENV = "ONNXCAST_SIGNING_KEY"
 TRUST_ENV = "ONNXCAST_TRUST"
@@ -199,6 +200,12 @@ def parse_root(data: bytes, where: str):
     """A Metadata[Root] from bytes; RefusedError when it is not one."""
     from tuf.api.metadata import Metadata, Root
 
+    from onnxcast.untrusted import UntrustedInputError, loads_json
+
+    try:  # bounded size and depth first: tuf's json.loads recurses on deep nesting
+        loads_json(data, what=where)
+    except UntrustedInputError as exc:
+        raise RefusedError(f"{exc}; not a trust root, refusing it") from None
     try:
         md = Metadata.from_bytes(data)
     except Exception as exc:  # tuf raises DeserializationError and friends
@@ -237,7 +244,7 @@ def _verify_root_with(trusted, new, where: str, whose: str = "its own") -> None:
 def check_root_fresh(root, where: str, now: datetime | None = None) -> None:
     if root.signed.is_expired(now or datetime.now(UTC)):
         raise RefusedError(f"{where}: trust root version {root.signed.version} expired at "
-                           f"{_iso(root.signed.expires)}; install a newer root ('onnxcast edge trust')")
+                           f"{_iso(root.signed.expires)}; install a newer root ('{device_command('trust')}')")
 
 
 # --- envelopes ----------------------------------------------------------------------------
