@@ -137,7 +137,7 @@ def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_fi
     if data is None:
         raise StoreError(f"{where}: no such channel for model {model!r}")
     if len(data) > MAX_POINTER_BYTES:
-        raise RefusedError(f"{where}: longer than {MAX_POINTER_BYTES} bytes; refusing it")
+        raise RefusedError(f"{where}: longer than {MAX_POINTER_BYTES:,} bytes (stopped reading); refusing it")
     envelope = _parse_metadata(data, where)
     # The root comes first: the pointer may be signed by keys of a newer root it names.
     trust.update_root(store, _root_hint(envelope))

@@ -220,6 +220,7 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
                            _manifest_length(store, model_name, version), pointer.value,
                            action="refresh", actor=actor or default_actor(), history=_history(pointer.value),
                            rollback=pointer.value.get("rollback"), days=days, root_version=root.version)
+    root.verify_manifest(store, model_name, version)
     envelope = sign_envelope(value, signers)
     root.verify(envelope, POINTER_ROLE, POINTER_TYPE, store.url(key))
     store.replace_pointer(key, envelope, pointer.token)
@@ -489,6 +490,7 @@ def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: s
                            _manifest_length(store, model_name, version), old, action=action,
                            actor=actor, history=history, rollback=record, days=days, root_version=root.version)
     key = store.channel_key(model_name, channel)
+    root.verify_manifest(store, model_name, version)
     envelope = sign_envelope(value, signers)
     root.verify(envelope, POINTER_ROLE, POINTER_TYPE, store.url(key))
     store.replace_pointer(key, envelope, pointer.token)
@@ -570,6 +572,23 @@ class PublishedRoot:
         except RefusedError as exc:
             raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} of trust root version {self.version} "
                               "(published in the store); devices would refuse it, nothing written") from None
+
+    def verify_manifest(self, store: RolloutStore, model_name: str, version: str) -> None:
+        """The manifest a new pointer names verifies too: a pointer to a version signed by a
+        key the root dropped would be refused by every device (promote the model again as a
+        new version instead)."""
+        if self.root is None:
+            return
+        key = store.version_key(model_name, version)
+        data = store.read_bounded(key, MAX_MANIFEST_BYTES)
+        try:
+            envelope = loads_json(data or b"", what=store.url(key), limit=MAX_MANIFEST_BYTES)
+        except UntrustedInputError as exc:
+            raise VerificationError(str(exc)) from None
+        try:
+            self.verify(envelope, MANIFEST_ROLE, MANIFEST_TYPE, store.url(key))
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; promote that model again as a new version") from None
 
 
 def _keyids(signers: Sequence) -> str:
