@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from onnxcast import cli
-from onnxcast.rollout.edge import future_times, pull
+from onnxcast.rollout.edge import pull
 from onnxcast.rollout.promote import promote
 from onnxcast.rollout.signing import generate_key
 from onnxcast.rollout.store import open_store
@@ -368,6 +368,8 @@ class TestPredictInput:
         ("2026-01-01", "fortnightly", None),
     ])
     def test_future_times(self, last, freq, expected):
+        from onnxcast.rollout.edge import future_times
+
         assert future_times(last, freq, 2) == expected
 
 
