@@ -228,10 +228,7 @@ def run_keys_root(args: argparse.Namespace) -> int:
     version = 1
     if args.previous:
         previous = Path(args.previous)
-        try:
-            version = parse_root(previous.read_bytes(), str(previous)).signed.version + 1
-        except OSError as exc:
-            raise ConfigError(f"{previous}: cannot read ({exc.strerror})") from None
+        version = parse_root(_read_root_file(previous), str(previous)).signed.version + 1
     root = make_root([read_public_key(k) for k in args.root_key], [read_public_key(k) for k in args.release_key],
                      root_threshold=args.root_threshold, release_threshold=args.release_threshold,
                      version=version, expires_days=args.expires_days)
@@ -249,10 +246,7 @@ def run_keys_publish_root(args: argparse.Namespace) -> int:
     from onnxcast.rollout.store import open_store
 
     path = Path(args.root)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    data = _read_root_file(path)
     root = parse_root(data, str(path))
     verify_self_signed(root, str(path))
     store = open_store(args.store)
@@ -306,6 +300,17 @@ def run_edge_trust(args: argparse.Namespace) -> int:
     version = install_trust(args.dest, args.root, replace=args.replace)
     print(f"{args.dest}: trusts root version {version} from {args.root}")
     return 0
+
+
+def _read_root_file(path) -> bytes:
+    """A trust root file the user names: a regular file of at most 1 MiB."""
+    from onnxcast.rollout.trust import MAX_ROOT_BYTES
+    from onnxcast.untrusted import UntrustedInputError, read_regular_file
+
+    try:
+        return read_regular_file(path, what="trust root", limit=MAX_ROOT_BYTES)
+    except UntrustedInputError as exc:
+        raise ConfigError(f"{exc}; cannot read the trust root") from None
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:

@@ -40,6 +40,7 @@ MANIFEST_TYPE, POINTER_TYPE = "onnxcast/manifest", "onnxcast/channel"
 PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, ROOT_FILE = "signing.key", "signing.pub", "root.json"
 KMS_PREFIX = "awskms:"
 DEFAULT_ROOT_DAYS = 365
+MAX_KEY_BYTES = 64 * 1024  # a PEM or public key file is under 1 KB
 
 
 def canonical(signed: dict) -> bytes:
@@ -69,11 +70,13 @@ def load_signer(spec: str):
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner
 
+    from onnxcast.untrusted import UntrustedInputError, read_regular_file
+
     path = Path(spec).expanduser()
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the signing key ({exc.strerror})") from None
+    try:  # a regular file of a few KB: --signing-key /dev/zero or a FIFO must not hang a writer
+        data = read_regular_file(path, what="signing key", limit=MAX_KEY_BYTES)
+    except UntrustedInputError as exc:
+        raise ConfigError(f"{exc}; cannot read the signing key") from None
     try:
         key = load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
@@ -106,9 +109,14 @@ def read_public_key(path: str | Path):
     """An SSlibKey from a ``.pub`` file written by ``keys generate`` / ``keys kms-pub``."""
     from securesystemslib.signer import Key
 
+    from onnxcast.untrusted import UntrustedInputError, loads_json, read_regular_file
+
     path = Path(path)
     try:
-        value = json.loads(path.read_text())
+        value = loads_json(read_regular_file(path, what="public key", limit=MAX_KEY_BYTES), what=str(path))
+    except UntrustedInputError as exc:
+        raise ConfigError(f"{exc}; not a public key file") from None
+    try:
         value.pop("keyid", None)  # recomputed: an id is only ever the hash of the key itself
         return Key.from_dict(_keyid(value), value)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

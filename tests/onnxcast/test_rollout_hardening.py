@@ -230,6 +230,39 @@ class TestHostileStore:
             assert peak < 32 * 1024 * 1024, f"{argv[0]} allocated {peak:,} bytes for a refused pointer"
 
 
+    def test_the_servers_follower_counts_each_refusal_and_keeps_serving(self, tmp_path, make_run):
+        """The server's channel follower calls the same pull: a deep pointer is a RefusedError
+        and a FIFO a StoreError (counted by type in poll_errors_total), never a crash or a hang."""
+        import threading
+
+        from onnxcast.serving.model import ChannelFollower
+
+        store, dest = str(tmp_path / "store"), tmp_path / "device"
+        promote(make_run("a"), store, "m", "edge", version="1")
+        errors: list[str] = []
+        follower = ChannelFollower(store, "m", "edge", dest, on_poll_error=errors.append)
+        assert follower.poll() and follower.current.version == "1"
+        pointer = tmp_path / "store" / EDGE
+        pointer.write_bytes(DEEP_POINTER)
+        assert not follower.poll()
+        pointer.unlink()
+        os.mkfifo(pointer)
+        polled = threading.Thread(target=follower.poll, daemon=True)
+        polled.start()
+        polled.join(30)
+        assert not polled.is_alive(), "a FIFO pointer blocked the follower"
+        assert errors == ["RefusedError", "StoreError"] and follower.current.version == "1"
+
+    def test_a_signing_key_that_is_not_a_file_does_not_hang_a_writer(self, tmp_path, make_run):
+        store = str(tmp_path / "store")
+        promote(make_run("a"), store, "m", "edge", version="1")
+        done = console("refresh", "--store", store, "--model", "m", "--channel", "edge", "--signing-key", "/dev/zero",
+                       timeout=60)
+        assert done.returncode == 2
+        assert done.stderr == "error: signing key '/dev/zero' is not a regular file (a character device); " \
+                              "cannot read the signing key\n"
+
+
 # --- item 10: a writer verifies what it signs against the published root -------------------
 
 class TestWriterChecksThePublishedRoot:
