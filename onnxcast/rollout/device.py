@@ -70,9 +70,12 @@ class DeviceFolder:
                 return None
             try:
                 os.mkdir(name, 0o755, dir_fd=parent)
-            except FileExistsError:  # a dangling symlink, or a concurrent mkdir
+            except FileExistsError:  # a concurrent mkdir, or a dangling symlink (refused just below)
                 pass
-            return self.open_folder(parent, name, create=False, where=where) or self._refuse(where, "vanished")
+            fd = self.open_folder(parent, name, create=False, where=where)
+            if fd is None:
+                self._refuse(where, "was removed while it was made")
+            return fd
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 self._refuse(where, "is a symbolic link or not a folder")
@@ -162,7 +165,8 @@ class DeviceFolder:
         except FileNotFoundError:
             return
         if stat.S_ISDIR(info.st_mode):
-            assert shutil.rmtree.avoids_symlink_attacks  # the fd-based rmtree (Linux, macOS)
+            if not shutil.rmtree.avoids_symlink_attacks:  # only the fd-based rmtree (Linux, macOS) is safe
+                raise ConfigError(f"{self.path}: this platform's rmtree follows symlinks; remove {name} by hand")
             shutil.rmtree(name, dir_fd=folder)
         else:
             os.unlink(name, dir_fd=folder)
