@@ -1,5 +1,25 @@
-import sys
+"""``python -m onnxcast``: the full command, or the device command on a device install.
 
-from onnxcast.cli import main
+The device distribution (onnxcast-edge) ships the source tree but neither the serving and
+Airflow subpackages nor the training CLI's dependencies, so ``onnxcast.cli`` cannot run
+there: the device commands run instead, as ``onnxcast-edge`` would.
+"""
+
+import sys
+from importlib import metadata
+
+
+def _installed(name: str) -> bool:
+    try:
+        metadata.distribution(name)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+if _installed("onnxcast-edge") and not _installed("onnxcast"):
+    from onnxcast.rollout_cli import edge_main as main
+else:
+    from onnxcast.cli import main
 
 sys.exit(main())

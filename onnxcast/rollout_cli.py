@@ -9,13 +9,15 @@ encryption come from the environment (``AWS_*``, ``ONNXCAST_STORE_SSE``,
 Signing keys: ``--signing-key`` or ``$ONNXCAST_SIGNING_KEY`` (key files or ``awskms:KEY``);
 a device's trust root: ``--trust`` or ``$ONNXCAST_TRUST`` or ``DEST/trust/root.json``.
 
-``edge_main`` is the light device entry point (``onnxcast-edge``): the same edge and keys
-commands without the training CLI's imports.
+``edge_main`` is the light device entry point (``onnxcast-edge``): ``pull``, ``predict``,
+``trust`` and ``keys`` at the top level (``onnxcast-edge edge pull`` still works), without
+the training CLI's imports.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from onnxcast.errors import ConfigError, DataError, OnnxcastError
@@ -88,9 +90,16 @@ def add_keys_commands(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_keys_kms_pub)
 
 
-def add_edge_commands(subparsers: argparse._SubParsersAction) -> None:
-    edge = subparsers.add_parser("edge", help="device side: trust, pull a channel's model, run it")
-    commands = edge.add_subparsers(dest="edge_command", required=True)
+def add_edge_commands(subparsers: argparse._SubParsersAction,
+                      help: str = "device side: trust, pull a channel's model, run it") -> None:
+    """``edge pull|predict|trust`` (the full install's spelling)."""
+    edge = subparsers.add_parser("edge", help=help)
+    add_device_commands(edge.add_subparsers(dest="edge_command", required=True))
+
+
+def add_device_commands(commands: argparse._SubParsersAction) -> None:
+    """``pull``, ``predict`` and ``trust`` on ``commands``: under ``onnxcast edge`` in the full
+    install, at the top of ``onnxcast-edge`` on a device."""
     p = commands.add_parser("pull", help="download, verify and install the channel's model")
     _store_arguments(p)
     p.add_argument("--channel", required=True, help="channel to follow (edge or cloud)")
@@ -102,8 +111,10 @@ def add_edge_commands(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run_edge_pull)
 
     p = commands.add_parser("predict", help="forecast from a CSV with the installed model")
-    p.add_argument("--dir", required=True, help="device folder given to 'edge pull --dest'")
-    p.add_argument("--input", required=True, help="CSV with the target and feature columns")
+    p.add_argument("--dir", required=True, help="device folder given to 'pull --dest'")
+    p.add_argument("--input", required=True, help="CSV with the time, target and feature columns")
+    p.add_argument("--time-column", default="ds",
+                   help="column of timestamps (ISO 8601); the forecast's times follow its last value (default ds)")
     p.set_defaults(handler=run_edge_predict)
 
     p = commands.add_parser("trust", help="install a trust root into a device folder (once per device)")
@@ -114,14 +125,32 @@ def add_edge_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def edge_main(argv: list[str] | None = None) -> int:
-    """``onnxcast-edge``: the device commands (edge, keys), light imports only."""
-    parser = argparse.ArgumentParser(prog="onnxcast-edge", description="onnxcast device client")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_edge_commands(commands)
+    """``onnxcast-edge``: the device commands (``pull``, ``predict``, ``trust``, ``keys``; ``edge
+    pull`` etc. still work), light imports only."""
+    from onnxcast import __version__
+    from onnxcast.rollout.command import DEVICE_PROGRAM, use_program
+
+    use_program(DEVICE_PROGRAM)  # hints name onnxcast-edge, the command this device has
+    parser = argparse.ArgumentParser(prog=DEVICE_PROGRAM, description="onnxcast device client: pull signed "
+                                     "models from a rollout store, verify them and run them")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{pull,predict,trust,keys}")
+    add_device_commands(commands)
     add_keys_commands(commands)
-    args = parser.parse_args(argv)
+    # `onnxcast-edge edge pull`: the spelling of the first release, kept working
+    add_edge_commands(commands, help="the same commands as 'onnxcast edge ...' spells them")
     try:
-        return int(args.handler(args) or 0)
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version, usage errors: flush here, where a closed pipe is caught
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+        raise
+    try:
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()
+        return code
     except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -131,6 +160,14 @@ def edge_main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`onnxcast-edge predict ... | head`): not an error
+        _silence_stdout()
+        return 0
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
 
 
 # --- handlers -----------------------------------------------------------------------------
@@ -168,11 +205,12 @@ def run_refresh(args: argparse.Namespace) -> int:
 
 
 def run_keys_generate(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.command import device_command
     from onnxcast.rollout.signing import generate_key
 
     files = generate_key(args.out, root_days=args.root_expires_days)
     print(f"wrote {files['private']} (private, mode 0600: keep it off workers), {files['public']} and "
-          f"{files['root']} (install on devices: onnxcast edge trust --dest DEST --root {files['root']})")
+          f"{files['root']} (install on devices: {device_command('trust --dest DEST --root ' + str(files['root']))})")
     return 0
 
 
@@ -190,10 +228,7 @@ def run_keys_root(args: argparse.Namespace) -> int:
     version = 1
     if args.previous:
         previous = Path(args.previous)
-        try:
-            version = parse_root(previous.read_bytes(), str(previous)).signed.version + 1
-        except OSError as exc:
-            raise ConfigError(f"{previous}: cannot read ({exc.strerror})") from None
+        version = parse_root(_read_root_file(previous), str(previous)).signed.version + 1
     root = make_root([read_public_key(k) for k in args.root_key], [read_public_key(k) for k in args.release_key],
                      root_threshold=args.root_threshold, release_threshold=args.release_threshold,
                      version=version, expires_days=args.expires_days)
@@ -211,10 +246,7 @@ def run_keys_publish_root(args: argparse.Namespace) -> int:
     from onnxcast.rollout.store import open_store
 
     path = Path(args.root)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    data = _read_root_file(path)
     root = parse_root(data, str(path))
     verify_self_signed(root, str(path))
     store = open_store(args.store)
@@ -258,7 +290,7 @@ def run_edge_pull(args: argparse.Namespace) -> int:
 def run_edge_predict(args: argparse.Namespace) -> int:
     from onnxcast.rollout.edge import predict
 
-    predict(args.dir, args.input, out=sys.stdout)
+    predict(args.dir, args.input, out=sys.stdout, time_column=args.time_column)
     return 0
 
 
@@ -268,6 +300,17 @@ def run_edge_trust(args: argparse.Namespace) -> int:
     version = install_trust(args.dest, args.root, replace=args.replace)
     print(f"{args.dest}: trusts root version {version} from {args.root}")
     return 0
+
+
+def _read_root_file(path) -> bytes:
+    """A trust root file the user names: a regular file of at most 1 MiB."""
+    from onnxcast.rollout.trust import MAX_ROOT_BYTES
+    from onnxcast.untrusted import UntrustedInputError, read_regular_file
+
+    try:
+        return read_regular_file(path, what="trust root", limit=MAX_ROOT_BYTES)
+    except UntrustedInputError as exc:
+        raise ConfigError(f"{exc}; cannot read the trust root") from None
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,18 +20,21 @@ module must not import torch or pandas: devices do not have them.
 
 from __future__ import annotations
 
+import calendar
 import csv
-import hashlib
 import json
 import logging
 import os
-import shutil
+import re
+import stat
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -45,6 +48,7 @@ from onnxcast.errors import (
     StoreError,
     VerificationError,
 )
+from onnxcast.rollout.command import device_command
 from onnxcast.rollout.contract import (
     INPUT_NAME,
     METADATA_PREFIX,
@@ -54,13 +58,30 @@ from onnxcast.rollout.contract import (
     read_metadata,
     signature,
 )
-from onnxcast.rollout.store import MANIFEST, check_name, open_store, sha256_hex
-from onnxcast.rollout.trust import MAX_POINTER_BYTES, DeviceTrust
+from onnxcast.rollout.device import (
+    CURRENT,
+    PREVIOUS,
+    STAGING_PREFIX,
+    VERSIONS,
+    DeviceFolder,
+    DeviceFolderError,
+    open_device_folder,
+    write_new,
+)
+from onnxcast.rollout.store import MANIFEST, MAX_POINTER_BYTES, check_name, open_store, sha256_hex
+from onnxcast.rollout.trust import DeviceTrust
+from onnxcast.untrusted import UntrustedInputError, loads_json, quote, regular_file_size
 
 log = logging.getLogger(__name__)
 
 PREDICT_METADATA = ("target", "features", "lookback", "horizon")
 PULLED = "pulled.json"
+DEFAULT_TIME_COLUMN = "ds"  # the pipeline's default time column (PipelineConfig.time_column)
+# An input table for one forecast is the newest `lookback` rows; 256 MiB is years of
+# half-hourly rows. Streamed: memory holds `lookback` rows, not the file.
+MAX_INPUT_BYTES = 256 * 1024 * 1024
+MAX_COLUMNS_SHOWN = 20
+_COLUMN_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,60}")
 
 
 @dataclass(frozen=True)
@@ -92,57 +113,55 @@ def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: s
     Raises StoreError when the store cannot be read or has no such channel, RefusedError
     when the release metadata or a file is not what the release keys signed, and
     VerificationError when the model fails the device's checks; ``dest/current`` is
-    unchanged then and the message says which version keeps serving.
+    unchanged then and the message says which version keeps serving. Nothing outside
+    ``dest`` is written or removed (onnxcast.rollout.device).
     """
     check_name("model", model)
     check_name("channel", channel)
     store = open_store(store_uri, **settings)
-    dest = Path(dest).absolute()
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{dest}: cannot use as the device folder ({exc.strerror})") from None
-    with _locked(dest / ".pull.lock"):
-        current = _installed(dest / "current")
+    with open_device_folder(dest, create=True) as folder, folder.locked():
+        current = _installed(folder)
         try:
-            return _pull_locked(store, model, channel, dest, trust, current)
+            return _pull_locked(store, model, channel, folder, trust, current)
         except VerificationError as exc:  # RefusedError included
             serving = f"still serving version {current['version']}" if current else "nothing installed"
             raise type(exc)(f"{exc} ({serving})") from None
 
 
-def _pull_locked(store, model: str, channel: str, dest: Path, trust_file, current: dict | None) -> PullResult:
-    trust = DeviceTrust(dest, trust_file)
+def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_file,
+                 current: dict | None) -> PullResult:
+    trust = DeviceTrust(folder, trust_file)
     key = store.channel_key(model, channel)
     where = store.url(key)
     data = store.read(key, MAX_POINTER_BYTES)
     if data is None:
         raise StoreError(f"{where}: no such channel for model {model!r}")
     if len(data) > MAX_POINTER_BYTES:
-        raise RefusedError(f"{where}: longer than {MAX_POINTER_BYTES} bytes; refusing it")
-    try:
-        envelope = json.loads(data)
-    except ValueError:
-        raise RefusedError(f"{where}: not JSON; refusing it") from None
+        raise RefusedError(f"{where}: longer than {MAX_POINTER_BYTES:,} bytes (stopped reading); refusing it")
+    envelope = _parse_metadata(data, where)
     # The root comes first: the pointer may be signed by keys of a newer root it names.
     trust.update_root(store, _root_hint(envelope))
     signed = trust.verify_pointer(envelope, model, channel, where)
     want = _pointer_fields(signed, where)
     if current and current.get("version") == want["version"] and current.get("sha256") == want["sha256"] \
-            and _file_sha(dest / "current" / want["artifact"]) == want["sha256"]:
+            and _installed_sha(folder, current) == want["sha256"]:
         trust.record(model, channel, signed)
-        return PullResult(model, channel, want["version"], False, dest / "current")
-    staging = dest / f".staging-{uuid.uuid4().hex}"
-    staging.mkdir()
+        return PullResult(model, channel, want["version"], False, folder.path / CURRENT)
+    staging = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+    os.mkdir(staging, 0o755, dir_fd=folder.fd)
     try:
-        _download(store, trust, model, channel, want, staging)
-        installed = _install(dest, staging, want["version"])
+        staging_fd = folder.open_folder(folder.fd, staging, create=False)
+        try:
+            _download(store, trust, model, channel, want, folder.path / staging, staging_fd)
+        finally:
+            os.close(staging_fd)
+        installed = _install(folder, staging, want["version"])
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        folder.remove(folder.fd, staging)  # gone already when installed
     trust.record(model, channel, signed)
     previous = current.get("version") if current else None
     log.info("installed %s version %s (channel %s) at %s", model, want["version"], channel, installed)
-    return PullResult(model, channel, want["version"], True, dest / "current", previous)
+    return PullResult(model, channel, want["version"], True, folder.path / CURRENT, previous)
 
 
 def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interval: float = 60.0,
@@ -166,16 +185,23 @@ def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interva
         except OnnxcastError as exc:
             failures += 1
             on_poll(f"poll {polls}: failed, keeping the current model: {exc}")
+        except Exception as exc:  # a follower must outlive a bug: report it on its line, poll again
+            failures += 1
+            log.debug("poll %d crashed", polls, exc_info=True)
+            on_poll(f"poll {polls}: failed (internal error {type(exc).__name__}), keeping the current model")
     return failures
 
 
 def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = None,
-            threads: int = 1) -> np.ndarray:
+            threads: int = 1, time_column: str = DEFAULT_TIME_COLUMN) -> np.ndarray:
     """Forecast from the last ``lookback`` rows of ``input_csv`` with ``model_dir/current``;
-    write ``step,forecast`` CSV to ``out`` (stdout by default) and return the forecast."""
+    write ``step,<time_column>,forecast,version`` CSV to ``out`` (stdout by default) and
+    return the forecast. The times follow the input's last ``time_column`` value at the
+    model's ``onnxcast.freq``; they are left empty (with a warning) when that value is not
+    an ISO 8601 time or the frequency is not one this client steps."""
     import onnxruntime as ort
 
-    model_path = installed_model(model_dir)
+    model_path, info = installed(model_dir)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
@@ -184,54 +210,268 @@ def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = N
     if missing:
         raise VerificationError(f"{model_path}: ONNX metadata lacks onnxcast.{', onnxcast.'.join(missing)}")
     columns = [meta["target"], *[c for c in meta["features"].split(",") if c]]
-    history = read_window(input_csv, columns, int(meta["lookback"]))
-    forecast = session.run([OUTPUT_NAME], {INPUT_NAME: history[None]})[0][0]
+    window = read_input(input_csv, columns, int(meta["lookback"]), time_column)
+    forecast = session.run([OUTPUT_NAME], {INPUT_NAME: window.values[None]})[0][0]
+    times = future_times(window.last_time, meta.get("freq", ""), len(forecast))
+    if times is None:
+        log.warning("%s: forecast times left empty (last %s value %s, model frequency %s); the steps count from "
+                    "the input's last row", input_csv, time_column, quote(window.last_time), quote(meta.get("freq")))
+        times = [""] * len(forecast)
     out = out or sys.stdout
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["step", "forecast"])
-    for step, value in enumerate(forecast, start=1):
-        writer.writerow([step, np.format_float_positional(np.float32(value), unique=True, trim="-")])
+    writer.writerow(["step", time_column, "forecast", "version"])
+    for step, (moment, value) in enumerate(zip(times, forecast, strict=True), start=1):
+        writer.writerow([step, moment, np.format_float_positional(np.float32(value), unique=True, trim="-"),
+                         info.get("version")])
     return forecast
 
 
 def installed_model(model_dir: str | Path) -> Path:
     """The ONNX file ``model_dir/current`` serves, after checking its sha256."""
-    current = Path(model_dir) / "current"
-    info = _installed(current)
-    if info is None:
-        raise ConfigError(f"{current}: no model installed; run 'onnxcast edge pull' first")
-    path = current / check_name("artifact", info["artifact"])
-    if _file_sha(path) != info.get("sha256"):
-        raise VerificationError(f"{path}: sha256 does not match the pulled manifest; pull again")
-    return path
+    return installed(model_dir)[0]
+
+
+def installed(model_dir: str | Path) -> tuple[Path, dict]:
+    """(ONNX file, pulled.json) of the version ``model_dir/current`` serves, after checking
+    the file's sha256. The path is the real one (``versions/<v>/<artifact>``), found without
+    following any symlink but ``current``, which must point into ``versions/``."""
+    nothing = ConfigError(f"{Path(model_dir).absolute() / CURRENT}: no model installed; run "
+                          f"'{device_command('pull')}' first")
+    if not os.path.lexists(model_dir):
+        raise nothing
+    with open_device_folder(model_dir, create=False) as folder:
+        info = _installed(folder)
+        if info is None:
+            raise nothing
+        artifact = check_name("artifact", str(info.get("artifact")))
+        path = folder.path / VERSIONS / info["_folder"] / artifact
+        if _installed_sha(folder, info) != info.get("sha256"):
+            raise VerificationError(f"{path}: sha256 does not match the pulled manifest; pull again")
+    return path, info
+
+
+@dataclass(frozen=True)
+class InputWindow:
+    """The newest ``lookback`` rows of an input table, and its last time value (None without one)."""
+
+    values: np.ndarray
+    last_time: str | None
 
 
 def read_window(path: str | Path, columns: list[str], lookback: int) -> np.ndarray:
     """The last ``lookback`` rows of ``columns`` in CSV ``path`` as float32 ``[lookback, n]``."""
-    try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+    return read_input(path, columns, lookback).values
+
+
+def read_input(path: str | Path, columns: list[str], lookback: int,
+               time_column: str | None = None) -> InputWindow:
+    """The last ``lookback`` rows of ``columns`` in CSV ``path`` (a regular file of at most
+    MAX_INPUT_BYTES, streamed: only ``lookback`` rows are held) and its last ``time_column``
+    value. A file that is not such a table is refused in one line that never quotes it."""
+    with _open_input(path) as lines:
+        reader = csv.reader(lines)
+        try:
+            header = next(reader, None) or []
+            index = {name: i for i, name in reversed(list(enumerate(header)))}
+            missing = [c for c in columns if c not in index]
             if missing:
-                raise DataError(f"{path}: missing column(s) {missing}; found {reader.fieldnames or []}")
-            rows = list(reader)
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-    if len(rows) < lookback:
-        raise DataError(f"{path}: {len(rows)} row(s), the model needs the last {lookback}")
-    first = len(rows) - lookback
+                raise DataError(f"{path}: missing column(s) {', '.join(quote(c) for c in missing)}; "
+                                f"{_describe_header(header)}")
+            wanted = [index[c] for c in columns]
+            at_time = index.get(time_column) if time_column else None
+            rows: deque[list[str]] = deque(maxlen=lookback)
+            count = 0
+            for row in reader:
+                if row:
+                    rows.append(row)
+                    count += 1
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not UTF-8 text; expected a CSV table") from None
+        except csv.Error as exc:
+            raise DataError(f"{path}: not a CSV table (line {reader.line_num}: {exc})") from None
+    if count < lookback:
+        raise DataError(f"{path}: {count} row(s), the model needs the last {lookback}")
+    first = count - lookback
     window = np.empty((lookback, len(columns)), dtype=np.float32)
-    for i, row in enumerate(rows[first:]):
-        for j, column in enumerate(columns):
+    for i, row in enumerate(rows):
+        for j, (column, at) in enumerate(zip(columns, wanted, strict=True)):
+            cell = row[at] if at < len(row) else ""
             try:
-                window[i, j] = float(row[column])
-            except (TypeError, ValueError):
-                raise DataError(f"{path}: column {column!r} has non-numeric value {row[column]!r} "
+                window[i, j] = float(cell)
+            except ValueError:
+                raise DataError(f"{path}: column {quote(column)} has non-numeric value {quote(cell)} "
                                 f"at data row {first + i + 1}") from None
     if not np.isfinite(window).all():
         i, j = np.argwhere(~np.isfinite(window))[0]
-        raise DataError(f"{path}: column {columns[j]!r} is not finite at data row {first + i + 1}")
-    return window
+        raise DataError(f"{path}: column {quote(columns[j])} is not finite at data row {first + i + 1}")
+    last = rows[-1]
+    last_time = last[at_time] if at_time is not None and at_time < len(last) else None
+    return InputWindow(window, last_time)
+
+
+def future_times(last: str | None, freq: str, horizon: int) -> list[str] | None:
+    """The ``horizon`` times after ``last`` (ISO 8601) at pandas frequency alias ``freq``
+    (``30min``, ``h``, ``D``, ``W-SUN``, ``B``, ``MS``, ``ME``, ``QS``, ``YS`` ...), written as
+    ``last`` is (a date stays a date, ``Z`` stays ``Z``); None when either is not understood.
+    Stdlib only: a device has no pandas."""
+    if not last:
+        return None
+    text = last.strip()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    step = _parse_freq(freq)
+    if step is None:
+        return None
+    kind, n = step
+    out, current = [], moment
+    for _ in range(horizon):
+        if isinstance(kind, timedelta):
+            current = current + kind * n
+        elif kind == "B":
+            for _ in range(n):
+                current += timedelta(days=1)
+                while current.weekday() >= 5:
+                    current += timedelta(days=1)
+        else:
+            months, anchor = kind
+            current = _add_months(current, months * n, anchor)
+        out.append(_format_like(current, text))
+    return out
+
+
+# --- reading: metadata, installed state, input -----------------------------------------
+
+def _parse_metadata(data: bytes, where: str) -> Any:
+    """JSON of bounded size and depth, or RefusedError (one line, never quoting it)."""
+    try:
+        return loads_json(data, what=where)
+    except UntrustedInputError as exc:
+        raise RefusedError(f"{exc}; refusing it") from None
+
+
+def _installed(folder: DeviceFolder) -> dict | None:
+    """pulled.json of the version ``current`` points to (plus ``_folder``, its folder name in
+    versions/); None when nothing valid is installed."""
+    name = folder.link_target(CURRENT)
+    if name is None:
+        return None
+    with folder.folder(VERSIONS, create=False) as versions:
+        if versions is None:
+            return None
+        version_fd = folder.open_folder(versions, name, create=False, where=f"{VERSIONS}/{name}")
+        if version_fd is None:
+            return None
+        try:
+            data = folder.read(version_fd, PULLED, f"{VERSIONS}/{name}/{PULLED}")
+        finally:
+            os.close(version_fd)
+    if data is None:
+        return None
+    try:
+        info = loads_json(data, what=PULLED)
+    except UntrustedInputError:
+        return None
+    return {**info, "_folder": name} if isinstance(info, dict) else None
+
+
+def _installed_sha(folder: DeviceFolder, info: dict) -> str | None:
+    """The sha256 of the installed artifact, read without following a symlink."""
+    try:
+        artifact = check_name("artifact", str(info.get("artifact")))
+    except ConfigError:
+        return None
+    with folder.folder(VERSIONS, create=False) as versions:
+        if versions is None:
+            return None
+        version_fd = folder.open_folder(versions, info["_folder"], create=False,
+                                        where=f"{VERSIONS}/{info['_folder']}")
+        if version_fd is None:
+            return None
+        try:
+            return folder.sha256(version_fd, artifact)
+        finally:
+            os.close(version_fd)
+
+
+@contextmanager
+def _open_input(path: str | Path) -> Iterator[Iterator[str]]:
+    """The lines of a regular file of at most MAX_INPUT_BYTES: checked on the open descriptor
+    (``/dev/zero`` and FIFOs refused before a byte is read), and counted while streaming, so
+    a file that grows past the limit is refused too."""
+    try:
+        size = regular_file_size(path, what="input", limit=MAX_INPUT_BYTES)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except UntrustedInputError as exc:
+        raise DataError(str(exc)) from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    with os.fdopen(fd, "r", encoding="utf-8", newline="") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_INPUT_BYTES:  # swapped since the check
+            raise DataError(f"input {str(path)!r} changed while opening it; refusing it")
+
+        def lines() -> Iterator[str]:
+            total = 0
+            for line in f:
+                total += len(line)
+                if total > MAX_INPUT_BYTES:
+                    raise DataError(f"input {str(path)!r} grew past the limit of {MAX_INPUT_BYTES:,} bytes "
+                                    f"(it was {size:,})")
+                yield line
+
+        yield lines()
+
+
+def _describe_header(header: list[str]) -> str:
+    """The header's column names when it is one (short names of letters, digits and
+    ``_ .-``), else only its field count: the first line of a file that is not a table
+    (``/etc/shadow``) must not appear in an error."""
+    if header and all(_COLUMN_NAME.fullmatch(name) for name in header):
+        shown = [quote(name) for name in header[:MAX_COLUMNS_SHOWN]]
+        more = f" and {len(header) - MAX_COLUMNS_SHOWN} more" if len(header) > MAX_COLUMNS_SHOWN else ""
+        return f"found {', '.join(shown)}{more}"
+    return f"its first line is not a header of column names ({len(header)} field(s); not shown)"
+
+
+def _parse_freq(freq: str):
+    """(step, multiple) for a pandas frequency alias: a timedelta, "B", or (months, anchor)
+    with anchor "start"/"end"; None when not one of these."""
+    match = re.fullmatch(r"(\d*)([A-Za-z]+)(?:-[A-Za-z]{3})?", (freq or "").strip())
+    if not match:
+        return None
+    n = int(match.group(1) or 1)
+    unit = match.group(2)
+    fixed = {"us": timedelta(microseconds=1), "U": timedelta(microseconds=1), "ms": timedelta(milliseconds=1),
+             "L": timedelta(milliseconds=1), "s": timedelta(seconds=1), "S": timedelta(seconds=1),
+             "min": timedelta(minutes=1), "T": timedelta(minutes=1), "h": timedelta(hours=1),
+             "H": timedelta(hours=1), "D": timedelta(days=1), "W": timedelta(weeks=1)}
+    months = {"MS": (1, "start"), "ME": (1, "end"), "M": (1, "end"), "QS": (3, "start"), "QE": (3, "end"),
+              "Q": (3, "end"), "YS": (12, "start"), "AS": (12, "start"), "YE": (12, "end"), "Y": (12, "end"),
+              "A": (12, "end")}
+    if unit in fixed:
+        return fixed[unit], n
+    if unit == "B":
+        return "B", n
+    if unit in months:
+        return months[unit], n
+    return None
+
+
+def _add_months(moment: datetime, months: int, anchor: str) -> datetime:
+    index = moment.year * 12 + moment.month - 1 + months
+    year, month = divmod(index, 12)
+    month += 1
+    day = 1 if anchor == "start" else calendar.monthrange(year, month)[1]
+    return moment.replace(year=year, month=month, day=day)
+
+
+def _format_like(moment: datetime, template: str) -> str:
+    if len(template) == 10:  # a date: YYYY-MM-DD
+        return moment.date().isoformat()
+    text = moment.isoformat(sep="T" if "T" in template else " ")
+    return text[:-6] + "Z" if template.endswith("Z") and text.endswith("+00:00") else text
 
 
 def inspect_model(path: str | Path, expected_signature: dict | None = None) -> ModelInfo:
@@ -323,16 +563,14 @@ def _read_signed_length(store, key: str, length: int, sha256: str, what: str, ve
     return data
 
 
-def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, staging: Path) -> None:
-    """Fetch and check the manifest and the artifact into ``staging``."""
+def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, staging: Path,
+              staging_fd: int) -> None:
+    """Fetch and check the manifest and the artifact into ``staging`` (open as ``staging_fd``)."""
     version, artifact = want["version"], want["artifact"]
     manifest_key = store.version_key(model, version)
     data = _read_signed_length(store, manifest_key, want["manifest_length"], want["manifest_sha256"],
                                "manifest", version)
-    try:
-        envelope = json.loads(data)
-    except ValueError:
-        raise RefusedError(f"{store.url(manifest_key)}: not JSON; refusing version {version}") from None
+    envelope = _parse_metadata(data, store.url(manifest_key))
     manifest = trust.verify_manifest(envelope, model, version, store.url(manifest_key))
     entry = (manifest.get("artifacts") or {}).get(artifact) or {}
     if (manifest.get("channels") or {}).get(channel, {}).get("artifact") != artifact \
@@ -341,59 +579,58 @@ def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, s
                            f"length for channel {channel!r}; refusing version {version}")
     blob = _read_signed_length(store, store.version_key(model, version, artifact), want["length"], want["sha256"],
                                "artifact", version)
-    (staging / MANIFEST).write_bytes(data)
-    (staging / artifact).write_bytes(blob)
+    write_new(staging_fd, MANIFEST, data)
+    write_new(staging_fd, artifact, blob)
     inspect_model(staging / artifact, expected_signature=entry.get("signature"))
     pulled = {"model": model, "channel": channel, "store": store.uri, **want,
               "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    (staging / PULLED).write_text(json.dumps(pulled, indent=2) + "\n")
-    for name in (MANIFEST, artifact, PULLED):
-        with open(staging / name, "rb") as f:
-            os.fsync(f.fileno())
+    write_new(staging_fd, PULLED, (json.dumps(pulled, indent=2) + "\n").encode())
 
 
-def _install(dest: Path, staging: Path, version: str) -> Path:
-    """Move ``staging`` to ``dest/versions/<version>``, then swap the symlinks; keep the
-    previous version and remove older ones."""
-    versions = dest / "versions"
-    versions.mkdir(exist_ok=True)
-    current = dest / "current"
-    old = current.resolve() if current.is_symlink() else None
-    target = versions / version
-    if target.exists() and target.resolve() == old:  # same version re-pulled over a corrupt copy
-        target = versions / f"{version}.{uuid.uuid4().hex[:8]}"
-    elif target.exists():
-        shutil.rmtree(target)
-    os.replace(staging, target)
-    if old is not None and old != target:
-        _swap_link(dest / "previous", old.relative_to(dest))
-    _swap_link(current, target.relative_to(dest))
-    keep = {target, old, (dest / "previous").resolve()}
-    for entry in versions.iterdir():
-        if entry.resolve() not in keep:
-            shutil.rmtree(entry, ignore_errors=True)
-    return target
+def _install(folder: DeviceFolder, staging: str, version: str) -> Path:
+    """Move the ``staging`` folder to ``versions/<version>``, then swap the symlinks; keep the
+    previous version and remove older ones. Every step goes by descriptor: a symlinked
+    ``versions/`` is refused, and only entries of the real ``versions/`` are removed."""
+    with folder.folder(VERSIONS, create=True) as versions:
+        old = folder.link_target(CURRENT)
+        target = version
+        if _exists(versions, target):
+            if target == old:  # the same version re-pulled over a corrupt copy: never swap out what serves
+                target = f"{version}.{uuid.uuid4().hex[:8]}"
+            else:
+                folder.remove(versions, target)
+        os.rename(staging, target, src_dir_fd=folder.fd, dst_dir_fd=versions)
+        if old is not None and old != target:
+            _swap_link(folder, PREVIOUS, f"{VERSIONS}/{old}")
+        _swap_link(folder, CURRENT, f"{VERSIONS}/{target}")
+        keep = {target, old, folder.link_target(PREVIOUS)}
+        for entry in os.listdir(versions):
+            if entry not in keep:
+                try:
+                    folder.remove(versions, entry)
+                except OSError as exc:  # the new version already serves: a leftover is only disk space
+                    log.warning("%s: cannot remove old version %s (%s)", folder.path / VERSIONS, entry, exc.strerror)
+        os.fsync(versions)
+    return folder.path / VERSIONS / target
 
 
-def _swap_link(link: Path, target: Path) -> None:
-    tmp = link.with_name(f".{link.name}.{uuid.uuid4().hex}")
-    os.symlink(target, tmp)
-    os.replace(tmp, link)  # atomic: readers see the old link or the new one
-
-
-def _installed(current: Path) -> dict | None:
+def _exists(folder: int, name: str) -> bool:
     try:
-        return json.loads((current / PULLED).read_text())
-    except (OSError, ValueError):
-        return None
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
 
 
-def _file_sha(path: Path) -> str | None:
+def _swap_link(folder: DeviceFolder, name: str, target: str) -> None:
+    tmp = f".{name}.{uuid.uuid4().hex}"
+    os.symlink(target, tmp, dir_fd=folder.fd)
     try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
-        return None
+        os.replace(tmp, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)  # atomic: old link or new one
+    except OSError as exc:
+        os.unlink(tmp, dir_fd=folder.fd)
+        raise DeviceFolderError(f"{folder.path / name}: cannot replace it with a link ({exc.strerror}); "
+                                "a device folder's current/previous are symlinks: remove it") from None
 
 
 def _prefixed(metadata: dict[str, str]) -> dict[str, str]:
@@ -589,13 +826,3 @@ def _all_tensors(graph, model=None):
                 yield from _all_tensors(attr.g)
             for sub in attr.graphs:
                 yield from _all_tensors(sub)
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (one pull at a time per folder; freed if we die)."""
-    import fcntl
-
-    with open(path, "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield

@@ -42,9 +42,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxcast.errors import ConfigError, ConflictError, OnnxcastError, StoreError, VerificationError
+from onnxcast.errors import (
+    ConfigError,
+    ConflictError,
+    OnnxcastError,
+    RefusedError,
+    StoreError,
+    VerificationError,
+)
 from onnxcast.rollout.signing import (
+    MANIFEST_ROLE,
     MANIFEST_TYPE,
+    POINTER_ROLE,
     POINTER_TYPE,
     expiry,
     load_signers,
@@ -52,6 +61,7 @@ from onnxcast.rollout.signing import (
 )
 from onnxcast.rollout.store import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     Pointer,
     RolloutStore,
     check_name,
@@ -60,6 +70,9 @@ from onnxcast.rollout.store import (
     sha256_hex,
     signed_part,
 )
+from onnxcast.untrusted import UntrustedInputError, loads_json
+
+MAX_ROOT_BYTES = 1 << 20
 
 REPORT = "report.json"
 MANIFEST_FORMAT = 2  # 2: a signed envelope
@@ -122,20 +135,23 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     days = pointer_days(expires_days)
     plan = plan_version(report, channels, version)
     actor = actor or default_actor()
+    root = PublishedRoot.read(store)
     # The values to move from are read before anything is written: whoever moves a
     # channel during our upload wins, and we report a conflict instead of overwriting.
     pointers = {c: store.read_channel(model_name, c) for c in plan.channels_to_move}
+    root.check_signers(signers, POINTER_ROLE, "channel pointers")
 
     written, skipped = [], []
     existing = store.read_manifest(model_name, plan.version)
     if existing is not None:
         _check_same_version(store, model_name, plan, existing)
     else:
-        for artifact in plan.artifacts:
-            key = store.version_key(model_name, plan.version, artifact.name)
-            (written if _write_once(store, key, artifact.data) else skipped).append(artifact.name)
         manifest = sign_envelope(plan.manifest(model_name, actor, reason), signers)
         key = store.version_key(model_name, plan.version)
+        root.verify(manifest, MANIFEST_ROLE, MANIFEST_TYPE, store.url(key))  # before the first write
+        for artifact in plan.artifacts:
+            artifact_key = store.version_key(model_name, plan.version, artifact.name)
+            (written if _write_once(store, artifact_key, artifact.data) else skipped).append(artifact.name)
         if not store.create(key, dump_json(manifest)):  # a concurrent twin wrote it first
             _check_same_version(store, model_name, plan, store.read_manifest(model_name, plan.version))
         else:
@@ -146,7 +162,7 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     for channel in plan.channels_to_move:
         changed = _move_pointer(store, model_name, channel, plan.version, manifest, manifest_sha,
                                 pointers[channel], action="promote", actor=actor, reason=reason,
-                                signers=signers, days=days)
+                                signers=signers, days=days, root=root)
         moved[channel] = "moved" if changed else "unchanged"
     _publish_model_repositories(store, model_name, moved, signers)
     return PromotionResult(model_name, plan.version, store.uri, tuple(written), tuple(skipped), moved)
@@ -167,7 +183,9 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_ver
     pointer = store.read_pointer(key)
     if pointer.value is None:
         raise StoreError(f"{store.url(key)}: no such channel for model {model_name!r}; nothing to roll back")
-    current = pointer.value["version"]
+    current = _pointer_version(pointer.value, store.url(key))
+    root = PublishedRoot.read(store)
+    root.check_signers(signers, POINTER_ROLE, "channel pointers")
     target = check_name("version", to_version) if to_version else previous_version(pointer.value, store.url(key))
     if target == current:
         return RollbackResult(model_name, channel, target, current, False)
@@ -176,7 +194,8 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_ver
         raise StoreError(f"{store.url(store.version_key(model_name, target))}: version {target} has no variant "
                          f"for channel {channel!r} (it has {sorted(manifest.get('channels', {}))})")
     _move_pointer(store, model_name, channel, target, manifest, manifest_sha, pointer,
-                  action="rollback", actor=actor or default_actor(), reason=reason, signers=signers, days=days)
+                  action="rollback", actor=actor or default_actor(), reason=reason, signers=signers, days=days,
+                  root=root)
     _publish_model_repositories(store, model_name, [channel], signers)
     return RollbackResult(model_name, channel, target, current, True)
 
@@ -193,13 +212,18 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
     pointer = store.read_pointer(key)
     if pointer.value is None:
         raise StoreError(f"{store.url(key)}: no such channel for model {model_name!r}; nothing to refresh")
-    version = check_name("version", str(pointer.value.get("version")))
+    version = _pointer_version(pointer.value, store.url(key))
+    root = PublishedRoot.read(store)
+    root.check_signers(signers, POINTER_ROLE, "channel pointers")
     manifest, manifest_sha = verify_version(store, model_name, version)
-    raw = store.read(store.version_key(model_name, version)) or b""
-    value = _pointer_value(model_name, channel, version, manifest, manifest_sha, len(raw), pointer.value,
-                           action="refresh", actor=actor or default_actor(), history=list(pointer.value.get("history", [])),
-                           rollback=pointer.value.get("rollback"), days=days, root_version=latest_root_version(store))
-    store.replace_pointer(key, sign_envelope(value, signers), pointer.token)
+    value = _pointer_value(model_name, channel, version, manifest, manifest_sha,
+                           _manifest_length(store, model_name, version), pointer.value,
+                           action="refresh", actor=actor or default_actor(), history=_history(pointer.value),
+                           rollback=pointer.value.get("rollback"), days=days, root_version=root.version)
+    root.verify_manifest(store, model_name, version)
+    envelope = sign_envelope(value, signers)
+    root.verify(envelope, POINTER_ROLE, POINTER_TYPE, store.url(key))
+    store.replace_pointer(key, envelope, pointer.token)
     return value
 
 
@@ -234,18 +258,22 @@ def verify_version(store: RolloutStore, model_name: str, version: str) -> tuple[
     """Read a version back: its manifest and every artifact's sha256 and size. Returns the
     manifest and its sha256; StoreError if it is missing, VerificationError if it differs."""
     key = store.version_key(model_name, version)
-    data = store.read(key)
+    data = store.read_bounded(key, MAX_MANIFEST_BYTES)
     if data is None:
         raise StoreError(f"{store.url(key)}: version {version} of {model_name!r} not found (no manifest)")
     try:
-        manifest = signed_part(json.loads(data))
-    except ValueError:
-        raise VerificationError(f"{store.url(key)}: manifest is not valid JSON") from None
-    if not isinstance(manifest, dict):
-        raise VerificationError(f"{store.url(key)}: manifest is not a JSON object")
+        manifest = signed_part(loads_json(data, what=f"{store.url(key)}: manifest", limit=MAX_MANIFEST_BYTES))
+    except UntrustedInputError as exc:
+        raise VerificationError(str(exc)) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("artifacts", {}), dict) \
+            or not isinstance(manifest.get("channels", {}), dict):
+        raise VerificationError(f"{store.url(key)}: manifest is not a JSON object with 'artifacts' and 'channels'")
     for name, entry in manifest.get("artifacts", {}).items():
         artifact_key = store.version_key(model_name, version, name)
-        blob = store.read(artifact_key)
+        size = entry.get("size_bytes") if isinstance(entry, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(entry.get("sha256"), str):
+            raise VerificationError(f"{store.url(key)}: artifact {name} has no valid sha256 and size_bytes")
+        blob = store.read(artifact_key, size)  # never more than the manifest's size + 1 byte
         if blob is None:
             raise VerificationError(f"{store.url(artifact_key)}: missing, though the manifest lists it")
         if sha256_hex(blob) != entry["sha256"] or len(blob) != entry["size_bytes"]:
@@ -257,7 +285,7 @@ def verify_version(store: RolloutStore, model_name: str, version: str) -> tuple[
 def previous_version(pointer: dict, where: str = "channel") -> str:
     """The version the current one was last promoted over (so repeated rollbacks walk back)."""
     current = pointer.get("version")
-    for entry in reversed(pointer.get("history", [])):
+    for entry in reversed(_history(pointer)):
         if entry.get("action") == "promote" and entry.get("version") == current:
             if entry.get("from_version"):
                 return entry["from_version"]
@@ -442,7 +470,7 @@ def _write_once(store: RolloutStore, key: str, data: bytes) -> bool:
 
 def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: str, manifest: dict,
                   manifest_sha: str, pointer: Pointer, *, action: str, actor: str, reason: str,
-                  signers: Sequence, days: float) -> bool:
+                  signers: Sequence, days: float, root: PublishedRoot) -> bool:
     """Compare-and-swap the channel to a newly signed pointer at ``version``; False when it
     is there already (and signed)."""
     choice = manifest["channels"][channel]
@@ -451,19 +479,120 @@ def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: s
     if signed_before and (old.get("version"), old.get("artifact"), old.get("manifest_sha256")) == \
             (version, choice["artifact"], manifest_sha):
         return False
-    raw = store.read(store.version_key(model_name, version)) or b""
-    history = list(old.get("history", [])) + [{
+    history = _history(old) + [{
         "action": action, "version": version, "from_version": old.get("version"),
         "variant": choice["variant"], "family": choice["family"], "by": actor, "at": _now(), "reason": reason,
     }]
     record = None
     if action == "rollback":
         record = {"version": version, "from_version": old.get("version"), "by": actor, "at": _now(), "reason": reason}
-    value = _pointer_value(model_name, channel, version, manifest, manifest_sha, len(raw), old, action=action,
-                           actor=actor, history=history, rollback=record, days=days,
-                           root_version=latest_root_version(store))
-    store.replace_pointer(store.channel_key(model_name, channel), sign_envelope(value, signers), pointer.token)
+    value = _pointer_value(model_name, channel, version, manifest, manifest_sha,
+                           _manifest_length(store, model_name, version), old, action=action,
+                           actor=actor, history=history, rollback=record, days=days, root_version=root.version)
+    key = store.channel_key(model_name, channel)
+    root.verify_manifest(store, model_name, version)
+    envelope = sign_envelope(value, signers)
+    root.verify(envelope, POINTER_ROLE, POINTER_TYPE, store.url(key))
+    store.replace_pointer(key, envelope, pointer.token)
     return True
+
+
+def _manifest_length(store: RolloutStore, model_name: str, version: str) -> int:
+    return len(store.read_bounded(store.version_key(model_name, version), MAX_MANIFEST_BYTES) or b"")
+
+
+def _pointer_version(value: dict, where: str) -> str:
+    """The version a pointer read by a writer names; StoreError when it names none."""
+    try:
+        return check_name("version", value.get("version"))
+    except ConfigError:
+        raise StoreError(f"{where}: malformed channel pointer (no valid version); nothing changed") from None
+
+
+def _history(value: dict) -> list[dict]:
+    """The pointer's history entries (those that are objects: a store writer may have planted anything)."""
+    history = value.get("history")
+    return [e for e in history if isinstance(e, dict)] if isinstance(history, list) else []
+
+
+class PublishedRoot:
+    """The newest trust root the store publishes (``root/<n>.root.json``): what devices will
+    check the metadata a writer signs against. A writer checks its own new envelopes with it
+    before writing, so a revoked or wrong key is refused on one line instead of freezing the
+    channel for every device (issue 18, item 10). A store that publishes no root (root 1 often
+    only installed on devices) gives nothing to check against: ``keys publish-root`` it."""
+
+    def __init__(self, root, where: str | None):
+        self.root, self.where = root, where
+
+    @property
+    def version(self) -> int:
+        return self.root.signed.version if self.root is not None else 0
+
+    @classmethod
+    def read(cls, store: RolloutStore) -> PublishedRoot:
+        from onnxcast.rollout.signing import check_root_fresh, parse_root, verify_self_signed
+
+        version = latest_root_version(store)
+        if version == 0:
+            return cls(None, None)
+        key = store.root_key(version)
+        where = store.url(key)
+        data = store.read_bounded(key, MAX_ROOT_BYTES)
+        if data is None:  # removed since it was listed
+            raise StoreError(f"{where}: vanished while it was read; nothing written, try again")
+        try:
+            root = parse_root(data, where)
+            verify_self_signed(root, where)
+            check_root_fresh(root, where)
+        except RefusedError as exc:
+            raise ConfigError(f"the published trust root would be refused by devices: {exc}; nothing written") from None
+        return cls(root, where)
+
+    def check_signers(self, signers: Sequence, role: str, what: str) -> None:
+        """Before anything is written: a threshold of ``signers`` holds ``role`` in the root."""
+        if self.root is None:
+            return
+        role_spec = self.root.signed.roles[role]
+        trusted = {s.public_key.keyid for s in signers} & set(role_spec.keyids)
+        if len(trusted) < role_spec.threshold:
+            raise ConfigError(f"{self.where}: the signing key(s) ({_keyids(signers)}) are {len(trusted)} of the "
+                              f"{role_spec.threshold} key(s) trust root version {self.version} requires to sign "
+                              f"{what}; devices would refuse them, nothing written (sign with a key of the current "
+                              "root)")
+
+    def verify(self, envelope: dict, role: str, expected_type: str, where: str) -> None:
+        """The new ``envelope`` verifies as a device will verify it, else ConfigError, unwritten."""
+        from onnxcast.rollout.signing import verify_envelope
+
+        if self.root is None:
+            return
+        try:
+            verify_envelope(self.root, role, envelope, expected_type, where)
+        except RefusedError as exc:
+            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} of trust root version {self.version} "
+                              "(published in the store); devices would refuse it, nothing written") from None
+
+    def verify_manifest(self, store: RolloutStore, model_name: str, version: str) -> None:
+        """The manifest a new pointer names verifies too: a pointer to a version signed by a
+        key the root dropped would be refused by every device (promote the model again as a
+        new version instead)."""
+        if self.root is None:
+            return
+        key = store.version_key(model_name, version)
+        data = store.read_bounded(key, MAX_MANIFEST_BYTES)
+        try:
+            envelope = loads_json(data or b"", what=store.url(key), limit=MAX_MANIFEST_BYTES)
+        except UntrustedInputError as exc:
+            raise VerificationError(str(exc)) from None
+        try:
+            self.verify(envelope, MANIFEST_ROLE, MANIFEST_TYPE, store.url(key))
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; promote that model again as a new version") from None
+
+
+def _keyids(signers: Sequence) -> str:
+    return ", ".join(s.public_key.keyid[:12] for s in signers)
 
 
 def _pointer_value(model_name: str, channel: str, version: str, manifest: dict, manifest_sha: str,

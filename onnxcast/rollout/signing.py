@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import ConfigError, RefusedError
+from onnxcast.rollout.command import device_command
 
 SIGNING_KEY_ENV = "ONNXCAST_SIGNING_KEY"
 TRUST_ENV = "ONNXCAST_TRUST"
@@ -39,6 +40,7 @@ MANIFEST_TYPE, POINTER_TYPE = "onnxcast/manifest", "onnxcast/channel"
 PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, ROOT_FILE = "signing.key", "signing.pub", "root.json"
 KMS_PREFIX = "awskms:"
 DEFAULT_ROOT_DAYS = 365
+MAX_KEY_BYTES = 64 * 1024  # a PEM or public key file is under 1 KB
 
 
 def canonical(signed: dict) -> bytes:
@@ -68,11 +70,13 @@ def load_signer(spec: str):
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner
 
+    from onnxcast.untrusted import UntrustedInputError, read_regular_file
+
     path = Path(spec).expanduser()
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the signing key ({exc.strerror})") from None
+    try:  # a regular file of a few KB: --signing-key /dev/zero or a FIFO must not hang a writer
+        data = read_regular_file(path, what="signing key", limit=MAX_KEY_BYTES)
+    except UntrustedInputError as exc:
+        raise ConfigError(f"{exc}; cannot read the signing key") from None
     try:
         key = load_pem_private_key(data, password=None)
     except (ValueError, TypeError):
@@ -105,9 +109,14 @@ def read_public_key(path: str | Path):
     """An SSlibKey from a ``.pub`` file written by ``keys generate`` / ``keys kms-pub``."""
     from securesystemslib.signer import Key
 
+    from onnxcast.untrusted import UntrustedInputError, loads_json, read_regular_file
+
     path = Path(path)
     try:
-        value = json.loads(path.read_text())
+        value = loads_json(read_regular_file(path, what="public key", limit=MAX_KEY_BYTES), what=str(path))
+    except UntrustedInputError as exc:
+        raise ConfigError(f"{exc}; not a public key file") from None
+    try:
         value.pop("keyid", None)  # recomputed: an id is only ever the hash of the key itself
         return Key.from_dict(_keyid(value), value)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -199,6 +208,12 @@ def parse_root(data: bytes, where: str):
     """A Metadata[Root] from bytes; RefusedError when it is not one."""
     from tuf.api.metadata import Metadata, Root
 
+    from onnxcast.untrusted import UntrustedInputError, loads_json
+
+    try:  # bounded size and depth first: tuf's json.loads recurses on deep nesting
+        loads_json(data, what=where)
+    except UntrustedInputError as exc:
+        raise RefusedError(f"{exc}; not a trust root, refusing it") from None
     try:
         md = Metadata.from_bytes(data)
     except Exception as exc:  # tuf raises DeserializationError and friends
@@ -237,7 +252,7 @@ def _verify_root_with(trusted, new, where: str, whose: str = "its own") -> None:
 def check_root_fresh(root, where: str, now: datetime | None = None) -> None:
     if root.signed.is_expired(now or datetime.now(UTC)):
         raise RefusedError(f"{where}: trust root version {root.signed.version} expired at "
-                           f"{_iso(root.signed.expires)}; install a newer root ('onnxcast edge trust')")
+                           f"{_iso(root.signed.expires)}; install a newer root ('{device_command('trust')}')")
 
 
 # --- envelopes ----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import threading
 import uuid
 from abc import ABC, abstractmethod
@@ -33,12 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.untrusted import MAX_METADATA_BYTES, UntrustedInputError, loads_json
 
 MANIFEST = "manifest.json"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ROOT_FOLDER = "root"
 SSE_ALGORITHMS = ("AES256", "aws:kms")
 MOVED = "was moved by another promotion"
+# Pointers and roots are small (HISTORY_KEPT entries are ~50 KB) and nothing signs their
+# length: every reader, device or writer, stops at this many bytes.
+MAX_POINTER_BYTES = 1 << 20
+MAX_MANIFEST_BYTES = MAX_METADATA_BYTES
 
 
 def open_store(uri: str, **settings: Any) -> RolloutStore:
@@ -129,20 +135,38 @@ class RolloutStore(ABC):
     # --- reading --------------------------------------------------------------------------
     def read_manifest(self, model: str, version: str) -> dict | None:
         """The manifest's fields (the signed part), unverified: for writers and readers."""
-        data = self.read(self.version_key(model, version))
-        return None if data is None else signed_part(self._parse(data, self.version_key(model, version)))
+        key = self.version_key(model, version)
+        data = self.read_bounded(key, MAX_MANIFEST_BYTES)
+        return None if data is None else signed_part(self._parse(data, key, MAX_MANIFEST_BYTES))
 
     def read_channel(self, model: str, channel: str) -> Pointer:
         return self.read_pointer(self.channel_key(model, channel))
 
-    def _parse(self, data: bytes, key: str) -> dict:
+    def read_bounded(self, key: str, limit: int) -> bytes | None:
+        """``read`` of at most ``limit`` bytes (``limit + 1`` transferred); StoreError when longer."""
+        data = self.read(key, limit)
+        if data is not None and len(data) > limit:
+            raise StoreError(f"{self.url(key)}: longer than {limit:,} bytes (stopped reading); refusing it")
+        return data
+
+    def _parse(self, data: bytes, key: str, limit: int = MAX_POINTER_BYTES) -> dict:
+        """A JSON object of bounded size and depth: one StoreError line, never quoting it."""
         try:
-            value = json.loads(data)
-        except ValueError as exc:
-            raise StoreError(f"{self.url(key)}: not valid JSON ({exc})") from None
+            value = loads_json(data, what=self.url(key), limit=limit)
+        except UntrustedInputError as exc:
+            raise StoreError(f"{exc}; refusing it") from None
         if not isinstance(value, dict):
             raise StoreError(f"{self.url(key)}: expected a JSON object")
         return value
+
+    def _pointer(self, data: bytes | None, key: str, token: str | None) -> Pointer:
+        if data is None:
+            return Pointer(None, None)
+        if len(data) > MAX_POINTER_BYTES:
+            raise StoreError(f"{self.url(key)}: longer than {MAX_POINTER_BYTES:,} bytes (stopped reading); "
+                             "refusing it")
+        parsed = self._parse(data, key)
+        return Pointer(signed_part(parsed), token if token is not None else sha256_hex(data), data, parsed)
 
     # --- primitives -----------------------------------------------------------------------
     @abstractmethod
@@ -195,8 +219,13 @@ class LocalStore(RolloutStore):
             with self._folder(key, create=False) as (folder, name):
                 if folder is None:
                     return None
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
+                # O_NONBLOCK: a FIFO planted at a key cannot block the open (nor the read:
+                # only a regular file is read).
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
                 with os.fdopen(fd, "rb") as f:
+                    mode = os.fstat(f.fileno()).st_mode
+                    if not stat.S_ISREG(mode):
+                        raise StoreError(f"{self.url(key)}: not a regular file ({_kind(mode)}); refusing it")
                     return f.read() if max_bytes is None else f.read(max_bytes + 1)
         except FileNotFoundError:
             return None
@@ -221,11 +250,7 @@ class LocalStore(RolloutStore):
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
 
     def read_pointer(self, key: str) -> Pointer:
-        data = self.read(key)
-        if data is None:
-            return Pointer(None, None)
-        parsed = self._parse(data, key)
-        return Pointer(signed_part(parsed), sha256_hex(data), data, parsed)
+        return self._pointer(self.read(key, MAX_POINTER_BYTES), key, None)
 
     def replace_pointer(self, key: str, value: dict, token: str | None) -> str:
         import fcntl
@@ -236,7 +261,7 @@ class LocalStore(RolloutStore):
                 lock_fd = os.open(f".{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=folder)
                 with os.fdopen(lock_fd, "a+b") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when the process dies
-                    current = self.read(key)
+                    current = self.read(key, MAX_POINTER_BYTES)
                     if (None if current is None else sha256_hex(current)) != token:
                         raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")
                     tmp = f".{name}.{uuid.uuid4().hex}.tmp"
@@ -323,6 +348,14 @@ def _unlink(folder: int, name: str) -> None:
         pass
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
 def _why(exc: OSError) -> str:
     if exc.errno == errno.ELOOP:
         return "it is a symlink; the store never follows symlinks"
@@ -407,12 +440,8 @@ class S3Store(RolloutStore):
             raise self._error(exc, "PutObject", key) from None
 
     def read_pointer(self, key: str) -> Pointer:
-        found = self._get(key)
-        if found is None:
-            return Pointer(None, None)
-        data, etag = found
-        parsed = self._parse(data, key)
-        return Pointer(signed_part(parsed), etag, data, parsed)
+        found = self._get(key, MAX_POINTER_BYTES)
+        return Pointer(None, None) if found is None else self._pointer(found[0], key, found[1])
 
     def replace_pointer(self, key: str, value: dict, token: str | None) -> str:
         from botocore.exceptions import ClientError
@@ -425,7 +454,7 @@ class S3Store(RolloutStore):
             if _status(exc) not in (404, 409, 412):
                 raise self._error(exc, "PutObject", key) from None
         # A retried put whose first attempt landed also fails its condition: check for our bytes.
-        now = self._get(key)
+        now = self._get(key, MAX_POINTER_BYTES)
         if now is not None and now[0] == data:
             return now[1]
         raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")

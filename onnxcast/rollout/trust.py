@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 from onnxcast.errors import ConfigError, RefusedError
+from onnxcast.rollout.command import device_command
+from onnxcast.rollout.device import DeviceFolder, open_device_folder
 from onnxcast.rollout.signing import (
     MANIFEST_ROLE,
     MANIFEST_TYPE,
@@ -35,11 +36,12 @@ from onnxcast.rollout.signing import (
     verify_next_root,
     verify_self_signed,
 )
+from onnxcast.rollout.store import MAX_POINTER_BYTES  # noqa: F401  (its old home: imported from here before)
+from onnxcast.untrusted import UntrustedInputError, loads_json, read_regular_file
 
 TRUST_DIR = "trust"
 ROOT_FILE = "root.json"
 STATE_FILE = "state.json"
-MAX_POINTER_BYTES = 1 << 20  # pointers and roots are small; nothing signs their length
 MAX_ROOT_BYTES = 1 << 20
 MAX_ROOT_STEPS = 64  # root versions walked in one pull
 
@@ -49,23 +51,24 @@ def install_trust(dest: str | Path, root_file: str | Path, *, replace: bool = Fa
     root keys, not expired). Refuses to replace a newer installed root unless ``replace``.
     Returns the installed root's version."""
     root_file = Path(root_file)
-    root = _read_root_file(root_file)
-    folder = Path(dest).absolute() / TRUST_DIR
-    installed = folder / ROOT_FILE
-    if installed.exists() and not replace:
-        current = _read_root_file(installed)
-        if current.signed.version > root.signed.version:
-            raise ConfigError(f"{installed}: holds root version {current.signed.version}, newer than "
+    data = _read_user_root(root_file)
+    root = _check_root(data, str(root_file))
+    with open_device_folder(dest, create=True) as folder, folder.locked():
+        trust = _TrustFiles(folder)
+        current = trust.root()
+        if current is not None and not replace and current.signed.version > root.signed.version:
+            raise ConfigError(f"{trust.where(ROOT_FILE)}: holds root version {current.signed.version}, newer than "
                               f"{root_file}'s {root.signed.version}; pass --replace to go back on purpose")
-    _write_atomic(installed, root_file.read_bytes())
+        trust.write(ROOT_FILE, data)
     return root.signed.version
 
 
 class DeviceTrust:
-    """The trust root and verified state of one device folder."""
+    """The trust root and verified state of one device folder (open: onnxcast.rollout.device)."""
 
-    def __init__(self, dest: str | Path, trust_file: str | Path | None = None):
-        self.folder = Path(dest).absolute() / TRUST_DIR
+    def __init__(self, folder: DeviceFolder, trust_file: str | Path | None = None):
+        self.files = _TrustFiles(folder)
+        self.folder = folder.path / TRUST_DIR
         given = trust_file or os.environ.get(TRUST_ENV) or None
         self.root = self._load(given)
         # A root held in memory pins its keys: no chain is walked from it (a writer checking
@@ -93,7 +96,7 @@ class DeviceTrust:
             new = parse_root(data, where)
             verify_next_root(self.root, new, where)
             self.root = new
-            _write_atomic(self.folder / ROOT_FILE, data)
+            self.files.write(ROOT_FILE, data)
         check_root_fresh(self.root, str(self.folder / ROOT_FILE))
         return self.root.signed.version
 
@@ -151,18 +154,17 @@ class DeviceTrust:
         versions = [v for v in entry.get("versions", []) if v != pointer["version"]] + [pointer["version"]]
         channels[f"{model}/{channel}"] = {"counter": pointer["counter"], "version": pointer["version"],
                                           "expires": pointer.get("expires"), "versions": versions[-1000:]}
-        _write_atomic(self.folder / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+        self.files.write(STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
 
     def _state(self) -> dict:
-        path = self.folder / STATE_FILE
-        try:
-            value = json.loads(path.read_text())
-        except FileNotFoundError:
+        data = self.files.read(STATE_FILE)
+        if data is None:
             return {}
-        except (OSError, ValueError) as exc:
+        try:
+            value = loads_json(data, what=self.files.where(STATE_FILE))
+        except UntrustedInputError as exc:
             # Losing the state would let an old pointer be replayed: stop rather than guess.
-            raise ConfigError(f"{path}: unreadable device state ({type(exc).__name__}); restore it or "
-                              "reinstall the device") from None
+            raise ConfigError(f"{exc}: unreadable device state; restore it or reinstall the device") from None
         return value if isinstance(value, dict) else {}
 
     def _load(self, trust_file):
@@ -170,35 +172,54 @@ class DeviceTrust:
 
         if isinstance(trust_file, Metadata):  # a root held in memory (signing.signers_root)
             return trust_file
-        installed = self.folder / ROOT_FILE
-        have = _read_root_file(installed) if installed.exists() else None
+        have = self.files.root()
         if trust_file is None:
             if have is None:
                 raise ConfigError(f"{self.folder.parent}: no trust root; pass --trust FILE, set {TRUST_ENV}, or "
-                                  "run 'onnxcast edge trust --dest DEST --root root.json' once")
+                                  f"run '{device_command('trust --dest DEST --root root.json')}' once")
             return have
-        given = _read_root_file(Path(trust_file))
+        data = _read_user_root(Path(trust_file))
+        given = _check_root(data, str(trust_file))
         if have is not None and have.signed.version >= given.signed.version:
             return have  # the device already walked the chain past the file it was set up with
-        _write_atomic(installed, Path(trust_file).read_bytes())
+        self.files.write(ROOT_FILE, data)
         return given
 
 
-def _read_root_file(path: Path):
+class _TrustFiles:
+    """``DEST/trust/`` opened by descriptor (a symlinked ``trust/`` or file is refused)."""
+
+    def __init__(self, folder: DeviceFolder):
+        self.device = folder
+
+    def where(self, name: str) -> Path:
+        return self.device.path / TRUST_DIR / name
+
+    def read(self, name: str) -> bytes | None:
+        with self.device.folder(TRUST_DIR, create=False) as fd:
+            if fd is None:
+                return None
+            return self.device.read(fd, name, f"{TRUST_DIR}/{name}", limit=MAX_ROOT_BYTES)
+
+    def root(self):
+        data = self.read(ROOT_FILE)
+        return None if data is None else _check_root(data, str(self.where(ROOT_FILE)))
+
+    def write(self, name: str, data: bytes) -> None:
+        with self.device.folder(TRUST_DIR, create=True) as fd:
+            self.device.write_atomic(fd, name, data)
+
+
+def _read_user_root(path: Path) -> bytes:
+    """A root file the user names (``--trust``, ``$ONNXCAST_TRUST``, ``edge trust --root``):
+    a regular file of at most MAX_ROOT_BYTES."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the trust root ({exc.strerror})") from None
-    root = parse_root(data, str(path))
-    verify_self_signed(root, str(path))
+        return read_regular_file(path, what="trust root", limit=MAX_ROOT_BYTES)
+    except UntrustedInputError as exc:
+        raise ConfigError(f"{exc}; cannot read the trust root") from None
+
+
+def _check_root(data: bytes, where: str):
+    root = parse_root(data, where)
+    verify_self_signed(root, where)
     return root
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

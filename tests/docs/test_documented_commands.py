@@ -386,8 +386,8 @@ def check_output(args: list[str], result: subprocess.CompletedProcess, workspace
         assert (workspace / _option(args, "--dest") / "current").is_symlink()
     elif line.startswith("edge predict"):
         rows = result.stdout.splitlines()
-        assert rows[0] == "step,forecast" and len(rows) == 1 + HORIZON
-        assert all(float(row.split(",")[1]) > 0 for row in rows[1:])
+        assert rows[0] == "step,ds,forecast,version" and len(rows) == 1 + HORIZON
+        assert all(float(row.split(",")[2]) > 0 for row in rows[1:])
 
 
 @pytest.mark.slow

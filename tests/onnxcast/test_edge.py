@@ -183,8 +183,13 @@ class TestPredict:
         out = io.StringIO()
         predict(tmp_path / "device", history_csv, out=out)
         lines = out.getvalue().splitlines()
-        assert lines[0] == "step,forecast" and len(lines) == 5
-        printed = np.array([np.float32(line.split(",")[1]) for line in lines[1:]])
+        assert lines[0] == "step,ds,forecast,version" and len(lines) == 5
+        rows_out = [line.split(",") for line in lines[1:]]
+        # The input's last time is 2026-01-01T15:00:00Z and the model's freq is "h".
+        assert [r[1] for r in rows_out] == [f"2026-01-01T{h}:00:00Z" for h in (16, 17, 18, 19)]
+        version = json.loads((tmp_path / "device/current/pulled.json").read_text())["version"]
+        assert {r[3] for r in rows_out} == {version}
+        printed = np.array([np.float32(r[2]) for r in rows_out])
         rows = np.genfromtxt(history_csv, delimiter=",", names=True, dtype=None, encoding=None)
         window = np.stack([rows["y"], rows["x1"]], axis=1)[-16:].astype(np.float32)
         # What the pipeline computes for this window with the promoted file (onnxcast.validate).
@@ -192,7 +197,7 @@ class TestPredict:
         assert np.array_equal(printed, expected)
 
     @pytest.mark.parametrize("content, message", [
-        ("ds,y\n1,2\n", r"missing column\(s\) \['x1'\]"),
+        ("ds,y\n1,2\n", r"missing column\(s\) 'x1'; found 'ds', 'y'$"),
         ("y,x1\n" + "1,2\n" * 5, r"5 row\(s\), the model needs the last 16"),
         ("y,x1\n" + "1,2\n" * 15 + "1,abc\n", r"column 'x1' has non-numeric value 'abc' at data row 16"),
         ("y,x1\n" + "1,2\n" * 15 + "nan,1\n", r"column 'y' is not finite at data row 16"),
@@ -258,7 +263,7 @@ class TestWatchAndCli:
                     "--watch", "--interval", "0", "--max-polls", "2") == 0
         assert capsys.readouterr().out.splitlines() == ["poll 1: unchanged at version 1", "poll 2: unchanged at version 1"]
         assert _cli("edge", "predict", "--dir", dest, "--input", str(history_csv)) == 0
-        assert capsys.readouterr().out.startswith("step,forecast\n1,")
+        assert capsys.readouterr().out.startswith("step,ds,forecast,version\n1,")
         _overwrite(store, "m/versions/1/lstm-fp32-opt.onnx", lambda d: d + b"x")
         promote(make_run("b"), store, "m", "edge", version="2")
         _overwrite(store, "m/versions/2/lstm-fp32-opt.onnx", lambda d: d + b"x")

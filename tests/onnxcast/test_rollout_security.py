@@ -94,6 +94,13 @@ def edge_cli(store: str, dest, *extra: str) -> int:
                      *extra])
 
 
+def without_writer_checks(monkeypatch) -> None:
+    """Write as a store writer with its own tools would: no check against the published root."""
+    from onnxcast.rollout.promote import PublishedRoot
+
+    monkeypatch.setattr(PublishedRoot, "read", classmethod(lambda cls, store: cls(None, None)))
+
+
 def one_error_line(capsys, contains: str) -> str:
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
@@ -308,7 +315,8 @@ class TestKeys:
         with pytest.raises(RefusedError, match="signed by 1 of the 2"):
             pull(store, "m", "edge", device.path, trust=root_file)
 
-    def test_rotation_reaches_devices_and_the_revoked_key_is_refused(self, store, make_run, device, tmp_path, capsys):
+    def test_rotation_reaches_devices_and_the_revoked_key_is_refused(self, store, make_run, device, tmp_path, capsys,
+                                                                     monkeypatch):
         old, new = keys(tmp_path, "old"), keys(tmp_path, "new")
         promote(make_run("a"), store, "m", "edge", version="1", signers=[old["private"]])
         assert cli.main(["edge", "trust", "--dest", str(device.path), "--root", str(old["root"])]) == 0
@@ -328,7 +336,12 @@ class TestKeys:
             assert pull(store, "m", "edge", device.path).version == "2"
             assert json.loads((device.path / "trust/root.json").read_text())["signed"]["version"] == 2
             device.remember()
-            # The revoked key signs a new version: refused, though it was trusted before.
+            # onnxcast's own writer refuses to sign with the revoked key (it checks the published root)...
+            assert cli.main(["promote", "--report", str(make_run("evil")), "--store", store, "--model", "m",
+                             "--channel", "edge", "--version", "3", "--signing-key", str(old["private"])]) == 2
+            one_error_line(capsys, "are 0 of the 1 key(s) trust root version 2 requires to sign channel pointers")
+            # ...and a writer without that check (an attacker's) signs a new version: devices refuse it.
+            without_writer_checks(monkeypatch)
             promote(make_run("evil"), store, "m", "edge", version="3", signers=[old["private"]])
             assert edge_cli(store, device.path) == 1
             one_error_line(capsys, "channels/edge.json: signed by 0 of the 1 release key(s) required")
