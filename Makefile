@@ -59,7 +59,8 @@ bench: $(STAMP)
 bench-accuracy: $(STAMP)
 	$(BIN)/python bench/accuracy.py
 
-# onnxcast serve vs mlflow models serve of the same model, on loopback (bench/serve-results.md).
+# onnxcast serve vs mlflow models serve of the same model, on loopback (bench/serve-results.md),
+# signed with a throwaway key of its own. A short run: BENCH_SERVE_ARGS="--quick --duration 1".
 bench-serve: $(STAMP)
 	$(BIN)/python bench/serve.py $(BENCH_SERVE_ARGS)
 
@@ -67,6 +68,7 @@ bench-serve: $(STAMP)
 bench-serve-kserve: $(STAMP) $(KSERVE_STAMP)
 	$(BIN)/python bench/serve.py --kserve-python $(KSERVE_VENV)/bin/python $(BENCH_SERVE_ARGS)
 
+# Another port: AIRFLOW__API__PORT=8090 make airflow (the tasks' execution API follows it).
 airflow: $(STAMP)
 	$(BIN)/python scripts/airflow_standalone.py
 

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(work: Path, concurrency: list[int], mlflow_workers: list[int], args) -> dict:
     from onnxcast.promote import promote
 
+    use_throwaway_key(work / "keys")
     model_v1 = make_model(work / "v1.onnx", shift=0.0)
     model_v2 = make_model(work / "v2.onnx", shift=1.0)
     store = work / "store"
@@ -188,6 +189,18 @@ def make_report(out: Path, model: Path) -> Path:
               "selected": {"cloud": {"family": "lstm", "variant": "fp32"}}}
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return out / "report.json"
+
+
+def use_throwaway_key(folder: Path) -> None:
+    """Sign the bench's promotions with a key made for this run (in its temporary folder, removed
+    with it) and let ``onnxcast serve`` trust it: a benchmark needs no release key of the user's,
+    and must never sign with one (`make bench-serve` failed with "no signing key" before)."""
+    from onnxcast.rollout.signing import SIGNING_KEY_ENV, TRUST_ENV, generate_key
+
+    files = generate_key(folder)
+    # promote() here and the `onnxcast serve` subprocesses read these
+    os.environ[SIGNING_KEY_ENV] = str(files["private"])
+    os.environ[TRUST_ENV] = str(files["root"])
 
 
 def register_in_mlflow(work: Path, model: Path) -> str:

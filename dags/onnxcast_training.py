@@ -26,9 +26,9 @@ access: input data, run store, rollout store).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-from airflow.sdk import DAG, Asset, Param
+from airflow.sdk import DAG, Asset, CronTriggerTimetable, Param
 
 from onnxcast.airflow.operators import (
     ChampionChallengerOperator,
@@ -44,14 +44,23 @@ from onnxcast.airflow.pipeline import end_mlflow_runs
 from onnxcast.airflow.serving import ServingReadySensor
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
+FAMILIES = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer"}
+CHANNELS = {"edge": "edge (devices)", "cloud": "cloud (onnxcast serve)"}
+# Weekly, Sunday 00:00 UTC. Unpausing must not start a run at once: the trigger form unpauses
+# the DAG before it submits (its "unpause on trigger" box is on by default and Airflow 3.3.2 has
+# no setting for it), so a submission the API then rejected left a paused-at-creation DAG
+# unpaused, and a start_date + catchup=False schedule started its latest interval right away
+# with the default params (4 families, 30 epochs). Without a start_date, run_immediately
+# decides: the last tick runs only when it is under 10 minutes old (a margin so that a DAG
+# processor pass just after the tick cannot push the first run a week on).
+WEEKLY = CronTriggerTimetable("0 0 * * 0", timezone="UTC", run_immediately=timedelta(minutes=10))
 RUN_DIR = "{{ ti.xcom_pull(task_ids='check_data', key='run_dir') }}"
 
 with DAG(
     dag_id="onnxcast_training",
     description="Train or fetch, export, optimize, validate, register and promote ONNX forecasters",
     doc_md=__doc__,
-    schedule="@weekly",
-    start_date=datetime(2026, 1, 1, tzinfo=UTC),
+    schedule=WEEKLY,
     catchup=False,
     max_active_runs=1,
     tags=["onnxcast", "training", "mlflow"],
@@ -71,12 +80,16 @@ with DAG(
                       description="pandas frequency (h, 30min, D, W-SUN, MS); empty: inferred from the timestamps"),
         "horizon": Param(24, type="integer", minimum=1, description="Steps to forecast"),
         "lookback": Param(168, type="integer", minimum=2, description="History steps the model is trained on"),
-        "families": Param(["nhits", "dlinear", "lstm", "transformer"], type="array", minItems=1,
-                          items={"type": "string", "enum": ["lstm", "transformer", "nhits", "dlinear"]},
+        # examples: the form shows an array with examples as a multi-select of those values
+        # (a typo cannot be typed); items.enum is what the API validates
+        "families": Param(list(FAMILIES), type="array", minItems=1, uniqueItems=True,
+                          items={"type": "string", "enum": list(FAMILIES)}, examples=list(FAMILIES),
+                          values_display=FAMILIES,
                           description="Model families trained in parallel (one mapped task each)"),
         "max_epochs": Param(30, type="integer", minimum=1, description="Training epochs at most (early stopping)"),
-        "channels": Param(["edge", "cloud"], type="array", minItems=1,
-                          items={"type": "string", "enum": ["edge", "cloud"]},
+        "channels": Param(list(CHANNELS), type="array", minItems=1, uniqueItems=True,
+                          items={"type": "string", "enum": list(CHANNELS)}, examples=list(CHANNELS),
+                          values_display=CHANNELS,
                           description="Rollout channels to promote to when the challenger wins"),
         "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
                             description="Registered model name, MLflow experiment and rollout store folder"),

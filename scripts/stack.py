@@ -100,6 +100,8 @@ def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unp
     elif processes.stack_pids(layout.root):
         processes.stop_all(layout.run, layout.root, stages=STOP_STAGES)
     _check_prerequisites()
+    # a folder without secrets yet is a new stack, whatever databases its path once had
+    fresh = not (layout.secrets.is_dir() and any(layout.secrets.iterdir()))
     layout.create()
     vault = Secrets(layout.secrets)
     settings = StackSettings.load(layout, name=name, redis_db=redis_db)
@@ -109,7 +111,7 @@ def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unp
                           + [f"log-server.{w}" for w in WORKERS])
     settings.save(layout)
     try:
-        info = _start_everything(layout, vault, settings, unpause=unpause)
+        info = _start_everything(layout, vault, settings, unpause=unpause, fresh=fresh)
     except BaseException:
         print(f"error: the stack did not start; stopping what was started (logs stay in {layout.logs})",
               file=sys.stderr)
@@ -122,7 +124,8 @@ def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unp
     return 0
 
 
-def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettings, *, unpause: bool) -> dict:
+def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettings, *, unpause: bool,
+                      fresh: bool = False) -> dict:
     base = _base_env(layout)
     start = _starter(layout)
 
@@ -131,8 +134,8 @@ def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettin
     databases = (settings.airflow_db, settings.mlflow_db, settings.mlflow_auth_db)
     try:
         services.ensure_databases(settings, {db: vault.get(f"postgres-{db}.password") for db in databases},
-                                  layout.root)
-        services.claim_redis_db(settings, layout.root)
+                                  layout, fresh=fresh)
+        services.claim_redis_db(settings, layout, fresh=fresh)
     except services.OwnershipError as exc:
         raise StackError(str(exc)) from None
 

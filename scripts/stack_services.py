@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -70,6 +71,8 @@ class StackLayout:
         """The private folder of one worker "host": its ONNXCAST_HOME, TMPDIR, AIRFLOW_HOME, logs."""
         return self.root / "workers" / hostname
 
+    identity_file = property(lambda self: self.root / "stack-id")
+
     def create(self) -> None:
         for path in (self.root, self.logs, self.run, self.seaweedfs / "data", self.mlflow, self.airflow,
                      self.home, *(self.worker(w) / sub for w in WORKERS for sub in ("home", "tmp", "airflow"))):
@@ -77,6 +80,21 @@ class StackLayout:
         self.secrets.mkdir(mode=0o700, exist_ok=True)
         self.secrets.chmod(0o700)
         self.root.chmod(0o700)
+        if not self.identity_file.exists():
+            write_private(self.identity_file, secrets.token_hex(8))
+
+    @property
+    def identity(self) -> str | None:
+        """A random id made with the stack folder: a folder removed and made again at the same
+        path is another stack (its secrets are new), whatever its path says."""
+        return stack_identity(self.root)
+
+
+def stack_identity(root: Path) -> str | None:
+    try:
+        return (root / "stack-id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 class Secrets:
@@ -196,13 +214,15 @@ def postgres_admin_connect(settings: StackSettings, database: str = "postgres"):
                             user=settings.postgres_admin_user, dbname=database, connect_timeout=5)
 
 
-def ensure_databases(settings: StackSettings, passwords: dict[str, str], owner: Path) -> None:
+def ensure_databases(settings: StackSettings, passwords: dict[str, str], layout: StackLayout, *,
+                     fresh: bool = False) -> None:
     """One login role per database (its owner), with the stack's generated password. A database
-    is marked with the stack folder that made it: one left by a stack folder that no longer
-    exists is dropped and made again; one of another live stack folder is an error."""
+    is marked with the stack folder that made it (path and id): one left by a stack folder that
+    is gone, or was removed and made again, is dropped and made again (its users and passwords
+    are not this folder's); one of another live stack folder is an error."""
     from psycopg2 import sql
 
-    mark = f"{OWNER_MARK}{owner}"
+    mark = owner_mark(layout)
     conn = postgres_admin_connect(settings)
     conn.autocommit = True
     try:
@@ -211,15 +231,14 @@ def ensure_databases(settings: StackSettings, passwords: dict[str, str], owner: 
                 cur.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
                             (database,))
                 row = cur.fetchone()
-                if row is not None and row[0] != mark:
-                    other = (row[0] or "").removeprefix(OWNER_MARK)
-                    if not row[0] or not row[0].startswith(OWNER_MARK) or Path(other).exists():
-                        raise OwnershipError(
-                            f"PostgreSQL database {database} belongs to {other or 'something else'}, not to "
-                            f"{owner}: stop and wipe that stack (ONNXCAST_HOME={Path(other).parent} make "
-                            f"stack-down STACK_ARGS=--wipe) or choose another prefix (--name)")
-                    cur.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))
-                    row = None  # left by a stack folder that is gone: start afresh
+                if row is not None:
+                    action = takeover_action(row[0], layout, f"PostgreSQL database {database}", fresh=fresh)
+                    if action == "drop":  # left by a stack folder that is gone: start afresh
+                        cur.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))
+                        row = None
+                    elif action == "adopt":
+                        cur.execute(sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                            sql.Identifier(database), sql.Literal(mark)))
                 cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (database,))
                 verb = "ALTER" if cur.fetchone() else "CREATE"
                 cur.execute(sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(
@@ -233,23 +252,26 @@ def ensure_databases(settings: StackSettings, passwords: dict[str, str], owner: 
         conn.close()
 
 
-def claim_redis_db(settings: StackSettings, owner: Path) -> None:
+def claim_redis_db(settings: StackSettings, layout: StackLayout, *, fresh: bool = False) -> None:
     """Take the broker's Redis database for this stack. A database in use by another stack folder
-    that still exists is an error; one left by a folder that is gone is emptied and taken."""
+    that still exists is an error; one left by a folder that is gone (or removed and made again)
+    is emptied and taken."""
     import redis
 
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
-    holder = client.get(REDIS_OWNER_KEY)
-    holder = holder.decode() if holder else None
-    if holder != str(owner):
-        if holder and Path(holder).exists():
-            raise OwnershipError(f"Redis {settings.broker_url} is the broker of the stack in {holder}: "
-                                 f"choose another database (--redis-db) or wipe that stack")
-        if holder is None and client.dbsize():
-            raise OwnershipError(f"Redis {settings.broker_url} holds {client.dbsize()} keys of something else: "
-                                 f"choose another database (--redis-db)")
+    holder, holder_id = (value.decode() if value else None
+                         for value in (client.get(REDIS_OWNER_KEY), client.get(REDIS_OWNER_ID_KEY)))
+    mark = f"{OWNER_MARK}{holder}" + (f" (id {holder_id})" if holder_id else "") if holder else None
+    if holder is None and client.dbsize():
+        raise OwnershipError(f"Redis {settings.broker_url} holds {client.dbsize()} keys of something else: "
+                             f"choose another database (--redis-db)")
+    action = takeover_action(mark, layout, f"Redis {settings.broker_url}", fresh=fresh) if mark else "drop"
+    if action == "drop":
         client.flushdb()
-        client.set(REDIS_OWNER_KEY, str(owner))
+    if action in ("drop", "adopt"):
+        # the path stays a key of its own: tests/stack/conftest.py reads it to find a free db
+        client.set(REDIS_OWNER_KEY, str(layout.root))
+        client.set(REDIS_OWNER_ID_KEY, layout.identity or "")
 
 
 class OwnershipError(RuntimeError):
@@ -258,6 +280,45 @@ class OwnershipError(RuntimeError):
 
 OWNER_MARK = "onnxcast stack: "
 REDIS_OWNER_KEY = "onnxcast:stack:owner"
+REDIS_OWNER_ID_KEY = "onnxcast:stack:owner-id"
+
+
+def owner_mark(layout: StackLayout) -> str:
+    """What a database of this stack is marked with: ``onnxcast stack: <folder> (id <id>)``."""
+    return f"{OWNER_MARK}{layout.root} (id {layout.identity})"
+
+
+def parse_owner_mark(mark: str | None) -> tuple[Path, str | None] | None:
+    """(folder, id) of a stack's mark; id None for a mark made before stacks had ids; None when
+    the mark is not a stack's."""
+    if not mark or not mark.startswith(OWNER_MARK):
+        return None
+    text = mark.removeprefix(OWNER_MARK)
+    match = re.fullmatch(r"(.+) \(id ([0-9a-f]+)\)", text)
+    return (Path(match.group(1)), match.group(2)) if match else (Path(text), None)
+
+
+def takeover_action(mark: str | None, layout: StackLayout, what: str, *, fresh: bool = False) -> str:
+    """What ``layout``'s stack may do with a database marked ``mark``: "keep" (its own),
+    "adopt" (its own folder, marked before stacks had ids, and the folder is not ``fresh``
+    (made by this start, no secrets yet): kept, marked anew), "drop" (the stack that made it
+    is gone: its folder no longer exists, or holds another stack now).
+    Raises OwnershipError (one line: whose it is and what to run) for anything else."""
+    if mark == owner_mark(layout):
+        return "keep"
+    parsed = parse_owner_mark(mark)
+    if parsed is None:
+        raise OwnershipError(f"{what} belongs to something else, not to the stack in {layout.root}: "
+                             "choose another prefix (--name)")
+    folder, identity = parsed
+    current = stack_identity(folder) if folder.exists() else None
+    if identity is None and folder == layout.root:
+        return "drop" if fresh else "adopt"
+    if folder.exists() and (identity is None or current == identity):
+        raise OwnershipError(f"{what} belongs to the stack in {folder}, not to the one in {layout.root}: stop and "
+                             f"wipe that stack (ONNXCAST_HOME={folder.parent} make stack-down STACK_ARGS=--wipe) "
+                             "or choose another prefix (--name)")
+    return "drop"
 
 
 def drop_databases(settings: StackSettings, databases: list[str]) -> None:

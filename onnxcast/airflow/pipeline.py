@@ -83,7 +83,7 @@ def end_mlflow_runs(context: Context) -> None:
         ended = end_open_runs(run_key(context), status, family=family or None, parent=terminal or not family,
                               model_name=params.get("model_name"), tracking_uri=hook.tracking_uri)
         if ended:
-            (task.log if task is not None else _log()).info("MLflow run(s) %s marked %s", ended, status)
+            (task.log if task is not None else _log()).info("MLflow run(s) %s marked %s", readable(ended), status)
     except Exception as exc:  # noqa: BLE001 - a callback must not fail the callback runner
         _log().warning("could not mark the MLflow runs of %s: %s", context.get("run_id"), exc)
 
@@ -241,7 +241,7 @@ class CheckDataOperator(_TrackedOperator):
                    "dataset_sha256": summary["dataset"]["sha256"], "trained_until": cfg.trained_until,
                    "champion_version": champion["version"] if champion else None, "notes": notes}
         self.log.info("Run %s: %d rows up to %s; families %s; %s", run_url, summary["rows"], summary["end"],
-                      families, "; ".join(notes) or "champion included")
+                      readable(families), "; ".join(notes) or "champion included")
         return families, summary
 
     def _record_failed_check(self, context: Context, cfg: PipelineConfig, exc: Exception) -> None:
@@ -353,7 +353,7 @@ class OptimizeModelOperator(_FamilyStepOperator):
         from onnxcast.pipeline import optimize_family
 
         variants = optimize_family(cfg, self.family)
-        self.log.info("Optimized %s: %s", self.family, variants)
+        self.log.info("Optimized %s: %s", self.family, readable(variants))
         return {"family": self.family, "variants": variants}
 
 
@@ -366,7 +366,7 @@ class ValidateModelOperator(_FamilyStepOperator):
         result = validate_family(cfg, self.family)
         eligible = [v["name"] for v in result["variants"] if v.get("eligible")]
         self.log.info("Validated %s: fp32 holdout MAE %.4g, gates passed %s, eligible %s", self.family,
-                      result["fp32_holdout_mae"], result["gates_passed"], eligible)
+                      result["fp32_holdout_mae"], result["gates_passed"], readable(eligible))
         return {"family": self.family, "fp32_holdout_mae": result["fp32_holdout_mae"],
                 "gates_passed": result["gates_passed"], "eligible": eligible, "failures": result["failures"]}
 
@@ -376,6 +376,17 @@ def as_bool(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() not in ("", "0", "false", "no", "off", "none")
     return bool(value)
+
+
+def readable(value: Any) -> str:
+    """A value for a task log line: ``key=value, ...`` for a mapping, ``a, b`` for a list,
+    never a Python repr (``{'edge': 'moved'}`` in the log read as a leaked dict)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={readable(item)}" for key, item in value.items()) or "none"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = sorted(value) if isinstance(value, (set, frozenset)) else value
+        return ", ".join(readable(item) for item in items) or "none"
+    return str(value)
 
 
 def _interval_end(context: Context) -> str | None:

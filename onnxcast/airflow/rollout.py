@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from onnxcast.airflow.pipeline import _TrackedOperator, as_bool, load_config, run_key
+from onnxcast.airflow.pipeline import _TrackedOperator, as_bool, load_config, readable, run_key
 from onnxcast.errors import ConfigError, GateError, OnnxcastError
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class PromoteModelOperator(_StoreOperator):
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = {"model": cfg.model_name, "version": result.version,
                                                       "channels": sorted(result.channels), "manifest": manifest}
-        self.log.info("Promoted %s v%s to %s in %s (%s)", cfg.model_name, result.version, result.channels,
+        self.log.info("Promoted %s v%s to %s in %s (%s)", cfg.model_name, result.version, readable(result.channels),
                       result.store, "changed" if result.changed else "already there: nothing to do")
         return {**result.as_xcom(), "manifest": manifest}
 

@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from onnxcast.airflow.links import MlflowRunLink
+from onnxcast.airflow.pipeline import readable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -91,7 +92,7 @@ class ServingReadySensor(BaseSensorOperator):
             return None
         if self.version in (None, "", "None") or (self.channels is not None and self.channel not in self.channels):
             self.log.info("Channel %s was not promoted (version %s, channels %s): nothing to wait for",
-                          self.channel, self.version, self.channels)
+                          self.channel, self.version, "none" if self.channels is None else readable(self.channels))
             return None
         if not self.deferrable:
             super().execute(context)

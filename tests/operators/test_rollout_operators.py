@@ -72,6 +72,18 @@ class TestPromoteModelOperator:
         manifest = json.loads(Path(first["manifest"]).read_text())["signed"]
         assert manifest["mlflow"]["version"] == version
 
+    def test_the_log_reads_channel_by_channel_not_as_a_dict(self, run_dir, tmp_path, capsys):
+        """Issue 18 item 16: "Promoted m v1 to {'edge': 'moved', 'cloud': 'moved'} in ..." in the task log."""
+        from onnxcast.airflow.operators import PromoteModelOperator
+
+        version = register(run_dir, "ops-promote-log", "promote-log")
+        PromoteModelOperator(task_id="promote", run_dir=run_dir, version=version, channels=["edge", "cloud"],
+                             store_uri=str(tmp_path / "store"),
+                             decision={"promote": True, "reason": "first"}).execute(make_context())
+        line = next(line for line in capsys.readouterr().out.splitlines() if "Promoted ops-promote-log" in line)
+        assert f"v{version} to edge=moved, cloud=moved in " in line
+        assert "{" not in line
+
     def test_embedded_mode_signs_with_a_development_key_that_devices_can_trust(self, run_dir, tmp_path, monkeypatch):
         from onnxcast.airflow.operators import PromoteModelOperator
         from onnxcast.rollout.edge import pull

@@ -47,6 +47,14 @@ class TestServingReadySensor:
         assert ServingReadySensor(task_id="t", service_url="http://127.0.0.1:9", model_name="m",
                                   version=None).execute(context) is None
 
+    def test_the_log_names_the_channels_as_key_value_pairs(self, capsys):
+        """Issue 18 item 16: the task log showed the promotion as a Python dict ({'edge': 'moved'})."""
+        ServingReadySensor(task_id="t", service_url="http://127.0.0.1:9", model_name="m", version="3",
+                           channels={"edge": "moved", "cloud": "unchanged"}, channel="other").execute(make_context())
+        line = next(line for line in capsys.readouterr().out.splitlines() if "was not promoted" in line)
+        assert "channels edge=moved, cloud=unchanged" in line
+        assert "{" not in line
+
     def test_serving_version_succeeds_without_deferring(self, service):
         sensor = ServingReadySensor(task_id="t", service_url=service.url, model_name="m", version="1",
                                     channels={"cloud": "moved"})

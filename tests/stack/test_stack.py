@@ -48,6 +48,9 @@ class TestAirflowApiServer:
     def test_training_dag_is_unpaused(self, stack, admin_api):
         assert admin_api.get(f"/api/v2/dags/{stack['training_dag']}").json()["is_paused"] is False
 
+    def test_unpausing_started_no_scheduled_run(self, stack):
+        assert stack["scheduled_runs_after_up"] == []
+
 
 class TestMlflowServer:
     def test_anonymous_request_gets_401(self, stack):

@@ -6,6 +6,7 @@ db of another stack folder that still exists."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -87,6 +88,67 @@ def _reachable(port: int) -> bool:
         return False
 
 
+def _layout(root: Path) -> stack_services.StackLayout:
+    layout = stack_services.StackLayout(root)
+    layout.create()
+    return layout
+
+
+def _admin_sql(settings, database: str, statement: str):
+    conn = stack_services.postgres_admin_connect(settings, database)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+            return cur.fetchall() if cur.description else None
+    finally:
+        conn.close()
+
+
+class TestTakeoverDecision:
+    """Which databases a stack may take, from their owner marks alone (no server needed)."""
+
+    def test_its_own_databases_are_kept(self, tmp_path):
+        layout = _layout(tmp_path / "stack")
+        assert stack_services.takeover_action(stack_services.owner_mark(layout), layout, "db") == "keep"
+
+    def test_a_live_stack_folder_elsewhere_is_refused_in_one_line_that_says_what_to_run(self, tmp_path):
+        other, mine = _layout(tmp_path / "other" / "stack"), _layout(tmp_path / "mine" / "stack")
+        with pytest.raises(stack_services.OwnershipError) as error:
+            stack_services.takeover_action(stack_services.owner_mark(other), mine, "PostgreSQL database x")
+        message = str(error.value)
+        assert "\n" not in message
+        assert f"ONNXCAST_HOME={other.root.parent} make stack-down STACK_ARGS=--wipe" in message
+
+    def test_a_folder_removed_and_made_again_is_another_stack(self, tmp_path):
+        """Issue 18 item 14: same path, new folder (new secrets): the old databases are not its own."""
+        old = _layout(tmp_path / "stack")
+        mark = stack_services.owner_mark(old)
+        shutil.rmtree(old.root)
+        assert stack_services.takeover_action(mark, _layout(tmp_path / "stack"), "db") == "drop"
+
+    def test_a_folder_that_is_gone_is_taken_over(self, tmp_path):
+        gone = _layout(tmp_path / "gone" / "stack")
+        mark = stack_services.owner_mark(gone)
+        shutil.rmtree(gone.root)
+        assert stack_services.takeover_action(mark, _layout(tmp_path / "mine" / "stack"), "db") == "drop"
+
+    def test_marks_from_before_stack_ids(self, tmp_path):
+        mine = _layout(tmp_path / "stack")
+        legacy = f"{stack_services.OWNER_MARK}{mine.root}"
+        assert stack_services.takeover_action(legacy, mine, "db") == "adopt"  # an existing stack, upgraded
+        assert stack_services.takeover_action(legacy, mine, "db", fresh=True) == "drop"  # a new folder there
+        other = tmp_path / "other"
+        other.mkdir()
+        with pytest.raises(stack_services.OwnershipError, match=str(other)):
+            stack_services.takeover_action(f"{stack_services.OWNER_MARK}{other}", mine, "db")
+
+    @pytest.mark.parametrize("mark", [None, "", "made by hand"])
+    def test_a_database_that_is_not_a_stacks_is_refused(self, tmp_path, mark):
+        with pytest.raises(stack_services.OwnershipError, match="something else"):
+            stack_services.takeover_action(mark, _layout(tmp_path / "stack"), "PostgreSQL database x")
+
+
 @pytest.mark.skipif(not (_reachable(5432) and _reachable(6379)),
                     reason="PostgreSQL (127.0.0.1:5432) or Redis (127.0.0.1:6379) is not running")
 class TestOwnership:
@@ -102,28 +164,52 @@ class TestOwnership:
         redis.Redis.from_url(settings.broker_url).flushdb()
 
     def test_databases_of_another_live_stack_folder_are_refused(self, settings, tmp_path):
-        mine, other = tmp_path / "mine", tmp_path / "other"
-        mine.mkdir()
-        other.mkdir()
+        mine, other = _layout(tmp_path / "mine"), _layout(tmp_path / "other")
         stack_services.ensure_databases(settings, {settings.airflow_db: "pw-one"}, other)
-        with pytest.raises(stack_services.OwnershipError, match=str(other)):
+        with pytest.raises(stack_services.OwnershipError, match=str(other.root)):
             stack_services.ensure_databases(settings, {settings.airflow_db: "pw-two"}, mine)
         stack_services.ensure_databases(settings, {settings.airflow_db: "pw-one"}, other)  # its owner may
 
     def test_databases_of_a_stack_folder_that_is_gone_are_made_again(self, settings, tmp_path):
-        gone, mine = tmp_path / "gone", tmp_path / "mine"
-        mine.mkdir()
+        gone, mine = _layout(tmp_path / "gone"), _layout(tmp_path / "mine")
         stack_services.ensure_databases(settings, {settings.airflow_db: "pw"}, gone)
+        shutil.rmtree(gone.root)
         stack_services.ensure_databases(settings, {settings.airflow_db: "pw"}, mine)
 
+    def test_databases_of_a_folder_removed_and_made_again_are_made_again(self, settings, tmp_path):
+        """Issue 18 item 14: `make stack`, `make stack-down`, the folder removed, `make stack`: the
+        old databases (MLflow's users with the old admin password: HTTP 401) were kept."""
+        first = _layout(tmp_path / "stack")
+        stack_services.ensure_databases(settings, {settings.airflow_db: "pw"}, first)
+        _admin_sql(settings, settings.airflow_db, "CREATE TABLE left_by_the_old_stack (x int)")
+        shutil.rmtree(first.root)
+        again = _layout(tmp_path / "stack")
+        stack_services.ensure_databases(settings, {settings.airflow_db: "pw-new"}, again)
+        tables = _admin_sql(settings, settings.airflow_db,
+                            "SELECT tablename FROM pg_tables WHERE tablename = 'left_by_the_old_stack'")
+        assert tables == []
+        stack_services.ensure_databases(settings, {settings.airflow_db: "pw-new"}, again)  # now its own
+
     def test_the_redis_db_of_another_live_stack_folder_is_refused(self, settings, tmp_path):
-        other, mine = tmp_path / "other", tmp_path / "mine"
-        other.mkdir()
+        other, mine = _layout(tmp_path / "other"), _layout(tmp_path / "mine")
         stack_services.claim_redis_db(settings, other)
-        with pytest.raises(stack_services.OwnershipError, match="broker of the stack"):
+        with pytest.raises(stack_services.OwnershipError, match=f"belongs to the stack in {other.root}"):
             stack_services.claim_redis_db(settings, mine)
-        other.rmdir()
+        shutil.rmtree(other.root)
         stack_services.claim_redis_db(settings, mine)  # its owner is gone: taken over
+
+    def test_the_redis_db_of_a_folder_removed_and_made_again_is_emptied(self, settings, tmp_path):
+        import redis
+
+        first = _layout(tmp_path / "stack")
+        stack_services.claim_redis_db(settings, first)
+        client = redis.Redis.from_url(settings.broker_url)
+        client.set("left-by-the-old-stack", "1")
+        shutil.rmtree(first.root)
+        again = _layout(tmp_path / "stack")
+        stack_services.claim_redis_db(settings, again)
+        assert client.get("left-by-the-old-stack") is None
+        assert client.get(stack_services.REDIS_OWNER_KEY).decode() == str(again.root)
 
 
 def test_children_are_found_without_the_proc_children_file():
