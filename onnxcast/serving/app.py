@@ -137,8 +137,10 @@ class Metrics:
         self.batch_requests.labels(self.model).observe(requests)
 
 
-def create_app(settings: ServeSettings, follower: ChannelFollower | None = None):
-    """The FastAPI application; ``follower`` defaults to one following ``settings``' channel."""
+def create_app(settings: ServeSettings, follower: ChannelFollower | None = None) -> ServeASGI:
+    """The ASGI application (``ServeASGI``: the token check and the infer fast path around the
+    FastAPI app, so no caller can serve the endpoints without them); ``follower`` defaults to
+    one following ``settings``' channel."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -294,7 +296,7 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return ServeASGI(app)
 
 
 def serve(settings: ServeSettings) -> None:
@@ -312,8 +314,8 @@ def serve(settings: ServeSettings) -> None:
                 # drain is a clean exit for the service, so it ends with 0.
                 self._captured_signals.clear()
 
-    app = ServeASGI(create_app(settings))
-    metrics: Metrics = app.app.state.metrics
+    app = create_app(settings)
+    metrics = app.metrics
     protocol = guarded_protocol(read_timeout=settings.read_timeout, max_connections=settings.max_connections,
                                 on_close=lambda reason: metrics.closed.labels(settings.model, reason).inc())
     # limit_concurrency is uvicorn's own bound on connections + tasks (a plain-text 503); the
