@@ -257,6 +257,24 @@ class TestAuthentication:
         assert done.stderr.strip() == ("error: --host 0.0.0.0 listens beyond loopback: give a bearer token with "
                                        "--token-file PATH or $ONNXCAST_SERVE_TOKEN (or listen on 127.0.0.1)")
 
+    @pytest.mark.parametrize("content, message", [
+        (None, "--token-file '{path}' does not exist"),
+        (b"\n  \n", "--token-file '{path}' is empty"),
+        ("tök€n".encode(), "--token-file '{path}': the token must be printable ASCII"),
+        (b"two words", "the bearer token must be 1 to 4096 printable ASCII characters without spaces"),
+    ])
+    def test_a_bad_token_file_is_one_line_naming_the_file(self, tmp_path, capsys, content, message):
+        from onnxcast import cli
+
+        path = tmp_path / "token"
+        if content is not None:
+            path.write_bytes(content)
+        assert cli.main(["serve", "--store", str(tmp_path), "--model", "m", "--token-file", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == "error: " + message.format(path=path)
+        if content and content.strip():
+            assert content.strip().decode(errors="replace") not in err  # the token is never echoed
+
     def test_a_token_lets_it_listen_on_every_interface(self, tmp_path, make_run, start_server):
         store = str(tmp_path / "store")
         promote(make_run("a"), store, "m", "cloud", version="1")
