@@ -263,7 +263,7 @@ class TestAuthentication:
         ("tök€n".encode(), "--token-file '{path}': the token must be printable ASCII"),
         (b"two words", "the bearer token must be 1 to 4096 printable ASCII characters without spaces"),
     ])
-    def test_a_bad_token_file_is_one_line_naming_the_file(self, tmp_path, capsys, content, message):
+    def test_a_bad_token_file_is_refused_in_one_line(self, tmp_path, capsys, content, message):
         from onnxcast import cli
 
         path = tmp_path / "token"
