@@ -26,20 +26,25 @@ def free_port() -> int:
 
 
 class Server:
-    """A running ``python -m onnxcast serve``; ``stop()`` sends SIGTERM and returns the exit code."""
+    """A running ``python -m onnxcast serve``; ``stop()`` sends SIGTERM and returns the exit code.
+    With a ``token`` every request sends ``Authorization: Bearer <token>``."""
 
-    def __init__(self, process: subprocess.Popen, url: str, log: Path):
-        self.process, self.url, self.log = process, url, log
+    def __init__(self, process: subprocess.Popen, url: str, log: Path, token: str | None = None):
+        self.process, self.url, self.log, self.token = process, url, log, token
 
-    def get(self, path: str) -> tuple[int, dict, dict]:
-        return request(self.url + path)
+    @property
+    def auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, dict, dict]:
+        return request(self.url + path, headers={**self.auth, **(headers or {})})
 
     def infer(self, history: np.ndarray | None = None, *, body: dict | bytes | None = None, model: str = "m",
               headers: dict | None = None) -> tuple[int, dict, dict]:
         if body is None:
             body = infer_body(history)
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return request(f"{self.url}/v2/models/{model}/infer", data, headers)
+        return request(f"{self.url}/v2/models/{model}/infer", data, {**self.auth, **(headers or {})})
 
     def wait_ready(self, version: str | None = None, timeout: float = 60.0) -> dict:
         deadline = time.monotonic() + timeout
@@ -52,7 +57,8 @@ class Server:
         raise AssertionError(f"server not ready at version {version} in {timeout} s: {self.log.read_text()}")
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+        with urllib.request.urlopen(urllib.request.Request(self.url + "/metrics", headers=self.auth),
+                                    timeout=10) as response:
             return response.read().decode()
 
     def stop(self, timeout: float = 30.0) -> int:
@@ -75,16 +81,19 @@ def request(url: str, data: bytes | None = None, headers: dict | None = None) ->
         return exc.code, json.loads(exc.read() or b"null"), dict(exc.headers)
 
 
-def launch(store: str, folder: Path, *extra: str, channel: str = "cloud", wait_live: bool = True) -> Server:
-    """Start ``python -m onnxcast serve`` on a free port, its log and device folder in ``folder``."""
+def launch(store: str, folder: Path, *extra: str, channel: str = "cloud", wait_live: bool = True,
+           env: dict | None = None, token: str | None = None) -> Server:
+    """Start ``python -m onnxcast serve`` on a free port, its log and device folder in ``folder``.
+    ``env``: extra environment; ``token``: the bearer token the server was given (sent by the client)."""
     port = free_port()
     log = folder / f"serve-{port}.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           **(env or {})}
     command = [sys.executable, "-m", "onnxcast", "serve", "--store", store, "--model", "m", "--channel", channel,
                "--port", str(port), "--dest", str(folder / f"serve-{port}"), "--poll-interval", "0.2", *extra]
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    server = Server(process, f"http://127.0.0.1:{port}", log)
+    server = Server(process, f"http://127.0.0.1:{port}", log, token)
     if wait_live:
         deadline = time.monotonic() + 60
         while True:

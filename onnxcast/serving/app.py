@@ -7,11 +7,13 @@ document still describes them (``openapi_extra``), so clients and fuzzers see th
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import re
 import time
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import (  # module level: FastAPI resolves the handlers' annotations here
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "onnxcast"
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 JSON = "application/json"
+LIVENESS = "/v2/health/live"  # the one endpoint open without a token: probes need no secret
+TOKEN_ENV = "ONNXCAST_SERVE_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -58,16 +62,33 @@ class ServeSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     graceful_timeout: float = 30.0
     trust: Path | None = None  # trust root file; None: $ONNXCAST_TRUST or dest/trust/root.json
+    # Bearer token every endpoint but the liveness probe requires; None: no authentication,
+    # allowed on loopback only. Never printed (repr=False), never taken from the command line.
+    token: str | None = field(default=None, repr=False)
+    read_timeout: float = 10.0  # seconds a client has to send a whole request (headers and body)
+    keep_alive_timeout: float = 5.0  # idle seconds before a keep-alive connection is closed
+    max_connections: int = 1024
+    poll_timeout: float = 60.0  # seconds a channel poll may take before it is reported as stuck
 
     def __post_init__(self):
         checks = [("port", self.port, 0, 65535), ("max_batch_size", self.max_batch_size, 1, 1 << 16),
-                  ("threads", self.threads, 1, 256), ("max_request_batch", self.max_request_batch, 1, 1 << 20)]
+                  ("threads", self.threads, 1, 256), ("max_request_batch", self.max_request_batch, 1, 1 << 20),
+                  ("max_connections", self.max_connections, 1, 1 << 20)]
         for name, value, low, high in checks:
             if not low <= value <= high:
                 raise ConfigError(f"{name} must be between {low} and {high}, got {value}")
         for name in ("poll_interval", "max_delay_ms", "graceful_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("read_timeout", "keep_alive_timeout", "poll_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.token is not None and (not 0 < len(self.token) <= 4096 or not self.token.isascii()
+                                       or not self.token.isprintable() or " " in self.token):
+            raise ConfigError("the bearer token must be 1 to 4096 printable ASCII characters without spaces")
+        if self.token is None and not is_loopback(self.host):
+            raise ConfigError(f"--host {self.host} listens beyond loopback: give a bearer token with --token-file "
+                              f"PATH or ${TOKEN_ENV} (or listen on 127.0.0.1)")
         if self.min_history is not None and self.min_history < 1:
             raise ConfigError(f"min_history must be >= 1, got {self.min_history}")
         if None not in (self.min_history, self.max_history) and self.max_history < self.min_history:
@@ -100,6 +121,9 @@ class Metrics:
                                    "loaded model keeps serving)", ["model", "error"], registry=self.registry)
         self.ready = Gauge("onnxcast_serve_ready", "1 once a verified model is loaded", ["model"],
                            registry=self.registry)
+        self.closed = Counter("onnxcast_serve_connections_closed", "Connections the server closed: a request "
+                              "not received in time, or over the connection limit", ["model", "reason"],
+                              registry=self.registry)
 
     def swapped(self, old: ServedModel | None, new: ServedModel) -> None:
         if old is not None:
@@ -113,8 +137,10 @@ class Metrics:
         self.batch_requests.labels(self.model).observe(requests)
 
 
-def create_app(settings: ServeSettings, follower: ChannelFollower | None = None):
-    """The FastAPI application; ``follower`` defaults to one following ``settings``' channel."""
+def create_app(settings: ServeSettings, follower: ChannelFollower | None = None) -> ServeASGI:
+    """The ASGI application (``ServeASGI``: the token check and the infer fast path around the
+    FastAPI app, so no caller can serve the endpoints without them); ``follower`` defaults to
+    one following ``settings``' channel."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -125,7 +151,8 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
     metrics = Metrics(settings.model)
     follower = follower or ChannelFollower(
         settings.store, settings.model, settings.channel, settings.dest, interval=settings.poll_interval,
-        threads=settings.threads, on_swap=metrics.swapped, trust=settings.trust,
+        threads=settings.threads, on_swap=metrics.swapped, trust=settings.trust, timeout=settings.poll_timeout,
+        min_history=settings.min_history,
         on_poll_error=lambda error: metrics.poll_errors.labels(settings.model, error).inc())
     batcher = Batcher(lambda: follower.current, max_batch_size=settings.max_batch_size,
                       max_delay=settings.max_delay_ms / 1000, observe=metrics.batch)
@@ -150,6 +177,11 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
     async def http_error(request: Request, exc: StarletteHTTPException):  # V2 errors are {"error": ...}
         return Response(error_body(str(exc.detail)), exc.status_code, headers=exc.headers, media_type=JSON)
 
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):  # a bug: still a V2 error, never a traceback
+        return Response(error_body(f"internal error ({type(exc).__name__}); see the server log"), 500,
+                        media_type=JSON)
+
     def error(status: int, message: str, version: str | None = None) -> Response:
         headers = {"x-model-version": version} if version else None
         return Response(error_body(message), status, headers=headers, media_type=JSON)
@@ -158,9 +190,8 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
         if name != settings.model:
             return error(404, f"unknown model {name!r}; this server serves {settings.model!r}")
         model = follower.current
-        if model is None:
-            return error(503, f"model {name!r} is not ready: no verified version loaded yet"
-                              + (f" ({follower.last_error})" if follower.last_error else ""))
+        if model is None:  # why is in the log and poll_errors_total: its message names local paths
+            return error(503, f"model {name!r} is not ready: no verified version loaded yet (see the server log)")
         if version is not None and version != model.version:
             return error(404, f"version {version!r} of {name!r} is not served; serving {model.version!r}",
                          model.version)
@@ -203,8 +234,7 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
                            read_body) -> tuple[int, dict[str, str], bytes]:
         """One inference request: (status, headers, body). ``headers`` have lower-case names."""
         started = time.perf_counter()
-        batcher.arriving += 1  # the batcher waits (up to its delay bound) for requests on their way
-        arriving = True
+        model = None
         try:
             model = served(name, version)
             if isinstance(model, Response):
@@ -217,8 +247,6 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
                                        "limit", 413)
                 body = await read_body()
                 decoded = decode_request(body, headers.get(HEADER_LENGTH), _limits_of(model, settings))
-                batcher.arriving -= 1
-                arriving = False
                 forecast, answered_by = await batcher.submit(decoded.history)
                 payload, extra = encode_response(name, answered_by, decoded.id, forecast, decoded.binary_output)
                 extra["content-type"] = "application/octet-stream" if decoded.binary_output else JSON
@@ -227,9 +255,11 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
             status, extra, payload = exc.status, {"x-model-version": model.version}, error_body(str(exc))
         except NotReadyError as exc:
             status, extra, payload = 503, {}, error_body(str(exc))
-        finally:
-            if arriving:
-                batcher.arriving -= 1
+        except Exception as exc:  # a bug or an ONNX Runtime failure: a V2 500, counted; the trace in the log
+            log.exception("inference request failed")
+            version = {"x-model-version": model.version} if isinstance(model, ServedModel) else {}
+            status, extra = 500, version
+            payload = error_body(f"internal error ({type(exc).__name__}); see the server log")
         extra.setdefault("content-type", JSON)
         metrics.requests.labels(settings.model, extra.get("x-model-version", ""), str(status)).inc()
         if status == 200:
@@ -240,7 +270,21 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
         status, headers, payload = await handle_infer(name, version, dict(request.headers), request.body)
         return Response(payload, status, headers=headers)
 
+    def unauthorized(headers: dict[str, str]) -> tuple[int, dict[str, str], bytes] | None:
+        """None when the request may go on; else the 401 to answer (compared in constant time)."""
+        if settings.token is None:
+            return None
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), settings.token.encode()):
+            return None
+        if scheme:
+            challenge, message = 'Bearer realm="onnxcast", error="invalid_token"', "the bearer token is not valid"
+        else:
+            challenge, message = 'Bearer realm="onnxcast"', "authentication required: send Authorization: Bearer <token>"
+        return 401, {"www-authenticate": challenge, "content-type": JSON}, error_body(message)
+
     app.state.handle_infer, app.state.max_body_bytes = handle_infer, settings.max_body_bytes
+    app.state.unauthorized = unauthorized
     app.get("/v2/models/{name}", **openapi.MODEL_METADATA)(model_metadata)
     app.get("/v2/models/{name}/versions/{version}", **openapi.MODEL_METADATA)(model_metadata)
     app.get("/v2/models/{name}/ready", **openapi.MODEL_READY)(model_ready)
@@ -252,12 +296,14 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return ServeASGI(app)
 
 
 def serve(settings: ServeSettings) -> None:
     """Run the service until SIGINT/SIGTERM; then stop accepting, answer what is in flight, exit."""
     import uvicorn
+
+    from onnxcast.serving.connections import guarded_protocol
 
     class Server(uvicorn.Server):
         @contextmanager
@@ -268,29 +314,47 @@ def serve(settings: ServeSettings) -> None:
                 # drain is a clean exit for the service, so it ends with 0.
                 self._captured_signals.clear()
 
-    app = FastInferPath(create_app(settings))
+    app = create_app(settings)
+    metrics = app.metrics
+    protocol = guarded_protocol(read_timeout=settings.read_timeout, max_connections=settings.max_connections,
+                                on_close=lambda reason: metrics.closed.labels(settings.model, reason).inc())
+    # limit_concurrency is uvicorn's own bound on connections + tasks (a plain-text 503); the
+    # guard above refuses connections first, so this only catches tasks outliving theirs.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=settings.graceful_timeout,
-                            loop="auto", http="auto", lifespan="on")
+                            timeout_keep_alive=settings.keep_alive_timeout,
+                            limit_concurrency=settings.max_connections + 1,
+                            loop="auto", http=protocol, lifespan="on")
     Server(config).run()
 
 
-class FastInferPath:
-    """ASGI wrapper: ``POST /v2/models/{name}[/versions/{v}]/infer`` goes straight to the
-    handler, everything else (and the OpenAPI description of infer) to FastAPI. Skipping
-    routing, the Request/Response objects and the middleware stack saves about a third of
-    the service's CPU time per small request (docs/serving.md)."""
+class ServeASGI:
+    """ASGI wrapper around the FastAPI app: the bearer-token check for every endpoint but
+    the liveness probe, and the fast path:
+    ``POST /v2/models/{name}[/versions/{v}]/infer`` goes straight to the handler, everything
+    else (and the OpenAPI description of infer) to FastAPI. Skipping routing, the
+    Request/Response objects and the middleware stack saves about a third of the service's
+    CPU time per small request (docs/serving.md)."""
 
     def __init__(self, app):
         self.app = app
         self.handle = app.state.handle_infer
+        self.unauthorized = app.state.unauthorized
+        self.metrics: Metrics = app.state.metrics
         self.max_body_bytes = app.state.max_body_bytes
 
     async def __call__(self, scope, receive, send):
-        match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if match is None:
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        match = INFER_PATH.fullmatch(scope["path"]) if scope["method"] == "POST" else None
+        refused = None if scope["path"] == LIVENESS else self.unauthorized(headers)
+        if refused is not None:
+            if match is not None:  # every inference answer is counted, refused ones included
+                self.metrics.requests.labels(self.metrics.model, "", "401").inc()
+            return await _respond(send, *refused)
+        if match is None:
+            return await self.app(scope, receive, send)
 
         async def read_body() -> bytes:
             chunks, more, size = [], True, 0
@@ -305,15 +369,29 @@ class FastInferPath:
                 more = message.get("more_body", False)
             return b"".join(chunks)
 
-        status, extra, payload = await self.handle(match["name"], match["version"], headers, read_body)
-        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [*raw, (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
+        await _respond(send, *await self.handle(match["name"], match["version"], headers, read_body))
+
+
+async def _respond(send, status: int, extra: dict[str, str], payload: bytes) -> None:
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*raw, (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1): nobody else can connect."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another name: it may resolve to any interface
 
 
 def _limits_of(model: ServedModel, settings: ServeSettings) -> Limits:
-    low = settings.min_history or model.lookback
+    # --min-history never goes below what the version takes (load_installed logged it once)
+    low = max(settings.min_history or model.lookback, model.min_history)
     high = settings.max_history or max(low, model.lookback)
     return Limits(model.n_features, low, high, settings.max_request_batch)
 

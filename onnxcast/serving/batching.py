@@ -1,9 +1,13 @@
 """Adaptive batching: concurrent requests become one ONNX Runtime call.
 
-Requests wait in a queue. The batcher takes the first one and, while other requests are
-already on their way (being read or decoded) and the batch is below ``max_batch_size``
-histories, waits for more up to ``max_delay`` seconds; a lone client is never delayed.
-Requests with different history lengths go to different calls (one tensor per call).
+Requests wait in a queue once their body is read and decoded: a batch is formed only from
+such fully-parsed requests, never held for a body still in flight (one client that sent
+headers and half a body used to add the whole ``max_delay`` to every other request). The
+batcher takes the first one and, while the queue keeps growing (requests whose bodies were
+already received are being decoded on the event loop) and the batch is below
+``max_batch_size`` histories, lets them queue, up to ``max_delay`` seconds after the first;
+a lone client is never delayed. Requests with different history lengths go to different
+calls (one tensor per call).
 While a batch runs in the inference thread, the next one fills up, so batches grow with
 load. Every request in a batch is answered by the same model version.
 """
@@ -47,7 +51,6 @@ class Batcher:
         self._wakeup: asyncio.Event | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
         self._task: asyncio.Task | None = None
-        self.arriving = 0  # requests received and not yet queued: worth waiting for
 
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
@@ -81,15 +84,11 @@ class Batcher:
                 await self._wakeup.wait()
             first = self._queue[0]
             deadline = first.enqueued + self.max_delay
-            while self._rows(first.history.shape[1]) < self.max_batch_size and self.arriving > 0:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                self._wakeup.clear()
-                try:
-                    await asyncio.wait_for(self._wakeup.wait(), left)
-                except TimeoutError:
-                    break
+            while self._rows(first.history.shape[1]) < self.max_batch_size and time.perf_counter() < deadline:
+                queued = len(self._queue)
+                await asyncio.sleep(0)  # requests whose bodies are in already get decoded and queued
+                if len(self._queue) == queued:
+                    break  # nobody else is ready: do not wait for bodies still on the wire
             batch = self._take(first.history.shape[1])
             model = self._model()
             loop = asyncio.get_running_loop()
@@ -98,7 +97,7 @@ class Batcher:
                     raise NotReadyError("no verified model is loaded yet")
                 histories = [p.history for p in batch]
                 stacked = histories[0] if len(histories) == 1 else np.concatenate(histories)
-                if len(stacked) <= INLINE_ROWS and not self._queue and self.arriving == 0:
+                if len(stacked) <= INLINE_ROWS and not self._queue:
                     forecast = model.run(stacked)  # alone: handing over to a thread costs more than it saves
                 else:
                     forecast = await loop.run_in_executor(self._executor, model.run, stacked)

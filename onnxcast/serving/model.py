@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +41,31 @@ class ServedModel:
     n_features: int
     columns: tuple[str, ...]
     metadata: dict[str, str] = field(default_factory=dict)
+    min_history: int = 0  # shortest history this version answers (its metadata); 0: its lookback
+
+    def __post_init__(self):
+        if not self.min_history:
+            object.__setattr__(self, "min_history", self.lookback)
 
     def run(self, history: np.ndarray) -> np.ndarray:
         return self.session.run([OUTPUT_NAME], {INPUT_NAME: history})[0]
 
 
-def load_installed(model_dir: Path, name: str, threads: int = 1) -> ServedModel:
-    """Load ``model_dir/current`` (as ``edge pull`` installed it; sha256 re-checked) and warm it up."""
+def load_installed(model_dir: Path, name: str, threads: int = 1, min_history: int | None = None) -> ServedModel:
+    """Load ``model_dir/current`` (as ``edge pull`` installed it; sha256 re-checked) and warm it up.
+
+    ``min_history`` (the ``--min-history`` setting) below what the model takes is raised to
+    it, in one log line: ``ServedModel.min_history`` is the shortest history it answers."""
+    try:
+        return _load(model_dir, name, threads, min_history)
+    except OnnxcastError:
+        raise
+    except Exception as exc:  # ORT's own errors: the file cannot be served, say so in one line
+        raise VerificationError(f"{name}: the installed model cannot run in ONNX Runtime "
+                                f"({type(exc).__name__}: {_first_line(exc)})") from None
+
+
+def _load(model_dir: Path, name: str, threads: int, min_history: int | None) -> ServedModel:
     import onnxruntime as ort
 
     path = installed_model(model_dir).resolve()  # resolved: a later pull may move 'current'
@@ -72,24 +90,63 @@ def load_installed(model_dir: Path, name: str, threads: int = 1) -> ServedModel:
         out = model.run(np.zeros((batch, lookback, len(columns)), np.float32))
         if out.shape != (batch, horizon):
             raise VerificationError(f"{path}: forecast shape {out.shape}, expected {(batch, horizon)}")
-    return model
+    shortest = model_min_history(meta, lookback, path)
+    if shortest < lookback:  # declared: check it runs there before any request relies on it
+        out = model.run(np.repeat(np.linspace(0, 1, shortest, dtype=np.float32)[None, :, None], len(columns), 2))
+        if out.shape != (1, horizon) or not np.isfinite(out).all():
+            raise VerificationError(f"{path}: no finite forecast at its onnxcast.min_history of {shortest} steps")
+    if min_history is not None and min_history < shortest:
+        log.warning("model %s version %s takes histories of at least %d steps: --min-history %d is raised to %d "
+                    "for this version (shorter histories get a 400)", name, model.version, shortest, min_history,
+                    shortest)
+    return replace(model, min_history=shortest)
+
+
+def model_min_history(meta: dict[str, str], lookback: int, path: Path) -> int:
+    """The shortest history a model takes: its ``onnxcast.min_history`` metadata, else its lookback.
+
+    The contract is any history of at least ``lookback`` steps (docs/architecture.md;
+    validation checks parity only there and above). Shorter ones are outside it: a window
+    model reads exactly its lookback, the LSTM's seasonal anchor wraps around below one
+    season (wrong numbers) and fails in ONNX Runtime below that (it was a 500)."""
+    declared = meta.get("min_history")
+    if declared is None:
+        return lookback
+    if not declared.isdigit() or not 1 <= int(declared) <= lookback:
+        raise VerificationError(f"{path}: onnxcast.min_history {declared[:20]!r} is not between 1 and the lookback "
+                                f"{lookback}")
+    return int(declared)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
 
 
 class ChannelFollower:
     """Keeps ``current`` at the channel's verified model: polls every ``interval`` seconds in a
-    daemon thread. A poll that fails or is refused keeps serving what was loaded."""
+    daemon thread. A poll that fails or is refused keeps serving what was loaded.
+
+    Each poll runs in a thread of its own that the follower waits on for ``timeout`` seconds:
+    a store read that never returns (a FIFO in a local store blocked ``open`` forever; an S3
+    endpoint that accepts and never answers) is reported instead of freezing the version
+    silently. Every failed, refused, crashed or overdue poll is one log line and one
+    ``on_poll_error(reason)`` call (``reason``: the error's class name, or ``PollTimeout``)."""
 
     def __init__(self, store_uri: str, name: str, channel: str, dest: Path, *, interval: float = 10.0,
                  threads: int = 1, on_swap: Callable[[ServedModel | None, ServedModel], None] | None = None,
-                 on_poll_error: Callable[[str], None] | None = None, trust: str | Path | None = None):
+                 on_poll_error: Callable[[str], None] | None = None, trust: str | Path | None = None,
+                 timeout: float = 60.0, min_history: int | None = None):
         self.store_uri, self.name, self.channel, self.dest = store_uri, name, channel, Path(dest)
         self.trust = trust  # None: $ONNXCAST_TRUST, else the root installed in dest/trust
-        self.interval, self.threads = interval, threads
+        self.interval, self.threads, self.timeout, self.min_history = interval, threads, timeout, min_history
         self.current: ServedModel | None = None
         self.last_error: str | None = None
         self._on_swap, self._on_poll_error = on_swap, on_poll_error
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._polling: threading.Thread | None = None  # the poll in progress, if any
+        self._poll_started = self._stuck_logged = 0.0
 
     def poll(self) -> bool:
         """Pull once and swap if the installed version changed; True when it swapped."""
@@ -97,11 +154,7 @@ class ChannelFollower:
             pull(self.store_uri, self.name, self.channel, self.dest, trust=self.trust)
             self.last_error = None
         except OnnxcastError as exc:  # refused or unreachable: keep what is installed and loaded
-            self.last_error = str(exc)
-            log.warning("channel %s of %s: %s; keeping %s", self.channel, self.name, exc,
-                        self.current.version if self.current else "no model")
-            if self._on_poll_error:
-                self._on_poll_error(type(exc).__name__)
+            self._failed(type(exc).__name__, str(exc))
         try:
             info = json.loads((self.dest / "current" / PULLED).read_text())
         except (OSError, ValueError):
@@ -110,10 +163,9 @@ class ChannelFollower:
         if current is not None and (current.version, current.sha256) == (info.get("version"), info.get("sha256")):
             return False
         try:
-            loaded = load_installed(self.dest, self.name, self.threads)
+            loaded = load_installed(self.dest, self.name, self.threads, self.min_history)
         except OnnxcastError as exc:
-            self.last_error = str(exc)
-            log.error("cannot load the installed model: %s; keeping %s", exc, current.version if current else "none")
+            self._failed(type(exc).__name__, f"cannot load the installed model: {exc}")
             return False
         self.current = loaded  # the swap: one reference assignment; batches in flight keep theirs
         log.info("serving %s version %s (was %s)", self.name, loaded.version, current.version if current else "none")
@@ -130,13 +182,46 @@ class ChannelFollower:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def poll_with_timeout(self) -> None:
+        """One poll in its own thread, waited on for ``timeout`` seconds; never raises."""
+        if self._polling is not None and self._polling.is_alive():
+            # Never a second poll next to a stuck one: it would wait on the same device lock.
+            # Each skipped poll is counted; the log says so once per timeout, not every interval.
+            stuck = time.monotonic() - self._poll_started
+            self._failed("PollTimeout", f"the poll started {stuck:.0f} s ago has not returned (the store does not "
+                                        "answer)", quiet=stuck < self._stuck_logged + self.timeout)
+            if stuck >= self._stuck_logged + self.timeout:
+                self._stuck_logged = stuck
+            return
+        self._stuck_logged = 0.0
+        self._poll_started = time.monotonic()
+        self._polling = threading.Thread(target=self._guarded_poll, name="channel-poll", daemon=True)
+        self._polling.start()
+        self._polling.join(self.timeout)
+        if self._polling.is_alive():
+            self._failed("PollTimeout", f"the channel poll did not return within {self.timeout:g} s "
+                                        "(the store does not answer)")
+            self._stuck_logged = self.timeout
+
+    def _guarded_poll(self) -> None:
+        try:
+            self.poll()
+        except Exception as exc:  # a bug or an untyped error: one line, counted; the loop goes on
+            self._failed(type(exc).__name__, f"poll failed ({type(exc).__name__}: {_first_line(exc)})")
+            log.debug("poll failure", exc_info=True)
+
+    def _failed(self, reason: str, message: str, quiet: bool = False) -> None:
+        self.last_error = message
+        if not quiet:
+            log.warning("channel %s of %s: %s; keeping %s", self.channel, self.name, message,
+                        f"version {self.current.version}" if self.current else "no model")
+        if self._on_poll_error:
+            self._on_poll_error(reason)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            try:
-                self.poll()
-            except Exception:  # a bug must not kill the follower and freeze the version silently
-                log.exception("channel poll crashed; retrying in %.1f s", self.interval)
+            self.poll_with_timeout()
             # Until a first model is loaded, retry at least every second: readiness waits on it.
             interval = self.interval if self.current is not None else min(self.interval, 1.0)
             self._stop.wait(max(0.0, interval - (time.monotonic() - started)))

@@ -50,6 +50,12 @@ _VERSION_HEADER = {"x-model-version": {"description": "the model version that an
                                        "schema": {"type": "string"}}}
 
 
+# Answered by every endpoint but the liveness probe when the server has a bearer token, and
+# by any endpoint on a bug: both are V2 errors.
+_GUARDED = {401: _error("no or wrong 'Authorization: Bearer <token>' (the server was given a token)"),
+            500: _error("internal error; the server log has the details")}
+
+
 def _json(description: str, schema: dict, headers: dict | None = None) -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}},
             **({"headers": headers} if headers else {})}
@@ -59,7 +65,7 @@ def health(kind: str) -> dict:
     ok = {"type": "object", "required": [kind], "properties": {kind: {"type": "boolean"}}}
     responses = {200: _json(f"server is {kind}", ok)}
     if kind == "ready":
-        responses[503] = _json("no verified model loaded yet", ok)
+        responses.update({503: _json("no verified model loaded yet", ok), **_GUARDED})
     return {"summary": f"Server {kind}ness (V2)", "responses": responses, "tags": ["health"]}
 
 
@@ -68,17 +74,18 @@ SERVER_METADATA = {"summary": "Server metadata (V2)", "tags": ["metadata"], "res
                                                "properties": {"name": {"type": "string"},
                                                               "version": {"type": "string"},
                                                               "extensions": {"type": "array",
-                                                                             "items": {"type": "string"}}}})}}
+                                                                             "items": {"type": "string"}}}}),
+    **_GUARDED}}
 MODEL_METADATA = {"summary": "Model metadata (V2)", "tags": ["metadata"], "responses": {
     200: _json("the served version's tensors and limits", _MODEL_METADATA, _VERSION_HEADER),
     404: _error("unknown model, or a version that is not the one served"),
-    503: _error("no verified model loaded yet")}}
+    503: _error("no verified model loaded yet"), **_GUARDED}}
 MODEL_READY = {"summary": "Model readiness (V2)", "tags": ["health"], "responses": {
     200: _json("model ready", {"type": "object", "required": ["name", "ready"],
                                "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}},
                _VERSION_HEADER),
     404: _error("unknown model, or a version that is not the one served"),
-    503: _error("no verified model loaded yet")}}
+    503: _error("no verified model loaded yet"), **_GUARDED}}
 INFER = {"summary": "Inference (V2)", "tags": ["inference"],
          "openapi_extra": {"requestBody": {"required": True, "content": {
              "application/json": {"schema": INFER_REQUEST},
@@ -92,7 +99,9 @@ INFER = {"summary": "Inference (V2)", "tags": ["inference"],
                        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
              400: _error("the request does not fit the model: shape, datatype, non-finite values, history length"),
              404: _error("unknown model, or a version that is not the one served"),
+             408: _error("the request was not received within the server's read timeout"),
              413: _error("too many histories in one request, or body too large"),
-             503: _error("no verified model loaded yet")}}
+             503: _error("no verified model loaded yet"), **_GUARDED}}
 METRICS = {"summary": "Prometheus metrics", "tags": ["operations"], "responses": {
-    200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}}}
+    200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **_GUARDED}}

@@ -16,6 +16,8 @@ import orjson
 
 from onnxcast.contract import INPUT_NAME, OUTPUT_NAME
 
+TOO_DEEP = "request body is nested too deep (a V2 request nests 4 levels)"
+
 HEADER_LENGTH = "inference-header-content-length"
 DATATYPES = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16}  # history must be float
 
@@ -58,9 +60,15 @@ def decode_request(body: bytes, header_length: str | None, limits: Limits) -> In
         body, binary = body[:size], body[size:]
     try:
         request = orjson.loads(body)  # ~6x faster than json for a history of floats
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        # Past orjson's 1,024 levels the stdlib fallback below recursed into a RecursionError
+        # (a 500): refuse the depth here, and catch it there for input orjson stopped on earlier.
+        if str(exc).startswith("depth limit"):
+            raise RequestError(TOO_DEEP) from None
         try:  # NaN and Infinity are not JSON, but Python clients send them: say which value
             request = json.loads(body)
+        except RecursionError:
+            raise RequestError(TOO_DEEP) from None
         except (ValueError, UnicodeDecodeError):
             raise RequestError("request body is not valid JSON") from None
     if not isinstance(request, dict):
@@ -142,7 +150,8 @@ def _check_history(history: np.ndarray, limits: Limits) -> None:
                            "(target first, then the features in the model's order)")
     if not limits.min_history <= steps <= limits.max_history:
         want = str(limits.min_history) if limits.min_history == limits.max_history \
-            else f"{limits.min_history} to {limits.max_history}"
+            else f"{limits.min_history} to {limits.max_history}" if limits.min_history < limits.max_history \
+            else f"at least {limits.min_history}, above the server's --max-history of {limits.max_history}"
         raise RequestError(f"{INPUT_NAME}: history of {steps} step(s); this model takes {want}")
     if batch < 1:
         raise RequestError(f"{INPUT_NAME}: batch is 0; send at least one history")

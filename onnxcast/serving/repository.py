@@ -18,12 +18,14 @@ folder cannot collide with a model's.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from dataclasses import asdict, dataclass
 
 from onnxcast.errors import ConflictError, StoreError, VerificationError
 from onnxcast.store import RolloutStore, S3Store, check_name, open_store
 
+log = logging.getLogger(__name__)
 REPOSITORY = "_model_repository"
 PUBLISHED_CHANNELS = ("cloud",)  # promote/rollback publish these; 'edge' devices pull instead
 
@@ -54,7 +56,9 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
         raise StoreError(f"{store.url(store.channel_key(model, channel))}: no such channel for model {model!r}")
     number = max(1, len(pointer.value.get("history", [])))
     settings = asdict(store.settings) if isinstance(store, S3Store) else {}
-    with tempfile.TemporaryDirectory(prefix="onnxcast-repository-") as device:
+    # The pull verifies into a scratch device folder removed at the end: its name says so,
+    # since the pull logs where it "installed" the model (it was read as the repository's place).
+    with tempfile.TemporaryDirectory(prefix="onnxcast-temporary-verify-") as device:
         pulled = pull(store.uri, model, channel, device, trust=trust, **settings)
         if pulled.version != pointer.value.get("version"):
             raise ConflictError(f"{store.url(store.channel_key(model, channel))} moved while publishing the model "
@@ -75,6 +79,8 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
     index[str(number)] = {"version": pulled.version, "sha256": pointer.value.get("sha256"),
                           "artifact": pointer.value.get("artifact"), "at": pointer.value.get("updated_at")}
     store.put(index_key, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+    log.info("model repository: %s version %s (channel %s) is Triton version %d at %s", model, pulled.version,
+             channel, number, store.url(base))
     return RepositoryResult(model, channel, pulled.version, number, changed, store.url(base))
 
 

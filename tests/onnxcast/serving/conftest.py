@@ -15,8 +15,9 @@ def start_server(tmp_path):
     """Factory: start ``onnxcast serve`` on a free port; every server is stopped at teardown."""
     started: list[Server] = []
 
-    def start(store: str, *extra: str, channel: str = "cloud", wait_live: bool = True) -> Server:
-        started.append(launch(store, tmp_path, *extra, channel=channel, wait_live=wait_live))
+    def start(store: str, *extra: str, channel: str = "cloud", wait_live: bool = True, env: dict | None = None,
+              token: str | None = None) -> Server:
+        started.append(launch(store, tmp_path, *extra, channel=channel, wait_live=wait_live, env=env, token=token))
         return started[-1]
 
     yield start

@@ -108,3 +108,49 @@ class TestBatcher:
             return elapsed
 
         assert asyncio.run(scenario()) < 1.0  # nothing else on its way: no 5 s wait
+
+
+class TestFollowerTimeout:
+    """The channel follower's poll thread and timeout, with a pull that blocks until released
+    (as an ``open()`` on a FIFO did): the over-the-wire version is in test_serve_hardening.py."""
+
+    def test_a_stuck_poll_is_counted_never_doubled_and_the_next_one_runs_once_it_returns(self, tmp_path,
+                                                                                            monkeypatch, caplog):
+        import threading
+
+        from onnxcast.serving import model as served_model
+
+        release, calls, errors = threading.Event(), [], []
+
+        def stuck_pull(*args, **kwargs):
+            calls.append(time.monotonic())
+            release.wait(30)
+
+        monkeypatch.setattr(served_model, "pull", stuck_pull)
+        follower = served_model.ChannelFollower("unused", "m", "cloud", tmp_path, timeout=0.2,
+                                                on_poll_error=errors.append)
+        follower.poll_with_timeout()
+        assert (len(calls), errors) == (1, ["PollTimeout"])
+        assert "did not return within 0.2 s" in follower.last_error
+        follower.poll_with_timeout()  # the first is still stuck: no second pull beside it
+        assert (len(calls), errors) == (1, ["PollTimeout", "PollTimeout"])
+        release.set()
+        follower._polling.join(5)
+        follower.poll_with_timeout()
+        assert len(calls) == 2 and len(errors) == 2  # a poll that returns in time is no error
+        assert sum("did not return" in r.getMessage() for r in caplog.records) == 1
+
+    def test_an_untyped_poll_error_is_one_counted_line(self, tmp_path, monkeypatch, caplog):
+        from onnxcast.serving import model as served_model
+
+        def deep(*args, **kwargs):
+            return json.loads(b"[" * 100_000)
+
+        monkeypatch.setattr(served_model, "pull", deep)
+        errors = []
+        follower = served_model.ChannelFollower("unused", "m", "cloud", tmp_path, on_poll_error=errors.append)
+        follower.poll_with_timeout()
+        assert errors == ["RecursionError"]
+        warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and warnings[0].exc_info is None
+        assert "poll failed (RecursionError: maximum recursion depth exceeded" in warnings[0].getMessage()

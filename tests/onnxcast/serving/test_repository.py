@@ -61,3 +61,26 @@ def test_published_model_runs_with_onnxruntime_at_tritons_batch_sizes(tmp_path, 
                                    providers=["CPUExecutionProvider"])
     for batch in (1, 64):
         assert session.run(["forecast"], {"history": np.ones((batch, 16, 2), np.float32)})[0].shape == (batch, 4)
+
+
+def test_promote_names_the_repository_and_calls_the_verify_folder_temporary(tmp_path, make_run):
+    """The pull that verifies the bytes before publishing logs where it installed them: a
+    scratch folder, removed at once, which read as the Triton repository's location."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from serve_support import REPO
+
+    store = tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "onnxcast", "promote", "--report", str(make_run("a")), "--store",
+                           str(store), "--model", "m", "--channel", "cloud", "--version", "1"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"model repository: m version 1 (channel cloud) is Triton version 1 at {store}/_model_repository/cloud/m" \
+        in done.stderr
+    scratch = re.findall(r"(/\S*onnxcast-\S*?)(?:/|\s)", done.stderr)
+    assert scratch and all("temporary" in folder for folder in scratch), done.stderr
+    assert not any(os.path.exists(folder) for folder in scratch)  # removed once published
