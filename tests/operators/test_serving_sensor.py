@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
@@ -67,7 +68,8 @@ class TestServingReadySensor:
             sensor.execute(make_context())
         trigger = deferred.value.trigger
         assert trigger.serialize() == ("onnxcast.airflow.serving.ServingReadyTrigger", {
-            "service_url": service.url, "model_name": "m", "version": "2", "poll_interval": 0.2, "timeout": 60})
+            "service_url": service.url, "model_name": "m", "version": "2", "poll_interval": 0.2, "timeout": 60,
+            "serving_conn_id": "onnxcast_serve"})
         promote(make_run("b"), str(tmp_path / "store"), "m", "cloud", version="2")
         (event,) = _events(ServingReadyTrigger(**trigger.serialize()[1]))
         assert event["status"] == "serving" and event["version"] == "2"
@@ -80,3 +82,42 @@ class TestServingReadySensor:
         sensor = ServingReadySensor(task_id="t", service_url=service.url, model_name="m", version="9", timeout=0.3)
         with pytest.raises(AirflowFailException, match="did not serve m version 9 within 0.3 s"):
             sensor.execute_complete(make_context(), event)
+
+
+@pytest.fixture
+def service_with_token(tmp_path, make_run):
+    """``onnxcast serve`` with a bearer token (as it must have beyond loopback), version 1."""
+    store = str(tmp_path / "store")
+    promote(make_run("a"), store, "m", "cloud", version="1")
+    token = "sensor-test-token-5f0c"
+    server = launch(store, tmp_path, env={"ONNXCAST_SERVE_TOKEN": token}, token=token)
+    server.wait_ready("1")
+    yield server
+    kill(server)
+
+
+class TestServingWithAToken:
+    """The sensor and its trigger send the token of the ``onnxcast_serve`` connection; without
+    it the service answers 401 and the wait says so."""
+
+    def test_the_sensor_uses_the_connections_token(self, service_with_token, monkeypatch):
+        monkeypatch.setenv("AIRFLOW_CONN_ONNXCAST_SERVE", json.dumps(
+            {"conn_type": "http", "password": service_with_token.token}))
+        sensor = ServingReadySensor(task_id="t", service_url=service_with_token.url, model_name="m", version="1",
+                                    channels={"cloud": "moved"})
+        assert sensor.execute(make_context()) == "1"
+
+    def test_the_trigger_resolves_the_connection_itself(self, service_with_token, monkeypatch):
+        monkeypatch.setenv("AIRFLOW_CONN_ONNXCAST_SERVE", json.dumps(
+            {"conn_type": "http", "password": service_with_token.token}))
+        trigger = ServingReadyTrigger(service_url=service_with_token.url, model_name="m", version="1",
+                                      poll_interval=0.1, timeout=5, serving_conn_id="onnxcast_serve")
+        assert service_with_token.token not in json.dumps(trigger.serialize())
+        (event,) = _events(trigger)
+        assert event["status"] == "serving"
+
+    def test_without_the_connection_the_wait_reports_401(self, service_with_token, monkeypatch):
+        monkeypatch.delenv("AIRFLOW_CONN_ONNXCAST_SERVE", raising=False)
+        (event,) = _events(ServingReadyTrigger(service_url=service_with_token.url, model_name="m", version="1",
+                                               poll_interval=0.1, timeout=0.3, serving_conn_id="onnxcast_serve"))
+        assert event["status"] == "timeout" and "HTTP 401" in event["detail"]
