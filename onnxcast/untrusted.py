@@ -79,7 +79,10 @@ def read_regular_file(path: str | Path, *, what: str, limit: int = MAX_METADATA_
                 f"{what} {str(path)!r} is {info.st_size:,} bytes, over the limit of {limit:,}")
         chunks, total = [], 0
         while total <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            try:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            except OSError as error:  # /proc/self/mem and other "regular" files that refuse reads
+                raise UntrustedInputError(f"{what} {str(path)!r} cannot be read: {error.strerror}") from None
             if not chunk:
                 break
             chunks.append(chunk)
@@ -105,10 +108,18 @@ def loads_json(data: bytes | str, *, what: str, limit: int = MAX_METADATA_BYTES,
     if data.count(b"[") + data.count(b"{") > max_depth and json_depth(data) > max_depth:
         raise UntrustedInputError(f"{what} is nested deeper than {max_depth} levels")
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        position = f" at byte {error.pos}" if isinstance(error, json.JSONDecodeError) else ""
-        raise UntrustedInputError(f"{what} is not valid JSON{position}") from None
+        value = json.loads(data, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant,
+                           parse_int=_bounded_int, parse_float=_finite_float)
+    except json.JSONDecodeError as error:
+        raise UntrustedInputError(f"{what} is not valid JSON at byte {error.pos}") from None
+    except UntrustedInputError as error:
+        raise UntrustedInputError(f"{what} {error}") from None
+    except (UnicodeDecodeError, ValueError):
+        raise UntrustedInputError(f"{what} is not valid JSON (not UTF-8, or a value out of range)") from None
+    if _has_lone_surrogate(value):
+        # "\ud800" parses, then fails wherever the text is encoded again (canonical signing bytes)
+        raise UntrustedInputError(f"{what} holds an escaped lone surrogate, which is not text")
+    return value
 
 
 def read_json_file(path: str | Path, *, what: str, limit: int = MAX_METADATA_BYTES,
@@ -116,6 +127,53 @@ def read_json_file(path: str | Path, *, what: str, limit: int = MAX_METADATA_BYT
     """``loads_json`` of ``read_regular_file``: a metadata file from a folder or a store."""
     data = read_regular_file(path, what=what, limit=limit, follow_symlinks=follow_symlinks, dir_fd=dir_fd)
     return loads_json(data, what=f"{what} {str(path)!r}", limit=limit)
+
+
+# Counters, sizes and versions fit in 20 digits; Python refuses past 4,300 with a bare ValueError.
+MAX_INT_DIGITS = 40
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise UntrustedInputError(f"has the key {quote(duplicate)} twice")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise UntrustedInputError(f"holds {name}, which JSON does not allow")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise UntrustedInputError(f"holds an integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise UntrustedInputError(f"holds a number out of range ({quote(text, 24)})")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def json_depth(data: bytes) -> int:

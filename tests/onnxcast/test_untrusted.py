@@ -91,3 +91,29 @@ def test_invalid_json_is_named_without_quoting_it():
 def test_quote_caps_long_values():
     assert quote("a" * 10) == repr("a" * 10)
     assert len(quote("a" * 1000)) == 60
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    (b'{"version": ' + b"9" * 5000 + b"}", "integer of 5000 digits"),
+    (b'{"counter": ' + b"9" * 4300 + b"}", "integer of 4300 digits"),
+    (b'{"version": "\\ud800"}', "lone surrogate"),
+    (b'{"signed": {}, "signed": {"version": "1"}}', "key 'signed' twice"),
+    (b'{"expires": NaN}', "holds NaN"),
+    (b'{"expires": Infinity}', "holds Infinity"),
+    (b'{"size": 1e999}', "out of range"),
+])
+def test_json_that_python_parses_but_no_writer_makes_is_refused_in_one_line(document, message):
+    with pytest.raises(UntrustedInputError, match=message) as caught:
+        loads_json(document, what="channel pointer")
+    assert str(caught.value).startswith("channel pointer ") and "\n" not in str(caught.value)
+
+
+def test_a_regular_file_that_refuses_reads_is_one_line():
+    with pytest.raises(UntrustedInputError, match="cannot be read"):
+        read_regular_file("/proc/self/mem", what="trust root")
+
+
+def test_a_proc_file_that_never_ends_is_refused_in_one_line():
+    # pagemap claims size 0 and would give gigabytes: cut at the limit, or refused as unreadable
+    with pytest.raises(UntrustedInputError, match="over the limit|cannot be read"):
+        read_regular_file("/proc/self/pagemap", what="input", limit=1 << 20)
