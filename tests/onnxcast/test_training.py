@@ -142,8 +142,8 @@ def test_a_model_that_cannot_beat_its_anchor_says_so():
 def test_patience_counts_from_the_best_trained_epoch_not_from_the_anchor():
     """Issue 18: patience counted from epoch 0 (the untrained anchor) stopped the Transformer at
     epoch 5 while its validation loss was still falling, all of it above the anchor's."""
-    # a high rate: the first epochs are worse than the anchor, and then training recovers
-    _, result = fit(family="transformer", max_epochs=8, patience=2, learning_rate=0.2)
+    # the first two epochs are worse than the anchor, and then training improves on it
+    _, result = fit(family="transformer", max_epochs=8, patience=2, learning_rate=0.03)
     losses = [h["validation_loss"] for h in result.history]
     assert losses[0] > result.initial_validation_loss and losses[1] > result.initial_validation_loss
     assert result.epochs > 2  # counted from epoch 0, patience 2 stopped here, at the anchor
