@@ -117,7 +117,12 @@ def summarize(dataset: Dataset, report: dict, status: str, seconds: float) -> di
     families = []
     for m in report["models"]:
         mae = m["fp32_holdout_mae"]
+        trained = (m.get("training") or {}).get("training") or {}
         families.append({"family": m["family"], "mae": mae, "mae_ci95": _fp32(m).get("mae_ci95"),
+                         # epoch 0 is the untrained model, its seasonal-naive anchor (onnxcast.training)
+                         "validation_loss_epoch0": trained.get("initial_validation_loss"),
+                         "validation_loss_best": trained.get("best_validation_loss"),
+                         "best_epoch": trained.get("best_epoch"), "epochs": trained.get("epochs"),
                          "vs_best_naive": mae / best["mae"] if mae else None,
                          "vs_reference": mae / reference["mae"] if mae and reference else None,
                          "p_vs_reference": ((m.get("fp32_vs") or {}).get("reference") or {}).get("p_value"),
@@ -172,6 +177,15 @@ def write_markdown(results: dict, path: Path) -> None:
                      f"(stride {r['origins']['stride']}) | {r['best_naive']['name']} ({f(r['best_naive']['mae'])}) | "
                      f"{r['reference']['model']} ({f(r['reference']['mae'])}) | {fams} | {edge} | "
                      f"{f(r['edge_vs_reference'], '.3f')} | {goal} |")
+    lines += ["", "Training (validation loss in standardised units; epoch 0 is the untrained model, "
+              "its seasonal-naive anchor):", "",
+              "| dataset | family | epochs | best epoch | val loss epoch 0 | best val loss | fp32 MAE | best naive MAE | x best naive |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results["datasets"]:
+        for x in r["families"]:
+            lines.append(f"| {r['dataset']} | {x['family']} | {f(x.get('epochs'), 'd')} | {f(x.get('best_epoch'), 'd')} | "
+                         f"{f(x.get('validation_loss_epoch0'))} | {f(x.get('validation_loss_best'))} | {f(x['mae'])} | "
+                         f"{f(r['best_naive']['mae'])} | {f(x['vs_best_naive'], '.3f')} |")
     lines += ["", "Datasets:"] + [f"- {r['dataset']}: {r['description']}" + (f" Published: {r['published']}" if r["published"] else "")
                                   for r in results["datasets"]]
     path.write_text("\n".join(lines) + "\n")
@@ -182,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one small dataset, tiny models, 2 epochs (smoke test)")
     parser.add_argument("--datasets", help="comma-separated names (default: all)")
     parser.add_argument("--models", help="comma-separated families (default: the pipeline's default)")
+    parser.add_argument("--max-epochs", type=int, help="training epochs (default: the pipeline's default)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="JSON results file")
     parser.add_argument("--markdown", type=Path, default=MARKDOWN, help="Markdown table file")
     args = parser.parse_args(argv)
@@ -195,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(QUICK) if args.quick else {}
     if args.models:
         overrides["models"] = args.models
+    if args.max_epochs:
+        overrides["max_epochs"] = args.max_epochs
     rows = []
     with tempfile.TemporaryDirectory(prefix="onnxcast-bench-accuracy-") as work:
         for dataset in chosen:
@@ -211,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {"date": dt.date.today().isoformat(), "onnxcast": __version__,
                "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
-               "command": "bench/accuracy.py" + (" --quick" if args.quick else ""), "datasets": rows}
+               "command": "bench/accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv), "datasets": rows}
     args.results.write_text(json.dumps(results, indent=2) + "\n")
     write_markdown(results, args.markdown)
     print(args.markdown.read_text())

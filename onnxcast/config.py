@@ -71,6 +71,9 @@ class PipelineConfig:
     opset: int | None = None  # convert the exported graph to this opset when set
     threads: int = 1  # torch and ORT intra-op threads in every step (parallel workers share cores)
     accuracy_budget: float = 0.01  # allowed relative holdout-MAE loss of a variant vs fp32
+    # fp32 must beat the best baseline's holdout MAE by this share of it (onnxcast.validate):
+    # a model equal to its seasonal-naive anchor "beat" it by float32 rounding
+    baseline_margin: float = 0.01
     parity_rtol: float = 1e-3
     parity_atol: float = 1e-4
     latency_repeats: int = 30
@@ -173,6 +176,7 @@ RANGES: dict[str, tuple[type, float | None, float | None, bool, bool]] = {
     "opset": (int, 14, 30, False, False),  # None allowed: the exporter's default
     "threads": (int, 1, 1024, False, False),
     "accuracy_budget": (float, 0.0, 1.0, False, False),
+    "baseline_margin": (float, 0.0, 1.0, False, True),
     "parity_rtol": (float, 0.0, 1.0, False, False),
     "parity_atol": (float, 0.0, None, False, False),
     "latency_repeats": (int, 1, 100_000, False, False),

@@ -73,8 +73,8 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     """Train one model family on the saved series; save its state dict and config."""
     from onnxcast.data import seasons_for_freq, windows
     from onnxcast.evaluation import best_anchor_season
-    from onnxcast.models import WINDOW_FAMILIES, ModelSpec, build_model
-    from onnxcast.training import seed_everything, train_model
+    from onnxcast.models import ModelSpec, build_model
+    from onnxcast.training import describe, seed_everything, train_model
     from onnxcast.validate import torch_threads
 
     series, split = _load_data(cfg)
@@ -90,10 +90,9 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, season=anchor,
-                     seasons=(model_seasons(anchor, implied, cfg.lookback) if family in WINDOW_FAMILIES else ()))
+                     seasons=model_seasons(anchor, implied, cfg.lookback))
     log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
-             f" (and mixes in {list(spec.anchor_seasons[1:])})" if family in WINDOW_FAMILIES and
-             len(spec.anchor_seasons) > 1 else "")
+             f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
     seed_everything(cfg.seed)
     train_rows = values[: split.train_end]
     model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
@@ -105,8 +104,7 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
         result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
                              patience=cfg.patience, batch_size=cfg.batch_size,
                              learning_rate=cfg.learning_rate, seed=cfg.seed)
-    log.info("trained %s: %d epochs (best %d, %s) in %.1fs", family, result.epochs, result.best_epoch,
-             result.stopped, result.seconds)
+    log.info("trained %s in %.1fs: %s", family, result.seconds, describe(result))
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
 

@@ -3,6 +3,7 @@ import logging
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from onnxcast.models import ModelSpec, build_model
@@ -89,3 +90,63 @@ def test_without_a_terminal_each_epoch_is_one_log_line(caplog, monkeypatch):
     if result.best_epoch:  # epoch 0 is the model as built, before any line
         assert lines[result.best_epoch - 1].endswith("(best)")
     assert not_a_terminal.getvalue() == ""  # no bar characters in a log file
+
+
+# --- issue 18: the families move off their seasonal-naive anchor ------------------------------
+
+def _example_windows(lookback=168, horizon=24, rows=1900, train_end=1500):
+    """Hourly Victoria electricity demand (the example data, a real series): training and
+    validation windows of its first ``rows`` hours."""
+    import pandas as pd
+
+    from onnxcast.data import example_data_path, windows
+
+    values = pd.read_csv(example_data_path())["y"].to_numpy(np.float32)[:rows, None]
+    train = windows(values, lookback, horizon, 0, train_end)[:2]
+    validation = windows(values, lookback, horizon, train_end, rows)[:2]
+    return values[:train_end], train, validation
+
+
+@pytest.mark.parametrize("family", ["lstm", "transformer"])
+def test_each_family_moves_off_its_weekly_anchor_in_a_few_epochs(family, caplog):
+    """Issue 18: with the weekly seasonal naive as anchor (the start of a one-week window), the
+    LSTM's training loss stayed flat and the Transformer was stopped by patience counted from
+    the untrained anchor: both shipped as the anchor (best epoch 0)."""
+    from onnxcast.config import PipelineConfig
+    from onnxcast.training import describe
+
+    defaults = PipelineConfig(data_uri="x", out_dir="o")
+    train_rows, train, validation = _example_windows()
+    spec = ModelSpec(family=family, n_features=1, horizon=24, lookback=168, hidden_size=16, num_layers=1,
+                     d_model=16, n_heads=2, season=168, seasons=(168, 24))
+    seed_everything(defaults.seed)
+    model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
+    result = train_model(model, train, validation, max_epochs=4, max_minutes=5, patience=2,
+                         batch_size=defaults.batch_size, learning_rate=defaults.learning_rate, seed=defaults.seed)
+    assert result.best_epoch > 0, describe(result)
+    assert result.best_validation_loss < 0.8 * result.initial_validation_loss, describe(result)
+    assert "best epoch 0" not in describe(result)
+
+
+def test_a_model_that_cannot_beat_its_anchor_says_so():
+    from onnxcast.training import TrainResult, describe
+
+    result = TrainResult(epochs=5, best_epoch=0, best_validation_loss=0.0329, stopped="early_stopping", seconds=1.0,
+                         history=[{"epoch": 1, "train_loss": 0.1, "validation_loss": 0.0445}],
+                         initial_validation_loss=0.0329)
+    text = describe(result)
+    assert "best epoch 0, the untrained seasonal-naive anchor" in text and "0.0445" in text
+    assert "baseline gate will exclude it" in text
+
+
+def test_patience_counts_from_the_best_trained_epoch_not_from_the_anchor():
+    """Issue 18: patience counted from epoch 0 (the untrained anchor) stopped the Transformer at
+    epoch 5 while its validation loss was still falling, all of it above the anchor's."""
+    # the first two epochs are worse than the anchor, and then training improves on it
+    _, result = fit(family="transformer", max_epochs=8, patience=2, learning_rate=0.03)
+    losses = [h["validation_loss"] for h in result.history]
+    assert losses[0] > result.initial_validation_loss and losses[1] > result.initial_validation_loss
+    assert result.epochs > 2  # counted from epoch 0, patience 2 stopped here, at the anchor
+    trained_best = 1 + losses.index(min(losses))
+    assert result.epochs == min(8, trained_best + 2)  # two epochs without a better TRAINED epoch
+    assert result.best_epoch > 0 and result.best_validation_loss < result.initial_validation_loss

@@ -101,3 +101,88 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
     # the working variant is still measured, but without fp32 it cannot prove its accuracy budget
     assert opt["holdout"] is not None and opt["gates"]["parity"]["passed"]
     assert opt["gates"]["accuracy_vs_fp32"]["passed"] is False and not opt["eligible"]
+
+
+# --- the baseline gate: better by a margin, one verdict per family ---------------------------
+
+def _daily_series(n=400, seed=0):
+    """A daily series with an exact weekly cycle: seasonal naive 7 is the best baseline."""
+    from onnxcast.data import SeriesData
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    y = (200 + 30 * np.sin(2 * np.pi * t / 7) + 10 * np.cos(4 * np.pi * t / 7) + rng.normal(0, 1, n)).astype(np.float32)
+    stamps = (np.datetime64("2020-01-01T00:00:00") + np.arange(n) * np.timedelta64(1, "D")).astype("datetime64[ns]")
+    return SeriesData(values=y[:, None], timestamps=stamps, columns=("y",), freq="D", season=7, source="mem",
+                      sha256="0" * 64)
+
+
+def test_an_untrained_model_equal_to_its_anchor_does_not_beat_the_baseline(tmp_path):
+    """Issue 18: an untrained LSTM (best epoch 0: its seasonal-naive anchor) was eligible and
+    selected, its MAE 2.3043603969 "below" the baseline's 2.3043604084 by float32 rounding."""
+    from onnxcast.config import PipelineConfig
+    from onnxcast.data import split_by_time
+    from onnxcast.validate import baselines_for, validate_variants
+
+    data = _daily_series()
+    cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4, latency_repeats=2)
+    split = split_by_time(len(data.values), cfg)
+    baselines = baselines_for(cfg, data, split)
+    assert baselines["best"] == "seasonal_naive_7"
+    model = build_model(ModelSpec(family="lstm", n_features=1, horizon=4, lookback=14, hidden_size=8, num_layers=1,
+                                  season=7), data.values.mean(axis=0), data.values.std(axis=0)).eval()
+    onnx_dir = tmp_path / "models" / "lstm" / "onnx"
+    export_onnx(model, onnx_dir / "fp32.onnx", n_features=1, lookback=14, metadata={**META, "lookback": 14})
+    entry = validate_variants(cfg, "lstm", model, data, split, onnx_dir, [{"name": "fp32", "path": "fp32.onnx"}],
+                              baselines=baselines)
+    fp32 = entry["variants"][0]
+    # the same forecasts as the baseline, up to float32 rounding of the scaling inside the graph
+    assert fp32["holdout"]["mae"] == pytest.approx(baselines["seasonal_naive"]["mae"], rel=1e-5)
+    assert not fp32["eligible"] and not entry["gates_passed"]
+    gate = fp32["gates"]["beats_seasonal_naive"]
+    assert gate["passed"] is False and gate["threshold"] == pytest.approx(0.99 * baselines["seasonal_naive"]["mae"])
+    assert gate["paired_test"]["significant"] is False
+    assert entry["failures"] == [next(f for f in entry["failures"] if f.startswith("fp32 holdout MAE "))]
+    assert "by the 1% margin" in entry["failures"][0]
+
+
+def _measured(name: str, mae: float) -> dict:
+    return {"name": name, "holdout": {"mae": mae}, "size_bytes": 100, "parity_max_abs_diff": 0.0,
+            "latency_ms": {"batch1_p50": 1.0, "batch64_p50": 10.0},
+            "gates": {"parity": {"passed": True, "value": 0.1, "threshold": 1.0}} if name in ("fp32", "fp32-opt") else {}}
+
+
+def test_float32_rounding_below_the_baseline_is_not_beating_it():
+    from onnxcast.validate import judge_variants
+
+    entries = [_measured("fp32", 2.3043603969)]
+    failures = judge_variants(entries, baseline_mae=2.3043604084, torch_latency={"batch1_p50": 2.0},
+                              accuracy_budget=0.01)
+    assert not entries[0]["eligible"]
+    assert failures == ["fp32 holdout MAE 2.304 does not beat the best baseline (seasonal naive) 2.304 by the "
+                        "1% margin (needs below 2.281)"]
+
+
+@pytest.mark.parametrize("variant", ["fp16", "int8", "fp32-opt"])
+def test_a_variant_of_a_family_whose_fp32_failed_is_never_eligible(variant):
+    """Issue 18: fp16 was eligible because its rounding noise landed 0.007 below the threshold
+    its fp32 missed."""
+    from onnxcast.validate import judge_variants
+
+    baseline = 370.99583239433093
+    entries = [_measured("fp32", baseline), _measured(variant, baseline - 0.007)]
+    failures = judge_variants(entries, baseline_mae=baseline, torch_latency={"batch1_p50": 2.0},
+                              accuracy_budget=0.01)
+    assert failures and not entries[0]["eligible"] and not entries[1]["eligible"]
+    assert entries[1]["gates"]["accuracy_vs_fp32"]["passed"]  # within budget: the family verdict excludes it
+    reason = next(r for r in entries[1]["reasons"] if r.startswith("beats_seasonal_naive"))
+    assert reason == "beats_seasonal_naive: 371 vs threshold 367.3 (fp32's verdict: one per family)"
+    assert "370.99583239433093" not in " ".join(failures + entries[1]["reasons"])
+
+
+def test_a_family_clearly_better_than_the_baseline_passes_with_all_its_variants():
+    from onnxcast.validate import judge_variants
+
+    entries = [_measured("fp32", 300.0), _measured("fp32-opt", 300.0), _measured("int8", 301.0)]
+    assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01) == []
+    assert [e["eligible"] for e in entries] == [True, True, True]
