@@ -33,6 +33,9 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version", help="version id (default: the MLflow version, else derived from the content)")
     p.add_argument("--actor", help="who promotes (default: $ONNXCAST_ACTOR or user@host)")
     p.add_argument("--reason", default="", help="why, recorded in the channel history")
+    p.add_argument("--overwrite-unverified-pointer", action="store_true",
+                   help="move a channel whose current pointer does not verify (planted or damaged) to --version; "
+                        "nothing of that pointer is kept")
     _signing_arguments(p)
     p.set_defaults(handler=run_promote)
 
@@ -176,7 +179,8 @@ def run_promote(args: argparse.Namespace) -> int:
     from onnxcast.rollout.promote import promote
 
     result = promote(args.report, args.store, args.model, args.channel, version=args.version,
-                     actor=args.actor, reason=args.reason, signers=args.signing_key, expires_days=args.expires_days)
+                     actor=args.actor, reason=args.reason, signers=args.signing_key, expires_days=args.expires_days,
+                     overwrite_unverified=args.overwrite_unverified_pointer)
     moves = ", ".join(f"{c} {state}" for c, state in result.channels.items())
     print(f"{result.model} version {result.version} at {result.store}: {len(result.written)} object(s) "
           f"written, {len(result.skipped)} already there; {moves}")
