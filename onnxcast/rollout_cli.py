@@ -246,15 +246,35 @@ def run_keys_root(args: argparse.Namespace) -> int:
 def run_keys_publish_root(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from onnxcast.rollout.signing import parse_root, verify_self_signed
+    from onnxcast.errors import RefusedError
+    from onnxcast.rollout.command import keys_command
+    from onnxcast.rollout.signing import parse_root, verify_next_root, verify_self_signed
     from onnxcast.rollout.store import open_store
+    from onnxcast.rollout.trust import MAX_ROOT_BYTES
 
     path = Path(args.root)
     data = _read_root_file(path)
     root = parse_root(data, str(path))
     verify_self_signed(root, str(path))
     store = open_store(args.store)
-    key = store.root_key(root.signed.version)
+    version = root.signed.version
+    key = store.root_key(version)
+    if version > 1:
+        # Devices walk the chain one version at a time and writers refuse a gap: root N is
+        # published only on top of root N-1, and only if it chains from it (a root that skips
+        # a revoked key's root would otherwise hide the revocation from writers).
+        previous_key = store.root_key(version - 1)
+        previous_data = store.read_bounded(previous_key, MAX_ROOT_BYTES)
+        if previous_data is None:
+            raise ConfigError(f"{store.url(previous_key)}: not published; publish root {version - 1} first "
+                              f"('{keys_command('publish-root')} --store {args.store} --root FILE'), "
+                              "nothing written")
+        previous = parse_root(previous_data, store.url(previous_key))
+        try:
+            verify_next_root(previous, root, str(path))
+        except RefusedError as exc:
+            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} (the published root {version - 1}); "
+                              "devices would refuse it, nothing written") from None
     if not store.create(key, data) and store.read(key) != data:
         raise ConfigError(f"{store.url(key)}: a different root version {root.signed.version} is already published")
     print(f"published root version {root.signed.version} at {store.url(key)}")

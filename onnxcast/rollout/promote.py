@@ -78,6 +78,7 @@ REPORT = "report.json"
 MANIFEST_FORMAT = 2  # 2: a signed envelope
 POINTER_EXPIRES_ENV = "ONNXCAST_POINTER_EXPIRES_DAYS"
 DEFAULT_POINTER_DAYS = 30.0
+MAX_KEPT_COUNTER = 1 << 62  # a planted pointer's counter past this is not followed (it would only grow)
 HISTORY_KEPT = 200  # pointer entries kept (a device reads at most 1 MiB of pointer)
 
 
@@ -655,7 +656,12 @@ class PublishedRoot:
                 problem = problem or exc.args[0].removesuffix("; refusing it").removeprefix(f"{where}: ")
         else:
             if overwrite_unverified:
-                return Pointer(None, pointer.token, pointer.raw, None)
+                # Only its counter is kept, and only to go above it: devices refuse a counter
+                # lower than one they verified, and a higher one lets no replay through.
+                counter = (pointer.value or {}).get("counter")
+                keep = {"counter": counter} if isinstance(counter, int) and not isinstance(counter, bool) \
+                    and 0 <= counter < MAX_KEPT_COUNTER else {}
+                return Pointer(keep, pointer.token, pointer.raw, None)
             raise RefusedError(f"{where}: the current pointer does not verify against trust root version "
                                f"{self.root.signed.version} ({problem}); it was not written with a release key, "
                                "so nothing of it is re-signed or copied, nothing written (move the channel to a "
