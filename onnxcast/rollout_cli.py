@@ -21,6 +21,7 @@ import os
 import sys
 
 from onnxcast.errors import ConfigError, DataError, OnnxcastError
+from onnxcast.rollout.command import keys_command
 
 
 def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -84,7 +85,7 @@ def add_keys_commands(subparsers: argparse._SubParsersAction) -> None:
     p = commands.add_parser("publish-root", help="publish a root in the store (root/<version>.root.json) "
                                                  "for devices to walk to")
     p.add_argument("--store", required=True, help="rollout store: a folder or s3://bucket/prefix")
-    p.add_argument("--root", required=True, help="root file from 'onnxcast keys root'")
+    p.add_argument("--root", required=True, help=f"root file from '{keys_command('root')}'")
     p.set_defaults(handler=run_keys_publish_root)
 
     p = commands.add_parser("kms-pub", help="write the public key of an AWS KMS signing key (for 'keys root')")
@@ -122,7 +123,8 @@ def add_device_commands(commands: argparse._SubParsersAction) -> None:
 
     p = commands.add_parser("trust", help="install a trust root into a device folder (once per device)")
     p.add_argument("--dest", required=True, help="device folder")
-    p.add_argument("--root", required=True, help="root.json from 'onnxcast keys generate' or 'keys root'")
+    p.add_argument("--root", required=True,
+                   help=f"root.json from '{keys_command('generate')}' or '{keys_command('root')}'")
     p.add_argument("--replace", action="store_true", help="replace a newer installed root")
     p.set_defaults(handler=run_edge_trust)
 
@@ -237,7 +239,7 @@ def run_keys_root(args: argparse.Namespace) -> int:
                      root_threshold=args.root_threshold, release_threshold=args.release_threshold,
                      version=version, expires_days=args.expires_days)
     out = Path(args.out)
-    out.write_bytes(sign_root(root, load_signers(args.sign_with)))
+    out.write_bytes(sign_root(root, load_signers(args.sign_with, option="--sign-with", from_env=False)))
     print(f"wrote {out}: root version {version}, root {args.root_threshold} of {len(set(args.root_key))} key(s), "
           f"release {args.release_threshold} of {len(set(args.release_key))} key(s)")
     return 0
@@ -297,6 +299,7 @@ def run_edge_pull(args: argparse.Namespace) -> int:
     from onnxcast.rollout.edge import pull, watch
 
     if args.watch:
+        check_interval(args.interval)  # before the first poll: `nan` used to crash after it
         if args.max_polls is not None and args.max_polls < 1:
             raise ConfigError(f"--max-polls must be >= 1, got {args.max_polls}")
         try:
@@ -309,6 +312,16 @@ def run_edge_pull(args: argparse.Namespace) -> int:
     state = "installed" if result.changed else "already at"
     print(f"{result.model} channel {result.channel}: {state} version {result.version} ({result.path})")
     return 0
+
+
+def check_interval(seconds: float) -> float:
+    """A watch interval: finite, 0 to MAX_INTERVAL_S seconds (``--interval nan`` or ``inf``
+    made ``time.sleep`` raise after the first poll)."""
+    from onnxcast.rollout.edge import MAX_INTERVAL_S
+
+    if not 0 <= seconds <= MAX_INTERVAL_S:  # False for nan too
+        raise ConfigError(f"--interval must be between 0 and {MAX_INTERVAL_S:,} seconds (a day), got {seconds!r}")
+    return seconds
 
 
 def run_edge_predict(args: argparse.Namespace) -> int:
