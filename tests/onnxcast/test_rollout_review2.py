@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_rollout_hardening import EDGE, one_error_line, raw_get, raw_put
 
 from onnxcast import cli
 from onnxcast.rollout.edge import pull
 from onnxcast.rollout.promote import promote
 from onnxcast.rollout.signing import generate_key, load_signer, sign_envelope
 from onnxcast.rollout.store import dump_json
-
-from test_rollout_hardening import EDGE, one_error_line, raw_get, raw_put
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
