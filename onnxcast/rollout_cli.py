@@ -21,6 +21,7 @@ import os
 import sys
 
 from onnxcast.errors import ConfigError, DataError, OnnxcastError
+from onnxcast.rollout.command import keys_command
 
 
 def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +34,9 @@ def add_rollout_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version", help="version id (default: the MLflow version, else derived from the content)")
     p.add_argument("--actor", help="who promotes (default: $ONNXCAST_ACTOR or user@host)")
     p.add_argument("--reason", default="", help="why, recorded in the channel history")
+    p.add_argument("--overwrite-unverified-pointer", action="store_true",
+                   help="move a channel whose current pointer does not verify (planted or damaged) to --version; "
+                        "nothing of that pointer is kept")
     _signing_arguments(p)
     p.set_defaults(handler=run_promote)
 
@@ -81,7 +85,7 @@ def add_keys_commands(subparsers: argparse._SubParsersAction) -> None:
     p = commands.add_parser("publish-root", help="publish a root in the store (root/<version>.root.json) "
                                                  "for devices to walk to")
     p.add_argument("--store", required=True, help="rollout store: a folder or s3://bucket/prefix")
-    p.add_argument("--root", required=True, help="root file from 'onnxcast keys root'")
+    p.add_argument("--root", required=True, help=f"root file from '{keys_command('root')}'")
     p.set_defaults(handler=run_keys_publish_root)
 
     p = commands.add_parser("kms-pub", help="write the public key of an AWS KMS signing key (for 'keys root')")
@@ -119,7 +123,8 @@ def add_device_commands(commands: argparse._SubParsersAction) -> None:
 
     p = commands.add_parser("trust", help="install a trust root into a device folder (once per device)")
     p.add_argument("--dest", required=True, help="device folder")
-    p.add_argument("--root", required=True, help="root.json from 'onnxcast keys generate' or 'keys root'")
+    p.add_argument("--root", required=True,
+                   help=f"root.json from '{keys_command('generate')}' or '{keys_command('root')}'")
     p.add_argument("--replace", action="store_true", help="replace a newer installed root")
     p.set_defaults(handler=run_edge_trust)
 
@@ -176,7 +181,8 @@ def run_promote(args: argparse.Namespace) -> int:
     from onnxcast.rollout.promote import promote
 
     result = promote(args.report, args.store, args.model, args.channel, version=args.version,
-                     actor=args.actor, reason=args.reason, signers=args.signing_key, expires_days=args.expires_days)
+                     actor=args.actor, reason=args.reason, signers=args.signing_key, expires_days=args.expires_days,
+                     overwrite_unverified=args.overwrite_unverified_pointer)
     moves = ", ".join(f"{c} {state}" for c, state in result.channels.items())
     print(f"{result.model} version {result.version} at {result.store}: {len(result.written)} object(s) "
           f"written, {len(result.skipped)} already there; {moves}")
@@ -233,7 +239,7 @@ def run_keys_root(args: argparse.Namespace) -> int:
                      root_threshold=args.root_threshold, release_threshold=args.release_threshold,
                      version=version, expires_days=args.expires_days)
     out = Path(args.out)
-    out.write_bytes(sign_root(root, load_signers(args.sign_with)))
+    out.write_bytes(sign_root(root, load_signers(args.sign_with, option="--sign-with", from_env=False)))
     print(f"wrote {out}: root version {version}, root {args.root_threshold} of {len(set(args.root_key))} key(s), "
           f"release {args.release_threshold} of {len(set(args.release_key))} key(s)")
     return 0
@@ -242,15 +248,35 @@ def run_keys_root(args: argparse.Namespace) -> int:
 def run_keys_publish_root(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from onnxcast.rollout.signing import parse_root, verify_self_signed
+    from onnxcast.errors import RefusedError
+    from onnxcast.rollout.command import keys_command
+    from onnxcast.rollout.signing import parse_root, verify_next_root, verify_self_signed
     from onnxcast.rollout.store import open_store
+    from onnxcast.rollout.trust import MAX_ROOT_BYTES
 
     path = Path(args.root)
     data = _read_root_file(path)
     root = parse_root(data, str(path))
     verify_self_signed(root, str(path))
     store = open_store(args.store)
-    key = store.root_key(root.signed.version)
+    version = root.signed.version
+    key = store.root_key(version)
+    if version > 1:
+        # Devices walk the chain one version at a time and writers refuse a gap: root N is
+        # published only on top of root N-1, and only if it chains from it (a root that skips
+        # a revoked key's root would otherwise hide the revocation from writers).
+        previous_key = store.root_key(version - 1)
+        previous_data = store.read_bounded(previous_key, MAX_ROOT_BYTES)
+        if previous_data is None:
+            raise ConfigError(f"{store.url(previous_key)}: not published; publish root {version - 1} first "
+                              f"('{keys_command('publish-root')} --store {args.store} --root FILE'), "
+                              "nothing written")
+        previous = parse_root(previous_data, store.url(previous_key))
+        try:
+            verify_next_root(previous, root, str(path))
+        except RefusedError as exc:
+            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} (the published root {version - 1}); "
+                              "devices would refuse it, nothing written") from None
     if not store.create(key, data) and store.read(key) != data:
         raise ConfigError(f"{store.url(key)}: a different root version {root.signed.version} is already published")
     print(f"published root version {root.signed.version} at {store.url(key)}")
@@ -273,6 +299,7 @@ def run_edge_pull(args: argparse.Namespace) -> int:
     from onnxcast.rollout.edge import pull, watch
 
     if args.watch:
+        check_interval(args.interval)  # before the first poll: `nan` used to crash after it
         if args.max_polls is not None and args.max_polls < 1:
             raise ConfigError(f"--max-polls must be >= 1, got {args.max_polls}")
         try:
@@ -285,6 +312,16 @@ def run_edge_pull(args: argparse.Namespace) -> int:
     state = "installed" if result.changed else "already at"
     print(f"{result.model} channel {result.channel}: {state} version {result.version} ({result.path})")
     return 0
+
+
+def check_interval(seconds: float) -> float:
+    """A watch interval: finite, 0 to MAX_INTERVAL_S seconds (``--interval nan`` or ``inf``
+    made ``time.sleep`` raise after the first poll)."""
+    from onnxcast.rollout.edge import MAX_INTERVAL_S
+
+    if not 0 <= seconds <= MAX_INTERVAL_S:  # False for nan too
+        raise ConfigError(f"--interval must be between 0 and {MAX_INTERVAL_S:,} seconds (a day), got {seconds!r}")
+    return seconds
 
 
 def run_edge_predict(args: argparse.Namespace) -> int:

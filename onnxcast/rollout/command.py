@@ -21,3 +21,10 @@ def use_program(name: str) -> None:
 def device_command(words: str) -> str:
     """``words`` (``"trust --dest DEST --root root.json"``) as the user types it."""
     return f"{_program[0]} {words}"
+
+
+def keys_command(words: str) -> str:
+    """A ``keys`` subcommand (``"root --out FILE"``) as the user types it: ``onnxcast keys``
+    in the full install, ``onnxcast-edge keys`` on a device (both have it)."""
+    program = "onnxcast" if _program[0] == FULL_PROGRAM else _program[0]
+    return f"{program} keys {words}"

@@ -80,6 +80,9 @@ DEFAULT_TIME_COLUMN = "ds"  # the pipeline's default time column (PipelineConfig
 # An input table for one forecast is the newest `lookback` rows; 256 MiB is years of
 # half-hourly rows. Streamed: memory holds `lookback` rows, not the file.
 MAX_INPUT_BYTES = 256 * 1024 * 1024
+MAX_INTERVAL_S = 86_400  # a watch polls at least once a day
+MAX_LINE_BYTES = 1 << 20  # a row of a forecast table is a few hundred bytes
+MAX_FIELDS = 10_000  # fields in a header or row
 MAX_COLUMNS_SHOWN = 20
 _COLUMN_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,60}")
 
@@ -169,8 +172,8 @@ def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interva
           sleep: Callable[[float], None] = time.sleep, trust: str | Path | None = None, **settings: Any) -> int:
     """Poll the channel every ``interval`` seconds (``max_polls`` times, or forever) and pull
     what it names. A poll that fails keeps the current model. Returns the failed polls."""
-    if interval < 0:
-        raise ConfigError(f"interval must be >= 0 seconds, got {interval}")
+    if not 0 <= interval <= MAX_INTERVAL_S:  # nan and inf included: time.sleep raises on them
+        raise ConfigError(f"interval must be between 0 and {MAX_INTERVAL_S:,} seconds, got {interval!r}")
     failures = polls = 0
     while max_polls is None or polls < max_polls:
         if polls:
@@ -272,6 +275,9 @@ def read_input(path: str | Path, columns: list[str], lookback: int,
         reader = csv.reader(lines)
         try:
             header = next(reader, None) or []
+            if len(header) > MAX_FIELDS:
+                raise DataError(f"{path}: {len(header):,} fields in its first line, more than {MAX_FIELDS:,}; "
+                                "expected a CSV table")
             index = {name: i for i, name in reversed(list(enumerate(header)))}
             missing = [c for c in columns if c not in index]
             if missing:
@@ -279,11 +285,17 @@ def read_input(path: str | Path, columns: list[str], lookback: int,
                                 f"{_describe_header(header)}")
             wanted = [index[c] for c in columns]
             at_time = index.get(time_column) if time_column else None
+            # Only the cells used are kept (the columns, then the time): `lookback` rows of a
+            # few cells, whatever the width of the file's rows.
+            keep = [*wanted, at_time] if at_time is not None else wanted
             rows: deque[list[str]] = deque(maxlen=lookback)
             count = 0
             for row in reader:
+                if len(row) > MAX_FIELDS:
+                    raise DataError(f"{path}: line {reader.line_num} has {len(row):,} fields, more than "
+                                    f"{MAX_FIELDS:,}; expected a CSV table")
                 if row:
-                    rows.append(row)
+                    rows.append([row[i] if i < len(row) else "" for i in keep])
                     count += 1
         except UnicodeDecodeError:
             raise DataError(f"{path}: not UTF-8 text; expected a CSV table") from None
@@ -294,8 +306,8 @@ def read_input(path: str | Path, columns: list[str], lookback: int,
     first = count - lookback
     window = np.empty((lookback, len(columns)), dtype=np.float32)
     for i, row in enumerate(rows):
-        for j, (column, at) in enumerate(zip(columns, wanted, strict=True)):
-            cell = row[at] if at < len(row) else ""
+        for j, column in enumerate(columns):
+            cell = row[j]
             try:
                 window[i, j] = float(cell)
             except ValueError:
@@ -304,16 +316,18 @@ def read_input(path: str | Path, columns: list[str], lookback: int,
     if not np.isfinite(window).all():
         i, j = np.argwhere(~np.isfinite(window))[0]
         raise DataError(f"{path}: column {quote(columns[j])} is not finite at data row {first + i + 1}")
-    last = rows[-1]
-    last_time = last[at_time] if at_time is not None and at_time < len(last) else None
+    last_time = rows[-1][len(columns)] if at_time is not None else None
     return InputWindow(window, last_time)
 
 
 def future_times(last: str | None, freq: str, horizon: int) -> list[str] | None:
     """The ``horizon`` times after ``last`` (ISO 8601) at pandas frequency alias ``freq``
-    (``30min``, ``h``, ``D``, ``W-SUN``, ``B``, ``MS``, ``ME``, ``QS``, ``YS`` ...), written as
-    ``last`` is (a date stays a date, ``Z`` stays ``Z``); None when either is not understood.
-    Stdlib only: a device has no pandas."""
+    (``30min``, ``h``, ``D``, ``W-SUN``, ``B``, ``MS``, ``ME``, ``QS``, ``QE-MAR``, ``YS`` ...),
+    as pandas steps ``last + offset``: an anchored frequency's first step is the next anchor
+    after ``last`` (``ME`` from 2026-01-15 is 2026-01-31, ``W-SUN`` the next Sunday). Written as
+    ``last`` is (``Z`` stays ``Z``; a date stays a date unless the step is under a day). None
+    when either is not understood, or the times pass year 9999. Stdlib only: a device has no
+    pandas."""
     if not last:
         return None
     text = last.strip()
@@ -325,19 +339,29 @@ def future_times(last: str | None, freq: str, horizon: int) -> list[str] | None:
     if step is None:
         return None
     kind, n = step
+    sub_daily = isinstance(kind, timedelta) and (kind * n) % timedelta(days=1) != timedelta(0)
     out, current = [], moment
-    for _ in range(horizon):
-        if isinstance(kind, timedelta):
-            current = current + kind * n
-        elif kind == "B":
-            for _ in range(n):
-                current += timedelta(days=1)
-                while current.weekday() >= 5:
+    try:
+        for i in range(horizon):
+            if isinstance(kind, timedelta):
+                current = current + kind * n
+            elif kind == "B":
+                for _ in range(n):
                     current += timedelta(days=1)
-        else:
-            months, anchor = kind
-            current = _add_months(current, months * n, anchor)
-        out.append(_format_like(current, text))
+                    while current.weekday() >= 5:
+                        current += timedelta(days=1)
+            elif kind[0] == "week":
+                weekday = kind[1]
+                if i == 0:  # the next anchor day after `last`, then whole weeks
+                    current += timedelta(days=(weekday - current.weekday() - 1) % 7 + 1) + timedelta(weeks=n - 1)
+                else:
+                    current += timedelta(weeks=n)
+            else:
+                _, months, anchor, month = kind
+                current = _next_anchor(current, months, anchor, month, n if i else n - 1, first=i == 0)
+            out.append(_format_like(current, text, sub_daily))
+    except (OverflowError, ValueError):  # past 9999-12-31: datetime's range
+        return None
     return out
 
 
@@ -398,30 +422,52 @@ def _installed_sha(folder: DeviceFolder, info: dict) -> str | None:
 @contextmanager
 def _open_input(path: str | Path) -> Iterator[Iterator[str]]:
     """The lines of a regular file of at most MAX_INPUT_BYTES: checked on the open descriptor
-    (``/dev/zero`` and FIFOs refused before a byte is read), and counted while streaming, so
-    a file that grows past the limit is refused too."""
+    (``/dev/zero`` and FIFOs refused before a byte is read), the bytes counted while
+    streaming (``/proc/self/pagemap`` says 0 bytes and never ends), no line longer than
+    MAX_LINE_BYTES held, and a read error (``/proc/self/mem``) one line."""
     try:
         size = regular_file_size(path, what="input", limit=MAX_INPUT_BYTES)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except UntrustedInputError as exc:
         raise DataError(str(exc)) from None
     except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-    with os.fdopen(fd, "r", encoding="utf-8", newline="") as f:
-        info = os.fstat(f.fileno())
+        raise DataError(f"input {str(path)!r}: cannot read ({exc.strerror or type(exc).__name__})") from None
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_INPUT_BYTES:  # swapped since the check
             raise DataError(f"input {str(path)!r} changed while opening it; refusing it")
 
         def lines() -> Iterator[str]:
-            total = 0
-            for line in f:
-                total += len(line)
+            total, pending = 0, b""
+            while True:
+                try:
+                    chunk = os.read(fd, 1 << 20)
+                except OSError as exc:
+                    raise DataError(f"input {str(path)!r}: cannot read ({exc.strerror or type(exc).__name__})"
+                                    ) from None
+                if not chunk:
+                    break
+                total += len(chunk)
                 if total > MAX_INPUT_BYTES:
-                    raise DataError(f"input {str(path)!r} grew past the limit of {MAX_INPUT_BYTES:,} bytes "
-                                    f"(it was {size:,})")
-                yield line
+                    raise DataError(f"input {str(path)!r}: more than {MAX_INPUT_BYTES:,} bytes read (its size "
+                                    f"said {size:,}); refusing it")
+                *complete, pending = (pending + chunk).split(b"\n")
+                for line in complete:
+                    if len(line) >= MAX_LINE_BYTES:
+                        raise _long_line(path)
+                    yield (line + b"\n").decode("utf-8")
+                if len(pending) >= MAX_LINE_BYTES:
+                    raise _long_line(path)
+            if pending:
+                yield pending.decode("utf-8")
 
         yield lines()
+    finally:
+        os.close(fd)
+
+
+def _long_line(path) -> DataError:
+    return DataError(f"input {str(path)!r}: a line longer than {MAX_LINE_BYTES:,} bytes; expected a CSV table")
 
 
 def _describe_header(header: list[str]) -> str:
@@ -435,42 +481,75 @@ def _describe_header(header: list[str]) -> str:
     return f"its first line is not a header of column names ({len(header)} field(s); not shown)"
 
 
+_WEEKDAYS = {"MON": 0, "TUE": 1, "WED": 2, "THU": 3, "FRI": 4, "SAT": 5, "SUN": 6}
+_MONTHS = {name: i for i, name in enumerate(
+    ("JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"), start=1)}
+
+
 def _parse_freq(freq: str):
-    """(step, multiple) for a pandas frequency alias: a timedelta, "B", or (months, anchor)
-    with anchor "start"/"end"; None when not one of these."""
-    match = re.fullmatch(r"(\d*)([A-Za-z]+)(?:-[A-Za-z]{3})?", (freq or "").strip())
+    """(step, multiple) for a pandas frequency alias: a timedelta, "B", ("week", weekday) or
+    ("months", period, "start"|"end", anchor month); None when not one of these."""
+    match = re.fullmatch(r"(\d*)([A-Za-z]+)(?:-([A-Za-z]{3}))?", (freq or "").strip())
     if not match:
         return None
     n = int(match.group(1) or 1)
-    unit = match.group(2)
+    unit, suffix = match.group(2), (match.group(3) or "").upper()
+    if not 1 <= n <= 10_000:
+        return None
     fixed = {"us": timedelta(microseconds=1), "U": timedelta(microseconds=1), "ms": timedelta(milliseconds=1),
              "L": timedelta(milliseconds=1), "s": timedelta(seconds=1), "S": timedelta(seconds=1),
              "min": timedelta(minutes=1), "T": timedelta(minutes=1), "h": timedelta(hours=1),
-             "H": timedelta(hours=1), "D": timedelta(days=1), "W": timedelta(weeks=1)}
+             "H": timedelta(hours=1), "D": timedelta(days=1)}
     months = {"MS": (1, "start"), "ME": (1, "end"), "M": (1, "end"), "QS": (3, "start"), "QE": (3, "end"),
               "Q": (3, "end"), "YS": (12, "start"), "AS": (12, "start"), "YE": (12, "end"), "Y": (12, "end"),
               "A": (12, "end")}
+    if unit == "W":  # pandas: W is W-SUN
+        weekday = _WEEKDAYS.get(suffix or "SUN")
+        return (("week", weekday), n) if weekday is not None else None
+    if unit in months:
+        period, anchor = months[unit]
+        if suffix and (period == 1 or suffix not in _MONTHS):
+            return None
+        # pandas' defaults: quarters and years end in December, start in January.
+        month = _MONTHS[suffix] if suffix else (12 if anchor == "end" else 1)
+        return ("months", period, anchor, month), n
+    if suffix:
+        return None
     if unit in fixed:
         return fixed[unit], n
     if unit == "B":
         return "B", n
-    if unit in months:
-        return months[unit], n
     return None
 
 
-def _add_months(moment: datetime, months: int, anchor: str) -> datetime:
-    index = moment.year * 12 + moment.month - 1 + months
-    year, month = divmod(index, 12)
-    month += 1
-    day = 1 if anchor == "start" else calendar.monthrange(year, month)[1]
-    return moment.replace(year=year, month=month, day=day)
+def _next_anchor(moment: datetime, period: int, anchor: str, month: int, steps: int, *, first: bool) -> datetime:
+    """The anchor (first or last day of a month whose number is ``month`` modulo ``period``)
+    strictly after ``moment`` when ``first`` (then ``steps`` more periods), else ``moment``
+    (an anchor) plus ``steps`` periods. The time of day is kept, as pandas keeps it."""
+    index = moment.year * 12 + moment.month - 1
+    if first:
+        offset = (month - 1 - index) % period  # months to the next month of the cycle (0: this one)
+        candidate = index + offset
+        if offset == 0 and not (anchor == "end" and moment.day < _month_days(candidate)):
+            candidate += period  # on or past this month's anchor: the next one
+        if anchor == "start" and offset == 0:
+            candidate = index + period  # the 1st of this month is never after a day of it
+        index = candidate
+    index += steps * period
+    year, month0 = divmod(index, 12)
+    day = 1 if anchor == "start" else calendar.monthrange(year, month0 + 1)[1]
+    return moment.replace(year=year, month=month0 + 1, day=day)
 
 
-def _format_like(moment: datetime, template: str) -> str:
-    if len(template) == 10:  # a date: YYYY-MM-DD
+def _month_days(index: int) -> int:
+    year, month0 = divmod(index, 12)
+    return calendar.monthrange(year, month0 + 1)[1]
+
+
+def _format_like(moment: datetime, template: str, sub_daily: bool = False) -> str:
+    if len(template) == 10 and not sub_daily:  # a date: YYYY-MM-DD, stepped by days or more
         return moment.date().isoformat()
-    text = moment.isoformat(sep="T" if "T" in template else " ")
+    text = moment.isoformat(sep=" " if " " in template else "T")
     return text[:-6] + "Z" if template.endswith("Z") and text.endswith("+00:00") else text
 
 

@@ -70,7 +70,7 @@ from onnxcast.rollout.store import (
     sha256_hex,
     signed_part,
 )
-from onnxcast.untrusted import UntrustedInputError, loads_json
+from onnxcast.untrusted import UntrustedInputError, loads_json, quote
 
 MAX_ROOT_BYTES = 1 << 20
 
@@ -78,6 +78,7 @@ REPORT = "report.json"
 MANIFEST_FORMAT = 2  # 2: a signed envelope
 POINTER_EXPIRES_ENV = "ONNXCAST_POINTER_EXPIRES_DAYS"
 DEFAULT_POINTER_DAYS = 30.0
+MAX_KEPT_COUNTER = 1 << 62  # a planted pointer's counter past this is not followed (it would only grow)
 HISTORY_KEPT = 200  # pointer entries kept (a device reads at most 1 MiB of pointer)
 
 
@@ -116,7 +117,8 @@ class RollbackResult:
 
 def promote(report: str | Path, store: RolloutStore | str, model_name: str, channels: Sequence[str] | str,
             *, version: str | None = None, actor: str | None = None, reason: str = "",
-            signers: Sequence | str | None = None, expires_days: float | None = None) -> PromotionResult:
+            signers: Sequence | str | None = None, expires_days: float | None = None,
+            overwrite_unverified: bool = False) -> PromotionResult:
     """Publish the run described by ``report`` (report.json or its folder) as an immutable
     version of ``model_name`` and move ``channels`` to it.
 
@@ -124,7 +126,8 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     derived from the dataset and model hashes (so the same promotion twice is a no-op).
     ``signers`` are the release keys (signer objects, key files or ``awskms:`` URIs;
     default ``$ONNXCAST_SIGNING_KEY``); the pointer expires after ``expires_days``
-    (default ``$ONNXCAST_POINTER_EXPIRES_DAYS`` or 30).
+    (default ``$ONNXCAST_POINTER_EXPIRES_DAYS`` or 30). A current pointer that does not
+    verify is refused unless ``overwrite_unverified`` (then nothing of it is kept).
     Raises ReportError/ConfigError before writing anything when the input is wrong,
     ConflictError when a channel moved since it was read, VerificationError when what the
     store holds differs from what was written.
@@ -135,11 +138,13 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     days = pointer_days(expires_days)
     plan = plan_version(report, channels, version)
     actor = actor or default_actor()
-    root = PublishedRoot.read(store)
-    # The values to move from are read before anything is written: whoever moves a
-    # channel during our upload wins, and we report a conflict instead of overwriting.
-    pointers = {c: store.read_channel(model_name, c) for c in plan.channels_to_move}
+    root = PublishedRoot.read(store, signers)
     root.check_signers(signers, POINTER_ROLE, "channel pointers")
+    # The values to move from are read (and verified) before anything is written: whoever
+    # moves a channel during our upload wins, and we report a conflict instead of overwriting.
+    pointers = {c: root.current_pointer(store, store.read_channel(model_name, c), model_name, c,
+                                        overwrite_unverified=overwrite_unverified)
+                for c in plan.channels_to_move}
 
     written, skipped = [], []
     existing = store.read_manifest(model_name, plan.version)
@@ -156,7 +161,7 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
             _check_same_version(store, model_name, plan, store.read_manifest(model_name, plan.version))
         else:
             written.append(MANIFEST)
-    manifest, manifest_sha = verify_version(store, model_name, plan.version)
+    manifest, manifest_sha = verify_version(store, model_name, plan.version, root)
 
     moved = {}
     for channel in plan.channels_to_move:
@@ -180,17 +185,19 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_ver
     signers = _signers(signers)
     days = pointer_days(expires_days)
     key = store.channel_key(model_name, channel)
+    root = PublishedRoot.read(store, signers)
+    root.check_signers(signers, POINTER_ROLE, "channel pointers")
     pointer = store.read_pointer(key)
     if pointer.value is None:
         raise StoreError(f"{store.url(key)}: no such channel for model {model_name!r}; nothing to roll back")
+    # The history the target is taken from is the verified pointer's, never the store's bytes.
+    pointer = root.current_pointer(store, pointer, model_name, channel)
     current = _pointer_version(pointer.value, store.url(key))
-    root = PublishedRoot.read(store)
-    root.check_signers(signers, POINTER_ROLE, "channel pointers")
     target = check_name("version", to_version) if to_version else previous_version(pointer.value, store.url(key))
     if target == current:
         return RollbackResult(model_name, channel, target, current, False)
-    manifest, manifest_sha = verify_version(store, model_name, target)
-    if channel not in manifest.get("channels", {}):
+    manifest, manifest_sha = verify_version(store, model_name, target, root)
+    if channel not in manifest["channels"]:
         raise StoreError(f"{store.url(store.version_key(model_name, target))}: version {target} has no variant "
                          f"for channel {channel!r} (it has {sorted(manifest.get('channels', {}))})")
     _move_pointer(store, model_name, channel, target, manifest, manifest_sha, pointer,
@@ -209,18 +216,22 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
     signers = _signers(signers)
     days = pointer_days(expires_days)
     key = store.channel_key(model_name, channel)
+    root = PublishedRoot.read(store, signers)
+    root.check_signers(signers, POINTER_ROLE, "channel pointers")
     pointer = store.read_pointer(key)
     if pointer.value is None:
         raise StoreError(f"{store.url(key)}: no such channel for model {model_name!r}; nothing to refresh")
+    # Only a pointer a release key signed is re-signed (a planted one would be laundered).
+    pointer = root.current_pointer(store, pointer, model_name, channel)
     version = _pointer_version(pointer.value, store.url(key))
-    root = PublishedRoot.read(store)
-    root.check_signers(signers, POINTER_ROLE, "channel pointers")
-    manifest, manifest_sha = verify_version(store, model_name, version)
+    manifest, manifest_sha = verify_version(store, model_name, version, root)
+    if channel not in manifest["channels"]:
+        raise StoreError(f"{store.url(store.version_key(model_name, version))}: version {version} has no variant "
+                         f"for channel {channel!r}; nothing written")
     value = _pointer_value(model_name, channel, version, manifest, manifest_sha,
                            _manifest_length(store, model_name, version), pointer.value,
                            action="refresh", actor=actor or default_actor(), history=_history(pointer.value),
                            rollback=pointer.value.get("rollback"), days=days, root_version=root.version)
-    root.verify_manifest(store, model_name, version)
     envelope = sign_envelope(value, signers)
     root.verify(envelope, POINTER_ROLE, POINTER_TYPE, store.url(key))
     store.replace_pointer(key, envelope, pointer.token)
@@ -228,17 +239,11 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
 
 
 def latest_root_version(store: RolloutStore) -> int:
-    """The newest trust root published in the store (``root/<n>.root.json``; 0 if none).
-    Pointers name it, so devices fetch exactly the roots they need and never probe for a
-    missing one (a device without s3:ListBucket gets 403, not 404, for a missing key)."""
-    version, candidate = 0, 1
-    while candidate <= 10_000:
-        if store.read(store.root_key(candidate), 0) is not None:
-            version = candidate
-        elif candidate > 1:  # root 1 is often only installed on devices, never published
-            break
-        candidate += 1
-    return version
+    """The newest trust root published in the store (``root/<n>.root.json``; 0 if none),
+    found by listing. Pointers name it, so devices fetch exactly the roots they need and
+    never probe for a missing one (a device without s3:ListBucket gets 403, not 404)."""
+    versions = store.list_root_versions()
+    return versions[-1] if versions else 0
 
 
 def pointer_days(days: float | None) -> float:
@@ -254,25 +259,25 @@ def pointer_days(days: float | None) -> float:
     return float(days)
 
 
-def verify_version(store: RolloutStore, model_name: str, version: str) -> tuple[dict, str]:
-    """Read a version back: its manifest and every artifact's sha256 and size. Returns the
-    manifest and its sha256; StoreError if it is missing, VerificationError if it differs."""
+def verify_version(store: RolloutStore, model_name: str, version: str,
+                   root: PublishedRoot | None = None) -> tuple[dict, str]:
+    """Read a version back: its manifest (its signatures checked against ``root`` first when
+    given, its shape always) and every artifact's sha256 and size. Returns the manifest and
+    its sha256; StoreError if it is missing, VerificationError if it differs."""
     key = store.version_key(model_name, version)
     data = store.read_bounded(key, MAX_MANIFEST_BYTES)
     if data is None:
         raise StoreError(f"{store.url(key)}: version {version} of {model_name!r} not found (no manifest)")
+    if root is not None:
+        root.check_manifest(data, store, model_name, version)
     try:
         manifest = signed_part(loads_json(data, what=f"{store.url(key)}: manifest", limit=MAX_MANIFEST_BYTES))
     except UntrustedInputError as exc:
         raise VerificationError(str(exc)) from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("artifacts", {}), dict) \
-            or not isinstance(manifest.get("channels", {}), dict):
-        raise VerificationError(f"{store.url(key)}: manifest is not a JSON object with 'artifacts' and 'channels'")
-    for name, entry in manifest.get("artifacts", {}).items():
-        artifact_key = store.version_key(model_name, version, name)
-        size = entry.get("size_bytes") if isinstance(entry, dict) else None
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(entry.get("sha256"), str):
-            raise VerificationError(f"{store.url(key)}: artifact {name} has no valid sha256 and size_bytes")
+    check_manifest_shape(manifest, store.url(key))
+    for name, entry in manifest["artifacts"].items():
+        artifact_key = store.version_key(model_name, version, check_name("artifact", name))
+        size = entry["size_bytes"]
         blob = store.read(artifact_key, size)  # never more than the manifest's size + 1 byte
         if blob is None:
             raise VerificationError(f"{store.url(artifact_key)}: missing, though the manifest lists it")
@@ -451,6 +456,8 @@ def _identity(manifest: dict) -> dict:
 
 def _check_same_version(store: RolloutStore, model_name: str, plan: VersionPlan, existing: dict | None) -> None:
     ours = _identity({"artifacts": {a.name: a.entry for a in plan.artifacts}, "channels": plan.channels})
+    if existing is not None:
+        check_manifest_shape(existing, store.url(store.version_key(model_name, plan.version)))
     if existing is None or _identity(existing) != ours:
         raise ConflictError(f"{store.url(store.version_key(model_name, plan.version))}: version {plan.version} "
                             "already exists with different artifacts; versions are immutable, choose another version")
@@ -490,7 +497,6 @@ def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: s
                            _manifest_length(store, model_name, version), old, action=action,
                            actor=actor, history=history, rollback=record, days=days, root_version=root.version)
     key = store.channel_key(model_name, channel)
-    root.verify_manifest(store, model_name, version)
     envelope = sign_envelope(value, signers)
     root.verify(envelope, POINTER_ROLE, POINTER_TYPE, store.url(key))
     store.replace_pointer(key, envelope, pointer.token)
@@ -516,38 +522,82 @@ def _history(value: dict) -> list[dict]:
 
 
 class PublishedRoot:
-    """The newest trust root the store publishes (``root/<n>.root.json``): what devices will
-    check the metadata a writer signs against. A writer checks its own new envelopes with it
-    before writing, so a revoked or wrong key is refused on one line instead of freezing the
-    channel for every device (issue 18, item 10). A store that publishes no root (root 1 often
-    only installed on devices) gives nothing to check against: ``keys publish-root`` it."""
+    """What a writer checks everything it reads and signs against: the newest trust root of
+    the chain the store publishes (``root/<n>.root.json``, listed; root 1 self-signed, each
+    next one signed by a threshold of the previous root's keys and of its own, exactly as a
+    device walks it). A store that publishes none is checked against the writer's own
+    release keys (``keys publish-root`` root 1 to check against the root devices hold).
 
-    def __init__(self, root, where: str | None):
+    - the current channel pointer and the manifest it names are verified before anything of
+      them is used (issue 18 round 2, item 1): a pointer planted by whoever can write the
+      store (no keys) is refused, never re-signed, and its history and rollback record are
+      never copied;
+    - the new manifest and pointer are verified before they are written, and the signers
+      checked before the first write (item 10), so a revoked key is refused on one line
+      instead of freezing the channel for every device;
+    - a gap in the published chain, or a root that does not chain, is refused on one line
+      naming it (items 2, 3)."""
+
+    def __init__(self, root, where: str | None, chain: dict | None = None, published: bool = True):
         self.root, self.where = root, where
+        self.chain = chain or {}  # version -> verified root (published ones)
+        self.published = published
 
     @property
     def version(self) -> int:
-        return self.root.signed.version if self.root is not None else 0
+        """The root version new pointers name (0: the store publishes none)."""
+        return self.root.signed.version if self.root is not None and self.published else 0
 
     @classmethod
-    def read(cls, store: RolloutStore) -> PublishedRoot:
-        from onnxcast.rollout.signing import check_root_fresh, parse_root, verify_self_signed
-
-        version = latest_root_version(store)
-        if version == 0:
-            return cls(None, None)
-        key = store.root_key(version)
-        where = store.url(key)
-        data = store.read_bounded(key, MAX_ROOT_BYTES)
-        if data is None:  # removed since it was listed
-            raise StoreError(f"{where}: vanished while it was read; nothing written, try again")
+    def read(cls, store: RolloutStore, signers: Sequence = ()) -> PublishedRoot:
+        from onnxcast.rollout.signing import (
+            check_root_fresh,
+            parse_root,
+            signers_root,
+            verify_next_root,
+            verify_self_signed,
+        )
+        versions = store.list_root_versions()
+        if not versions:
+            return cls(signers_root(signers), None, published=False)
+        missing = sorted(set(range(1, versions[-1] + 1)) - set(versions))
+        if missing:
+            raise RefusedError(f"{store.url(store.root_key(missing[0]))}: missing, though root version "
+                               f"{versions[-1]} is published: the store's trust roots have a gap; nothing written "
+                               f"(publish root {missing[0]} with 'onnxcast keys publish-root', or remove what "
+                               "follows it if you did not publish it)")
+        trusted, where, chain = None, None, {}
+        for version in versions:
+            key = store.root_key(version)
+            where_now = store.url(key)
+            data = store.read_bounded(key, MAX_ROOT_BYTES)
+            if data is None:  # removed since it was listed
+                raise StoreError(f"{where_now}: vanished while it was read; nothing written, try again")
+            try:
+                root = parse_root(data, where_now)
+            except RefusedError as exc:
+                raise RefusedError(f"{exc.args[0].removesuffix('; refusing it')}: the store's trust roots were "
+                                   "tampered with; nothing written") from None
+            if root.signed.version != version:
+                raise RefusedError(f"{where_now}: holds root version {root.signed.version}: the store's trust "
+                                   "roots were tampered with; nothing written")
+            try:
+                verify_self_signed(root, where_now)
+            except RefusedError:
+                raise RefusedError(f"{key} is not signed by its own root keys: the store's trust roots were "
+                                   "tampered with; nothing written") from None
+            if trusted is not None:
+                try:
+                    verify_next_root(trusted, root, where_now)
+                except RefusedError:
+                    raise RefusedError(f"{key} is not signed by the keys of root {version - 1}: the store's "
+                                       "trust roots were tampered with; nothing written") from None
+            trusted, where, chain[version] = root, where_now, root
         try:
-            root = parse_root(data, where)
-            verify_self_signed(root, where)
-            check_root_fresh(root, where)
+            check_root_fresh(trusted, where)
         except RefusedError as exc:
             raise ConfigError(f"the published trust root would be refused by devices: {exc}; nothing written") from None
-        return cls(root, where)
+        return cls(trusted, where, chain)
 
     def check_signers(self, signers: Sequence, role: str, what: str) -> None:
         """Before anything is written: a threshold of ``signers`` holds ``role`` in the root."""
@@ -557,9 +607,9 @@ class PublishedRoot:
         trusted = {s.public_key.keyid for s in signers} & set(role_spec.keyids)
         if len(trusted) < role_spec.threshold:
             raise ConfigError(f"{self.where}: the signing key(s) ({_keyids(signers)}) are {len(trusted)} of the "
-                              f"{role_spec.threshold} key(s) trust root version {self.version} requires to sign "
-                              f"{what}; devices would refuse them, nothing written (sign with a key of the current "
-                              "root)")
+                              f"{role_spec.threshold} key(s) trust root version {self.root.signed.version} requires "
+                              f"to sign {what}; devices would refuse them, nothing written (sign with a key of the "
+                              "current root)")
 
     def verify(self, envelope: dict, role: str, expected_type: str, where: str) -> None:
         """The new ``envelope`` verifies as a device will verify it, else ConfigError, unwritten."""
@@ -570,25 +620,116 @@ class PublishedRoot:
         try:
             verify_envelope(self.root, role, envelope, expected_type, where)
         except RefusedError as exc:
-            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} of trust root version {self.version} "
-                              "(published in the store); devices would refuse it, nothing written") from None
+            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} of trust root version "
+                              f"{self.root.signed.version} ({self._source()}); devices would refuse it, nothing "
+                              "written") from None
 
-    def verify_manifest(self, store: RolloutStore, model_name: str, version: str) -> None:
-        """The manifest a new pointer names verifies too: a pointer to a version signed by a
-        key the root dropped would be refused by every device (promote the model again as a
-        new version instead)."""
+    def _source(self) -> str:
+        return "published in the store" if self.published else "the signing keys' own: the store publishes no root"
+
+    def current_pointer(self, store: RolloutStore, pointer: Pointer, model_name: str, channel: str, *,
+                        overwrite_unverified: bool = False) -> Pointer:
+        """``pointer`` (as read) if its signatures verify, by the newest root or by the
+        published root it names (signed before a rotation), for this model and channel; its
+        fields are then checked for the types writers use. An unverifiable pointer is refused
+        (RefusedError, one line); with ``overwrite_unverified`` (``promote
+        --overwrite-unverified-pointer``) it is kept only as the value to swap from: nothing of
+        it (version, history, rollback record, counter) is used."""
+        from onnxcast.rollout.trust import check_signed_pointer
+
+        if pointer.envelope is None or self.root is None:
+            return pointer
+        where = store.url(store.channel_key(model_name, channel))
+        named = (pointer.envelope.get("signed") or {}).get("root_version") \
+            if isinstance(pointer.envelope.get("signed"), dict) else None
+        candidates = [self.root]
+        if isinstance(named, int) and not isinstance(named, bool) and self.published:
+            older = self.chain.get(max(named, 1))
+            if older is not None and older is not self.root:
+                candidates.append(older)
+        problem = None
+        for root in candidates:
+            try:
+                signed = check_signed_pointer(root, pointer.envelope, model_name, channel, where)
+                break
+            except RefusedError as exc:
+                problem = problem or exc.args[0].removesuffix("; refusing it").removeprefix(f"{where}: ")
+        else:
+            if overwrite_unverified:
+                # Only its counter is kept, and only to go above it: devices refuse a counter
+                # lower than one they verified, and a higher one lets no replay through.
+                counter = (pointer.value or {}).get("counter")
+                keep = {"counter": counter} if isinstance(counter, int) and not isinstance(counter, bool) \
+                    and 0 <= counter < MAX_KEPT_COUNTER else {}
+                return Pointer(keep, pointer.token, pointer.raw, None)
+            raise RefusedError(f"{where}: the current pointer does not verify against trust root version "
+                               f"{self.root.signed.version} ({problem}); it was not written with a release key, "
+                               "so nothing of it is re-signed or copied, nothing written (move the channel to a "
+                               "version you choose: 'onnxcast promote --report RUN --version V "
+                               "--overwrite-unverified-pointer')")
+        _check_pointer_shape(signed, where)
+        return Pointer(signed, pointer.token, pointer.raw, pointer.envelope)
+
+    def check_manifest(self, data: bytes, store: RolloutStore, model_name: str, version: str) -> None:
+        """The manifest bytes of ``version`` verify (release keys of the root, this model and
+        version): a pointer to a version signed by a key the root dropped would be refused by
+        every device (promote that model again as a new version instead), and a manifest
+        planted in the store is never read for its artifacts."""
+        from onnxcast.rollout.trust import check_signed_manifest
+
         if self.root is None:
             return
-        key = store.version_key(model_name, version)
-        data = store.read_bounded(key, MAX_MANIFEST_BYTES)
+        where = store.url(store.version_key(model_name, version))
         try:
-            envelope = loads_json(data or b"", what=store.url(key), limit=MAX_MANIFEST_BYTES)
+            envelope = loads_json(data, what=where, limit=MAX_MANIFEST_BYTES)
         except UntrustedInputError as exc:
             raise VerificationError(str(exc)) from None
         try:
-            self.verify(envelope, MANIFEST_ROLE, MANIFEST_TYPE, store.url(key))
-        except ConfigError as exc:
-            raise ConfigError(f"{exc}; promote that model again as a new version") from None
+            check_signed_manifest(self.root, envelope, model_name, version, where)
+        except RefusedError as exc:
+            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} of trust root version "
+                              f"{self.root.signed.version} ({self._source()}); devices would refuse it, nothing "
+                              "written; promote that model again as a new version") from None
+
+
+def _check_pointer_shape(signed: dict, where: str) -> None:
+    """The fields a writer uses of a verified pointer have the types it expects."""
+    try:
+        check_name("version", signed.get("version"))
+    except ConfigError:
+        raise StoreError(f"{where}: malformed channel pointer (no valid version); nothing written") from None
+    for name, kinds in (("history", (list, type(None))), ("rollback", (dict, type(None))),
+                        ("artifact", (str, type(None))), ("manifest_sha256", (str, type(None)))):
+        if not isinstance(signed.get(name), kinds):
+            raise StoreError(f"{where}: malformed channel pointer ({name!r} is a {type(signed.get(name)).__name__}); "
+                             "nothing written")
+
+
+def check_manifest_shape(manifest: Any, where: str) -> dict:
+    """The manifest's fields writers use: ``artifacts`` (name -> {sha256, size_bytes}) and
+    ``channels`` (channel -> {artifact named in artifacts, family, variant}); one
+    VerificationError line otherwise."""
+    def bad(what: str) -> VerificationError:
+        return VerificationError(f"{where}: malformed manifest ({what}); nothing written")
+
+    if not isinstance(manifest, dict):
+        raise bad("not a JSON object")
+    artifacts, channels = manifest.get("artifacts"), manifest.get("channels")
+    if not isinstance(artifacts, dict):
+        raise bad("no 'artifacts' object")
+    if not isinstance(channels, dict):
+        raise bad("no 'channels' object")
+    for name, entry in artifacts.items():
+        size = entry.get("size_bytes") if isinstance(entry, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(entry.get("sha256"), str):
+            raise bad(f"artifact {quote(name)} has no valid sha256 and size_bytes")
+    for channel, choice in channels.items():
+        if not isinstance(choice, dict) or not all(isinstance(choice.get(k), str)
+                                                   for k in ("artifact", "family", "variant")):
+            raise bad(f"channel {quote(channel)} has no artifact, family and variant")
+        if choice["artifact"] not in artifacts:
+            raise bad(f"channel {quote(channel)} names artifact {quote(choice['artifact'])}, which it does not list")
+    return manifest
 
 
 def _keyids(signers: Sequence) -> str:

@@ -50,16 +50,21 @@ def canonical(signed: dict) -> bytes:
 
 # --- signers ------------------------------------------------------------------------------
 
-def load_signers(specs: str | Sequence[str] | None = None) -> list:
+def load_signers(specs: str | Sequence[str] | None = None, *, option: str = "--signing-key",
+                 from_env: bool = True) -> list:
     """Signers for ``specs`` (key file paths or ``awskms:KEY``; a comma-separated string is
-    split), else from ``$ONNXCAST_SIGNING_KEY``. ConfigError naming what is missing."""
-    if specs is None or specs == [] or specs == "":
+    split), else from ``$ONNXCAST_SIGNING_KEY`` (unless not ``from_env``). ConfigError naming
+    what is missing, with the running command's own option (``option``)."""
+    from onnxcast.rollout.command import keys_command
+
+    if from_env and (specs is None or specs == [] or specs == ""):
         specs = os.environ.get(SIGNING_KEY_ENV, "")
-    items = [specs] if isinstance(specs, str) else list(specs)
+    items = [] if specs is None else [specs] if isinstance(specs, str) else list(specs)
     names = [s.strip() for item in items for s in str(item).split(",") if s.strip()]
     if not names:
-        raise ConfigError(f"no signing key: set {SIGNING_KEY_ENV} or pass --signing-key (a key file from "
-                          "'onnxcast keys generate --out DIR', or awskms:<key id>)")
+        source = f"set {SIGNING_KEY_ENV} or pass {option}" if from_env else f"pass {option}"
+        raise ConfigError(f"no signing key: {source} (a key file from '{keys_command('generate --out DIR')}', "
+                          "or awskms:<key id>)")
     return [load_signer(name) for name in dict.fromkeys(names)]
 
 

@@ -198,6 +198,20 @@ class RolloutStore(ABC):
     def list_versions(self, model: str) -> list[str]:
         """Version ids with any object under ``<model>/versions/`` (complete or not)."""
 
+    @abstractmethod
+    def list_root_names(self) -> list[str]:
+        """The object names under ``root/`` (unchecked: :meth:`list_root_versions` parses them)."""
+
+    def list_root_versions(self) -> list[int]:
+        """The versions of the trust roots published under ``root/`` (``<n>.root.json``), sorted.
+        Listed rather than probed, so a root planted past a missing one is seen too."""
+        found = set()
+        for name in self.list_root_names():
+            match = re.fullmatch(r"([1-9][0-9]{0,8})\.root\.json", name)
+            if match:
+                found.add(int(match.group(1)))
+        return sorted(found)
+
 
 # --- local directory ----------------------------------------------------------------------
 
@@ -292,6 +306,13 @@ class LocalStore(RolloutStore):
         if not directory.is_dir() or (self.root / model).is_symlink() or directory.is_symlink():
             return []
         return sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
+
+    def list_root_names(self) -> list[str]:
+        try:
+            with self._folder(f"{ROOT_FOLDER}/x", create=False) as (folder, _):
+                return [] if folder is None else os.listdir(folder)
+        except OSError as exc:
+            raise StoreError(f"{self.url(ROOT_FOLDER)}: cannot list ({_why(exc)})") from None
 
     @contextmanager
     def _folder(self, key: str, *, create: bool) -> Iterator[tuple[int | None, str]]:
@@ -482,6 +503,22 @@ class S3Store(RolloutStore):
         except BotoCoreError as exc:
             raise StoreError(f"{self.url(model)}: cannot reach S3 ({exc})") from None
         return sorted(found)
+
+    def list_root_names(self) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = self._key(f"{ROOT_FOLDER}/")
+        found: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/")
+            for page in pages:
+                found += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
+        except ClientError as exc:
+            raise self._error(exc, "ListObjectsV2", f"{ROOT_FOLDER}/") from None
+        except BotoCoreError as exc:
+            raise StoreError(f"{self.url(ROOT_FOLDER)}: cannot reach S3 ({exc})") from None
+        return found
 
     # --- helpers --------------------------------------------------------------------------
     def _key(self, key: str) -> str:

@@ -37,7 +37,7 @@ from onnxcast.rollout.signing import (
     verify_self_signed,
 )
 from onnxcast.rollout.store import MAX_POINTER_BYTES  # noqa: F401  (its old home: imported from here before)
-from onnxcast.untrusted import UntrustedInputError, loads_json, read_regular_file
+from onnxcast.untrusted import UntrustedInputError, loads_json, quote, read_regular_file
 
 TRUST_DIR = "trust"
 ROOT_FILE = "root.json"
@@ -106,10 +106,7 @@ class DeviceTrust:
         """The signed pointer fields, if signed by the pointer role, for this model and
         channel, not expired, not older than what this device verified, and not going
         back to an earlier version without a signed rollback record."""
-        signed = verify_envelope(self.root, POINTER_ROLE, envelope, POINTER_TYPE, where)
-        if (signed.get("model"), signed.get("channel")) != (model, channel):
-            raise RefusedError(f"{where}: signed for {signed.get('model')!r} channel {signed.get('channel')!r}, "
-                               f"not {model!r} channel {channel!r}; refusing it")
+        signed = check_signed_pointer(self.root, envelope, model, channel, where)
         expires = parse_time(signed.get("expires"), where)
         if (now or datetime.now(UTC)) >= expires:
             raise RefusedError(f"{where}: expired at {signed['expires']} (a frozen or stale channel); refusing it")
@@ -117,9 +114,7 @@ class DeviceTrust:
         if isinstance(root_version, int) and root_version > self.root.signed.version and not self.pinned:
             raise RefusedError(f"{where}: names root version {root_version}, the device trusts version "
                                f"{self.root.signed.version}; refusing it")
-        counter = signed.get("counter")
-        if not isinstance(counter, int) or isinstance(counter, bool) or counter < 0:
-            raise RefusedError(f"{where}: no valid counter; refusing it")
+        counter = signed["counter"]
         state = self.channel_state(model, channel)
         if state:
             if counter < state["counter"]:
@@ -136,11 +131,7 @@ class DeviceTrust:
         return signed
 
     def verify_manifest(self, envelope: object, model: str, version: str, where: str) -> dict:
-        signed = verify_envelope(self.root, MANIFEST_ROLE, envelope, MANIFEST_TYPE, where)
-        if (signed.get("model"), signed.get("version")) != (model, version):
-            raise RefusedError(f"{where}: signed for {signed.get('model')!r} version {signed.get('version')!r}, "
-                               f"not {model!r} version {version!r}; refusing it")
-        return signed
+        return check_signed_manifest(self.root, envelope, model, version, where)
 
     # --- state ----------------------------------------------------------------------------
     def channel_state(self, model: str, channel: str) -> dict | None:
@@ -186,6 +177,31 @@ class DeviceTrust:
         return given
 
 
+def check_signed_pointer(root, envelope: object, model: str, channel: str, where: str) -> dict:
+    """The signed fields of a channel pointer ``envelope`` if a threshold of ``root``'s
+    pointer keys signed it for this model and channel and its counter is valid; RefusedError
+    otherwise. What a device checks first, and what a writer checks of the pointer it is
+    about to move from (expiry and replay are the device's own business)."""
+    signed = verify_envelope(root, POINTER_ROLE, envelope, POINTER_TYPE, where)
+    if (signed.get("model"), signed.get("channel")) != (model, channel):
+        raise RefusedError(f"{where}: signed for {quote(signed.get('model'))} channel {quote(signed.get('channel'))}, "
+                           f"not {model!r} channel {channel!r}; refusing it")
+    counter = signed.get("counter")
+    if not isinstance(counter, int) or isinstance(counter, bool) or counter < 0:
+        raise RefusedError(f"{where}: no valid counter; refusing it")
+    return signed
+
+
+def check_signed_manifest(root, envelope: object, model: str, version: str, where: str) -> dict:
+    """The signed fields of a version manifest if ``root``'s release keys signed it for this
+    model and version; RefusedError otherwise (device and writers alike)."""
+    signed = verify_envelope(root, MANIFEST_ROLE, envelope, MANIFEST_TYPE, where)
+    if (signed.get("model"), signed.get("version")) != (model, version):
+        raise RefusedError(f"{where}: signed for {quote(signed.get('model'))} version {quote(signed.get('version'))}, "
+                           f"not {model!r} version {version!r}; refusing it")
+    return signed
+
+
 class _TrustFiles:
     """``DEST/trust/`` opened by descriptor (a symlinked ``trust/`` or file is refused)."""
 
@@ -223,3 +239,4 @@ def _check_root(data: bytes, where: str):
     root = parse_root(data, where)
     verify_self_signed(root, where)
     return root
+

@@ -277,6 +277,7 @@ class TestWriterChecksThePublishedRoot:
         assert cli.main(["keys", "root", "--out", str(root2), "--previous", str(old["root"]),
                          "--root-key", str(new["public"]), "--release-key", str(new["public"]),
                          "--sign-with", str(old["private"]), "--sign-with", str(new["private"])]) == 0
+        assert cli.main(["keys", "publish-root", "--store", store, "--root", str(old["root"])]) == 0
         assert cli.main(["keys", "publish-root", "--store", store, "--root", str(root2)]) == 0
         capsys.readouterr()
         return store, old, new

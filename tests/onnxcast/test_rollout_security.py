@@ -98,7 +98,7 @@ def without_writer_checks(monkeypatch) -> None:
     """Write as a store writer with its own tools would: no check against the published root."""
     from onnxcast.rollout.promote import PublishedRoot
 
-    monkeypatch.setattr(PublishedRoot, "read", classmethod(lambda cls, store: cls(None, None)))
+    monkeypatch.setattr(PublishedRoot, "read", classmethod(lambda cls, store, *signers: cls(None, None)))
 
 
 def one_error_line(capsys, contains: str) -> str:
@@ -157,12 +157,15 @@ class TestStoreWriterWithoutKeys:
         one_error_line(capsys, "channels/edge.json: not signed metadata (no 'signed' object); refusing it")
         device.still_serves("1")
 
-    def test_forged_pointer_signed_by_another_key_is_refused(self, store, make_run, device, tmp_path, capsys):
+    def test_forged_pointer_signed_by_another_key_is_refused(self, store, make_run, device, tmp_path, capsys,
+                                                              monkeypatch):
         promote(make_run("a"), store, "m", "edge", version="1")
         pull(store, "m", "edge", device.path)
         device.remember()
         attacker = keys(tmp_path, "attacker")
-        # The attacker promotes a whole version with their own key: every digest is right.
+        # The attacker promotes a whole version with their own key: every digest is right
+        # (with a writer of their own: onnxcast's refuses a pointer its keys did not sign).
+        without_writer_checks(monkeypatch)
         promote(make_run("b"), store, "m", "edge", version="2", signers=[attacker["private"]])
         assert edge_cli(store, device.path) == 1
         one_error_line(capsys, "channels/edge.json: signed by 0 of the 1 release key(s) required; refusing it")
@@ -247,6 +250,7 @@ class TestStoreWriterWithoutKeys:
         assert cli.main(["keys", "root", "--out", str(root2), "--previous", str(old["root"]),
                          "--root-key", str(new["public"]), "--release-key", str(new["public"]),
                          "--sign-with", str(old["private"]), "--sign-with", str(new["private"])]) == 0
+        assert cli.main(["keys", "publish-root", "--store", store, "--root", str(old["root"])]) == 0
         assert cli.main(["keys", "publish-root", "--store", store, "--root", str(root2)]) == 0
         promote(make_run("b"), store, "m", "edge", version="2", signers=[new["private"]])
         assert json.loads(raw_get(store, EDGE))["signed"]["root_version"] == 2
@@ -294,7 +298,8 @@ class TestRollbackRecords:
 
 
 class TestKeys:
-    def test_threshold_two_of_three_with_one_key_compromised(self, store, make_run, device, tmp_path, capsys):
+    def test_threshold_two_of_three_with_one_key_compromised(self, store, make_run, device, tmp_path, capsys,
+                                                              monkeypatch):
         k1, k2, k3 = (keys(tmp_path, n) for n in ("k1", "k2", "k3"))
         public = [read_public_key(k["public"]) for k in (k1, k2, k3)]
         signers = [load_signer(str(k["private"])) for k in (k1, k2, k3)]
@@ -303,7 +308,8 @@ class TestKeys:
         promote(make_run("a"), store, "m", "edge", version="1", signers=signers[:2])
         pull(store, "m", "edge", device.path, trust=root_file)
         device.remember()
-        # k3 is stolen: alone it signs a complete new version and its pointer.
+        # k3 is stolen: alone it signs a complete new version and its pointer (its own writer).
+        without_writer_checks(monkeypatch)
         promote(make_run("evil"), store, "m", "edge", version="2", signers=[signers[2]])
         assert edge_cli(store, device.path, "--trust", str(root_file)) == 1
         one_error_line(capsys, "channels/edge.json: signed by 1 of the 2 release key(s) required; refusing it")
@@ -328,6 +334,7 @@ class TestKeys:
         assert cli.main(["keys", "root", "--out", str(root2), "--previous", str(old["root"]),
                          "--root-key", str(new["public"]), "--release-key", str(new["public"]),
                          "--sign-with", str(old["private"]), "--sign-with", str(new["private"])]) == 0
+        assert cli.main(["keys", "publish-root", "--store", store, "--root", str(old["root"])]) == 0
         assert cli.main(["keys", "publish-root", "--store", store, "--root", str(root2)]) == 0
         capsys.readouterr()
         promote(make_run("b"), store, "m", "edge", version="2", signers=[new["private"]])
@@ -450,7 +457,8 @@ def kms_key_id(monkeypatch):
         yield key["KeyMetadata"]["KeyId"]
 
 
-def test_kms_signed_release_is_installed_and_the_worker_holds_no_key(kms_key_id, tmp_path, make_run, device, capsys):
+def test_kms_signed_release_is_installed_and_the_worker_holds_no_key(kms_key_id, tmp_path, make_run, device, capsys,
+                                                                      monkeypatch):
     """Production path: promote signs through KMS (kms:Sign), the root names the KMS public
     key (onnxcast keys kms-pub), and a device verifies with it."""
     store = str(tmp_path / "store")
@@ -464,7 +472,9 @@ def test_kms_signed_release_is_installed_and_the_worker_holds_no_key(kms_key_id,
                      "--channel", "edge", "--version", "1", "--signing-key", f"awskms:{kms_key_id}"]) == 0
     assert edge_cli(store, device.path, "--trust", str(tmp_path / "root.json")) == 0
     assert "installed version 1" in capsys.readouterr().out
-    # The development key (not in this root) cannot stand in for KMS.
+    # The development key (not in this root) cannot stand in for KMS (written without the
+    # writer's checks, which refuse a pointer the development key did not sign).
+    without_writer_checks(monkeypatch)
     promote(make_run("b"), store, "m", "edge", version="2", signers=[admin["private"]])
     assert edge_cli(store, device.path, "--trust", str(tmp_path / "root.json")) == 1
     one_error_line(capsys, "signed by 0 of the 1 release key(s) required")
