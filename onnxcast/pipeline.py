@@ -13,19 +13,31 @@ only when the run succeeded.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import shutil
+import stat
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from onnxcast import __version__
 from onnxcast.config import PipelineConfig
-from onnxcast.errors import ConfigError, DataQualityError, GateError
+from onnxcast.errors import ConfigError, DataQualityError, GateError, OnnxcastError
 from onnxcast.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.report import read_json, select_variants, write_json
 
 log = logging.getLogger(__name__)
+
+STAGING = ".staging"
+
+
+class RunDirBusyError(OnnxcastError):
+    """Another pipeline run holds the output folder."""
+
 
 def family_dir(cfg: PipelineConfig, family: str) -> Path:
     return cfg.layout.family(family)
@@ -245,10 +257,17 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     failed run never leaves a model or report.json behind.
     """
     out = cfg.run_dir
-    staging = out / ".staging"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    with run_dir_lock(out):
+        return _run_locked(cfg, out)
+
+
+def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
+    staging = out / STAGING
+    # Holding the lock, no live run owns a staging folder here: one that exists was left by a
+    # run that was killed (SIGKILL, a power cut) and is removed without following symlinks.
+    if _remove(staging):
+        log.info("removed %s left by an interrupted run", staging)
+    staging.mkdir()
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
     try:
@@ -269,6 +288,44 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     return report
 
 
+@contextlib.contextmanager
+def run_dir_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the folder ``out`` (created if need be) for a whole run.
+
+    flock on the folder itself: no lock file is left behind, and the kernel releases the lock
+    when the process dies however it dies, so the next run knows that a staging folder it
+    finds is stale. A second run on the same folder is refused at once, before it touches
+    anything, rather than deleting the first one's staging folder under it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot be used as the output folder ({error.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirBusyError(f"{out}: another onnxcast pipeline run is writing to this folder; wait for it "
+                                  "to finish or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> bool:
+    """Remove ``path`` if it exists, never following a symlink: a link is unlinked, not its
+    target emptied (shutil.rmtree is fd-based here and does not follow links inside)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return True
+
+
 def _step(number: int, name: str, function, *args):
     log.info("[%d/6] %s", number, name)
     return function(*args)
@@ -283,8 +340,8 @@ def _publish(staging: Path, out: Path) -> None:
         if entry == report:
             continue
         target = out / entry.name
-        if target.is_dir():
-            shutil.rmtree(target)
+        if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
+            _remove(target)  # a file is replaced by rename; a folder or a link has to go first
         entry.replace(target)
     report.replace(RunLayout(out).report)
     staging.rmdir()
@@ -295,12 +352,9 @@ def _keep_diagnostics(staging: Path, out: Path) -> None:
         source = staging / name
         if source.exists():
             target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
+            _remove(target)
             source.replace(target)
-    shutil.rmtree(staging, ignore_errors=True)
+    _remove(staging)
 
 
 def _load_data(cfg: PipelineConfig):
