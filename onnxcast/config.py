@@ -252,14 +252,14 @@ def estimate_model_size(family: str, cfg: PipelineConfig, **override: int) -> tu
     extra = (features - 1) * lookback + _MAX_SEASONS * horizon
     if family == "nhits":
         width = 8 * v["hidden_size"]
-        total = 0
+        total = _MAX_SEASONS * horizon  # the mix of seasonal-naive anchors
         for pool, knots in ((max(1, lookback // 24), max(2, horizon // 12)),
                             (max(1, lookback // 84), max(2, horizon // 4)), (1, horizon)):
             pooled = -(-lookback // pool)
             total += (pooled + extra + 1) * width + (width + 1) * width + (width + 1) * (lookback + knots)
         return total, 0
     if family == "dlinear":
-        return 2 * (lookback + 1) * horizon + (extra + 1) * horizon + _MAX_SEASONS * horizon, 0
+        return 2 * (lookback + 1) * horizon + (extra + 1) * horizon + _MAX_SEASONS * horizon, 0  # + the mix
     return 0, 0
 
 
