@@ -1,4 +1,4 @@
-"""The ``onnxcast`` command line.
+"""The onnxcast command line.
 
 Exit codes: 0 success, 2 bad settings or data (one ``error:`` line on stderr, no traceback),
 3 a validation gate failed, 1 any other onnxcast error.
@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from onnxcast import __version__
 from onnxcast.config import MODEL_FAMILIES, PipelineConfig, QualitySettings
@@ -163,7 +164,7 @@ def summarize_report(report: dict, out: str) -> str:
     baselines = report["baselines"]
     base = baselines["seasonal_naive"]
     origins = baselines.get("origins") or {}
-    lines = [f"report: {out}/report.json"]
+    lines = [f"report: {Path(out) / 'report.json'}"]  # not "out//report.json" for --out out/
     if origins:
         lines.append(f"holdout: {origins['count']} forecast origins, one every {origins['stride']} steps "
                      "(every phase of the season); MAE with its 95% interval")

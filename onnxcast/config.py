@@ -102,6 +102,8 @@ class PipelineConfig:
                 datetime.fromisoformat(str(self.trained_until).replace("Z", "+00:00"))
             except ValueError:
                 problems.append(f"trained_until must be an ISO timestamp, got {self.trained_until!r}")
+        if not problems:  # the estimates below assume every size in range and the models known
+            problems += model_size_problems(self)
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
 
@@ -168,9 +170,11 @@ RANGES: dict[str, tuple[type, float | None, float | None, bool, bool]] = {
     "patience": (int, 1, 100_000, False, False),
     "batch_size": (int, 1, 1_000_000, False, False),
     "learning_rate": (float, 0.0, 10.0, True, False),
-    "hidden_size": (int, 1, 65_536, False, False),
+    # widths beyond 4,096 train nothing on a CPU worker; the estimate in model_size_problems
+    # bounds what these ranges still allow in combination (N-HiTS is 8x hidden_size wide)
+    "hidden_size": (int, 1, 4096, False, False),
     "num_layers": (int, 1, 64, False, False),
-    "d_model": (int, 1, 65_536, False, False),
+    "d_model": (int, 1, 4096, False, False),
     "n_heads": (int, 1, 1024, False, False),
     "seed": (int, 0, 2**32 - 1, False, False),
     "opset": (int, 14, 30, False, False),  # None allowed: the exporter's default
@@ -190,6 +194,101 @@ QUALITY_RANGES: dict[str, tuple[type, float | None, float | None, bool, bool]] =
     "fill_gaps_max_steps": (int, 0, 1_000_000, False, False),
     "drop_duplicate_timestamps": (bool, None, None, False, False),
 }
+
+
+# --- model size, estimated before anything is allocated ---------------------------------------
+# `--models nhits --hidden-size 65536` once passed the range check and failed after 19 s with an
+# allocation traceback: N-HiTS is 3 blocks of two (8 x hidden_size)^2 layers, 8.2e11 weights.
+# Training holds weights, gradients and AdamW's two moments: 16 bytes per parameter.
+MAX_MODEL_PARAMETERS = 50_000_000  # 800 MB of training state; the defaults are 0.01-1.2 M
+MAX_ATTENTION_BYTES = 8 * 1024**3  # the Transformer's attention scores (and their gradients) per batch
+TRAINING_BYTES_PER_PARAMETER = 16
+_MAX_SEASONS = 3  # a window family anchors on at most the run's season and two implied ones
+# The settings that size each family, the first the one to name when the defaults do not explain it.
+SIZE_SETTINGS = {
+    "lstm": ("hidden_size", "num_layers", "horizon"),
+    "transformer": ("d_model", "num_layers", "horizon", "lookback", "batch_size"),
+    "nhits": ("hidden_size", "lookback", "horizon"),
+    "dlinear": ("lookback", "horizon"),
+}
+
+
+def model_size_problems(cfg: PipelineConfig) -> list[str]:
+    """One problem per selected family whose estimated size is over the limits, naming the
+    setting that makes it so and the largest value of it that fits with the others."""
+    problems = []
+    for family in cfg.models:
+        parameters, attention = estimate_model_size(family, cfg)
+        if parameters <= MAX_MODEL_PARAMETERS and attention <= MAX_ATTENTION_BYTES:
+            continue
+        name = _culprit(family, cfg)
+        value = getattr(cfg, name)
+        fits = _largest_fitting(family, cfg, name)
+        if parameters > MAX_MODEL_PARAMETERS:
+            what = (f"about {parameters:,} parameters ({parameters * TRAINING_BYTES_PER_PARAMETER / 1e9:,.1f} GB "
+                    f"to train), over the limit of {MAX_MODEL_PARAMETERS:,}")
+        else:
+            what = (f"about {attention / 1e9:,.1f} GB of attention scores per batch, over the limit of "
+                    f"{MAX_ATTENTION_BYTES / 1e9:.1f} GB")
+        advice = f"use {name} {fits:,} or less with these settings" if fits else f"lower {name}"
+        problems.append(f"{name} {value:,} makes the {family} model {what}: {advice}")
+    return problems
+
+
+def estimate_model_size(family: str, cfg: PipelineConfig, **override: int) -> tuple[int, int]:
+    """(parameters, bytes of attention scores for one training batch) of ``family`` under
+    ``cfg`` with ``override`` applied; the formulas follow onnxcast.models layer by layer."""
+    v = {name: getattr(cfg, name) for name in ("hidden_size", "num_layers", "d_model", "n_heads", "horizon",
+                                               "lookback", "batch_size")}
+    v.update(override)
+    features, horizon, lookback = cfg.n_features, v["horizon"], v["lookback"]
+    if family == "lstm":
+        h, layers = v["hidden_size"], v["num_layers"]
+        lstm = 4 * h * (features + h + 2) + (layers - 1) * 4 * h * (2 * h + 2)
+        return lstm + h * horizon + horizon, 0
+    if family == "transformer":
+        d, layers = v["d_model"], v["num_layers"]
+        layer = 4 * (d * d + d) + 2 * (2 * d * d) + 3 * d + 4 * d  # attention, feed-forward, two norms
+        parameters = features * d + d + layers * layer + 2 * d + 2 * d * horizon + horizon
+        # scores, softmax and their gradients: 3 float32 [batch, heads, time, time] per layer
+        attention = 3 * 4 * v["batch_size"] * v["n_heads"] * lookback * lookback * layers
+        return parameters, attention
+    extra = (features - 1) * lookback + _MAX_SEASONS * horizon
+    if family == "nhits":
+        width = 8 * v["hidden_size"]
+        total = _MAX_SEASONS * horizon  # the mix of seasonal-naive anchors
+        for pool, knots in ((max(1, lookback // 24), max(2, horizon // 12)),
+                            (max(1, lookback // 84), max(2, horizon // 4)), (1, horizon)):
+            pooled = -(-lookback // pool)
+            total += (pooled + extra + 1) * width + (width + 1) * width + (width + 1) * (lookback + knots)
+        return total, 0
+    if family == "dlinear":
+        return 2 * (lookback + 1) * horizon + (extra + 1) * horizon + _MAX_SEASONS * horizon, 0  # + the mix
+    return 0, 0
+
+
+def _fits(family: str, cfg: PipelineConfig, **override: int) -> bool:
+    parameters, attention = estimate_model_size(family, cfg, **override)
+    return parameters <= MAX_MODEL_PARAMETERS and attention <= MAX_ATTENTION_BYTES
+
+
+def _culprit(family: str, cfg: PipelineConfig) -> str:
+    """The size setting whose default would shrink ``family`` the most."""
+    defaults = {f.name: f.default for f in dataclasses.fields(PipelineConfig)}
+    names = SIZE_SETTINGS[family]
+    return min(names, key=lambda n: (sum(estimate_model_size(family, cfg, **{n: defaults[n]})), names.index(n)))
+
+
+def _largest_fitting(family: str, cfg: PipelineConfig, name: str) -> int:
+    """The largest value of ``name`` (others unchanged) within the limits; 0 if none."""
+    low, high = 0, getattr(cfg, name)  # low fits (or is 0), high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _fits(family, cfg, **{name: middle}):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def check_ranges(settings: Any, ranges: dict, prefix: str = "") -> list[str]:

@@ -13,6 +13,7 @@ import os
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 
@@ -45,13 +46,17 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     example[:, :, 0] = torch.linspace(0.0, 1.0, lookback)  # non-constant, like real data
     exporter = exporter or EXPORTER.get(str(metadata.get("model_family")), "dynamo")
     tmp = path.with_suffix(".tmp.onnx")
+    window = getattr(model, "min_history", None)  # window families read the newest ``lookback`` steps
+    _quiet_torchvision_registry()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            proto = (_export_dynamo(model, example, min_time=getattr(model, "min_history", 2)) if exporter == "dynamo"
+            proto = (_export_dynamo(model, example, min_time=window or 2) if exporter == "dynamo"
                      else _export_torchscript(model, example))
     except Exception as exc:  # torch.export raises many types; report them as one
         raise ExportError(f"torch.onnx.export failed for {type(model.core).__name__}: {str(exc).splitlines()[0]}") from exc
+    if window:
+        slice_window_from_the_end(proto, window)
     if opset is not None:
         proto = convert_opset(proto, opset)
     set_metadata(proto, metadata)
@@ -72,6 +77,82 @@ def _export_dynamo(model: torch.nn.Module, example: torch.Tensor, min_time: int 
         dynamic_shapes={"history": {0: batch, 1: time}}, optimize=True, verbose=False,
     )
     return program.model_proto
+
+
+def slice_window_from_the_end(proto: onnx.ModelProto, lookback: int) -> int:
+    """Read the window of a window family as ``history[:, -lookback:]``; returns the Slices changed.
+
+    The model slices ``history[:, time - lookback:]`` and the exporter writes the start as
+    ``Sub(Shape(history)[1], lookback)``. torch.export knew ``time >= lookback`` (the Dim's
+    min), ONNX has no way to say so, and ONNX Runtime's symbolic shape inference (int8's
+    pre-processing) warned "Cannot determine if time - 168 < 0" on every window-family run.
+    A start of ``-lookback`` is the same slice for every history the contract allows (at least
+    ``lookback`` steps) and has a static length, so nothing is left to determine.
+    """
+    graph = proto.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+    changed = 0
+    for node in graph.node:
+        if node.op_type != "Slice" or len(node.input) < 4 or node.input[0] != INPUT_NAME:
+            continue
+        if constants.get(node.input[3]) is None or constants[node.input[3]].tolist() not in ([1], 1):
+            continue  # not the time axis
+        chain = _start_chain(producer, node.input[1])
+        if chain is None or constants.get(chain[1].input[1]) is None or int(constants[chain[1].input[1]]) != lookback:
+            continue
+        name = f"{node.name or 'slice'}_start_from_end"
+        graph.initializer.append(onnx.numpy_helper.from_array(np.array([-lookback], dtype=np.int64), name))
+        node.input[1] = name
+        changed += 1
+    if changed:
+        _drop_unused_nodes(graph)
+    return changed
+
+
+def _start_chain(producer: dict, name: str):
+    """``(Reshape, Sub, Squeeze, Shape)`` computing ``history.shape[1] - c`` into ``name``, or None."""
+    reshape = producer.get(name)
+    sub = producer.get(reshape.input[0]) if reshape is not None and reshape.op_type == "Reshape" else None
+    squeeze = producer.get(sub.input[0]) if sub is not None and sub.op_type == "Sub" else None
+    shape = producer.get(squeeze.input[0]) if squeeze is not None and squeeze.op_type == "Squeeze" else None
+    if shape is None or shape.op_type != "Shape" or shape.input[0] != INPUT_NAME:
+        return None
+    span = {a.name: onnx.helper.get_attribute_value(a) for a in shape.attribute}
+    if (span.get("start"), span.get("end")) != (1, 2):
+        return None
+    return reshape, sub, squeeze, shape
+
+
+def _drop_unused_nodes(graph: onnx.GraphProto) -> None:
+    """Remove nodes (and initializers) nothing reads any more, until none is left."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        used = {i for node in graph.node for i in node.input} | outputs
+        dead = [node for node in graph.node if not any(o in used for o in node.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    used = {i for node in graph.node for i in node.input}
+    for init in [i for i in graph.initializer if i.name not in used]:
+        graph.initializer.remove(init)
+
+
+def _quiet_torchvision_registry() -> None:
+    """Drop torch's four "torchvision is not installed. Skipping torchvision::nms" (roi_align,
+    roi_pool, deform_conv2d) warnings, printed on every dynamo export: its ONNX registry
+    offers torchvision's ops, which no onnxcast model uses and onnxcast does not install.
+    Only that message of that logger; anything else it says still shows."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    if not any(isinstance(f, _TorchvisionAbsent) for f in registry.filters):
+        registry.addFilter(_TorchvisionAbsent())
+
+
+class _TorchvisionAbsent(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "torchvision is not installed. Skipping %s"
+                    and str(record.args[0] if record.args else "").startswith("torchvision::"))
 
 
 def _export_torchscript(model: torch.nn.Module, example: torch.Tensor) -> onnx.ModelProto:

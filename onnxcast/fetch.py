@@ -15,7 +15,6 @@ spec before anything is written; the result is ``models/<family>/model.pt`` and
 from __future__ import annotations
 
 import io
-import json
 import logging
 import re
 import tempfile
@@ -25,11 +24,26 @@ from typing import Any
 
 from onnxcast.errors import OnnxcastError
 from onnxcast.layout import RunLayout
+from onnxcast.untrusted import (
+    MAX_METADATA_BYTES,
+    UntrustedInputError,
+    loads_json,
+    quote,
+    read_regular_file,
+)
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.pt"
 SPEC_FILE = "model.json"
+# model.pt of the largest model the settings allow (50 M float32 parameters) is 200 MB
+MAX_WEIGHTS_BYTES = 1024**3
+MAX_REPORT_BYTES = 64 * 1024**2
+# The fields of a ModelSpec in model.json: (type, low, high). Sizes share the pipeline's
+# ranges (onnxcast.config.RANGES), so a fetched model is never larger than a trained one.
+_SPEC_INTS = ("n_features", "horizon", "lookback", "hidden_size", "num_layers", "d_model", "n_heads", "season")
+MAX_FEATURES = 1024
+MAX_SEASONS = 8
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 
 
@@ -92,16 +106,14 @@ def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = 
         resolved.update(model=source["name"], version=str(version.version), run_id=version.run_id)
         with tempfile.TemporaryDirectory() as staging:
             files = _download_mlflow(source["name"], str(version.version), Path(staging), tracking_uri)
-            weights, spec_bytes = files[MODEL_FILE].read_bytes(), files[SPEC_FILE].read_bytes()
+            weights = _read_file(files[MODEL_FILE], MAX_WEIGHTS_BYTES)
+            spec_bytes = _read_file(files[SPEC_FILE], MAX_METADATA_BYTES)
     else:
         weights = _read_bytes(source, MODEL_FILE, s3_settings)
         spec_bytes = _read_bytes(source, SPEC_FILE, s3_settings)
     where = f"{uri} ({MODEL_FILE})"
-    spec_dict = _read_spec(spec_bytes, uri)
-    try:
-        spec = ModelSpec(**spec_dict)
-    except TypeError as exc:
-        raise FetchError(f"{uri}: {SPEC_FILE} spec does not describe an onnxcast model ({exc})") from None
+    original = _load_spec_json(spec_bytes, uri)
+    spec = ModelSpec(**_check_spec(original, uri))
     mismatched = {k: (getattr(spec, k), v) for k, v in (expect or {}).items() if getattr(spec, k) != v}
     if mismatched:
         detail = ", ".join(f"{k} is {got}, this run needs {want}" for k, (got, want) in mismatched.items())
@@ -116,7 +128,6 @@ def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = 
     except (RuntimeError, TypeError, AttributeError) as exc:
         raise FetchError(f"{where}: weights do not match the spec in {SPEC_FILE} ({str(exc).splitlines()[0][:300]})") from None
 
-    original = json.loads(spec_bytes)
     family_dir = Path(family_dir)
     family_dir.mkdir(parents=True, exist_ok=True)
     tmp = family_dir / f".{MODEL_FILE}.tmp"
@@ -124,8 +135,9 @@ def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = 
     tmp.replace(family_dir / MODEL_FILE)
     from onnxcast.report import write_json
 
+    fetched_from = original.get("source", "unknown")
     record = {"spec": spec.to_dict(), "source": {"kind": source["kind"], **resolved},
-              "fetched_from": original.get("source", "unknown")}
+              "fetched_from": fetched_from if isinstance(fetched_from, str | dict) else "unknown"}
     if isinstance(original.get("training"), dict):
         record["training"] = original["training"]
     write_json(family_dir / SPEC_FILE, record)
@@ -164,12 +176,12 @@ def _download_mlflow(name: str, version: str, dest: Path, tracking_uri: str | No
 
 def _read_bytes(source: dict, name: str, s3_settings: dict | None) -> bytes:
     uri = source["uri"]
+    limit = MAX_WEIGHTS_BYTES if name == MODEL_FILE else MAX_METADATA_BYTES
     if source["kind"] == "local":
         path = Path(uri) / name
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            raise FetchError(f"{path}: not found (a fetch folder holds {MODEL_FILE} and {SPEC_FILE})") from None
+        if not path.exists():
+            raise FetchError(f"{path}: not found (a fetch folder holds {MODEL_FILE} and {SPEC_FILE})")
+        return _read_file(path, limit)
     from botocore.exceptions import BotoCoreError, ClientError
 
     from onnxcast.s3 import split_s3_uri
@@ -179,7 +191,14 @@ def _read_bytes(source: dict, name: str, s3_settings: dict | None) -> bytes:
     key = f"{prefix}{name}"
     client = _s3_client(S3Settings.from_values(s3_settings or {}))
     try:
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        response = client.get_object(Bucket=bucket, Key=key)
+        size = int(response.get("ContentLength") or 0)
+        if size > limit:
+            raise FetchError(f"s3://{bucket}/{key}: {size:,} bytes, over the limit of {limit:,} for {name}")
+        data = response["Body"].read(limit + 1)
+        if len(data) > limit:
+            raise FetchError(f"s3://{bucket}/{key}: over the limit of {limit:,} bytes for {name}")
+        return data
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
         if code in ("NoSuchKey", "404", "NoSuchBucket"):
@@ -196,16 +215,91 @@ def _s3_client(settings):
     return make_client(settings)
 
 
-def _read_spec(data: bytes | Path, where: str) -> dict:
-    if isinstance(data, Path):
-        data = data.read_bytes()
+def _read_file(path: Path, limit: int) -> bytes:
+    """A regular file of at most ``limit`` bytes (never a FIFO or a device); FetchError if not."""
     try:
-        spec = json.loads(data)["spec"]
-    except (ValueError, KeyError, TypeError):
-        raise FetchError(f"{where}: {SPEC_FILE} is not JSON with a 'spec' object") from None
-    if not isinstance(spec, dict) or "family" not in spec:
-        raise FetchError(f"{where}: {SPEC_FILE} spec has no 'family'")
-    return spec
+        return read_regular_file(path, what="fetched file", limit=limit)
+    except UntrustedInputError as error:
+        raise FetchError(str(error)) from None
+
+
+def _read_spec(data: bytes | Path, where: str) -> dict:
+    """The checked ModelSpec fields of a model.json (its bytes or its path)."""
+    if isinstance(data, Path):
+        data = _read_file(data, MAX_METADATA_BYTES)
+    return _check_spec(_load_spec_json(data, where), where)
+
+
+def _load_spec_json(data: bytes, where: str) -> dict:
+    """model.json parsed with bounded size and depth: a dict with a 'spec' object."""
+    try:
+        document = loads_json(data, what=f"{where}: {SPEC_FILE}")
+    except UntrustedInputError as error:
+        raise FetchError(str(error)) from None
+    if not isinstance(document, dict) or not isinstance(document.get("spec"), dict):
+        raise FetchError(f"{where}: {SPEC_FILE} is not a JSON object with a 'spec' object")
+    return document
+
+
+def _check_spec(document: dict, where: str) -> dict:
+    """The 'spec' of model.json checked field by field: FetchError naming the first bad field.
+
+    A fetched model.json is input: an unknown family raised ValueError, a string lookback
+    TypeError, a negative one a torch error, a huge hidden_size an allocation failure."""
+    from onnxcast.config import MAX_MODEL_PARAMETERS, MODEL_FAMILIES, RANGES, estimate_model_size
+    from onnxcast.models import ModelSpec
+
+    spec = document["spec"]
+    prefix = f"{where}: {SPEC_FILE} spec"
+    known = {f for f in ModelSpec.__dataclass_fields__}
+    unknown = sorted(str(k) for k in spec if k not in known)
+    if unknown:
+        raise FetchError(f"{prefix} has unknown field(s) {', '.join(quote(k) for k in unknown[:5])}")
+    for name in ("family", "n_features", "horizon", "lookback"):
+        if name not in spec:
+            raise FetchError(f"{prefix} has no {name!r}")
+    family = spec["family"]
+    if not isinstance(family, str) or family not in MODEL_FAMILIES:
+        raise FetchError(f"{prefix} field 'family' is {quote(family)}, expected one of {list(MODEL_FAMILIES)}")
+    for name in _SPEC_INTS:
+        if name not in spec:
+            continue  # a default of ModelSpec
+        value = spec[name]
+        low, high = (1, MAX_FEATURES) if name == "n_features" else RANGES[name][1:3]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FetchError(f"{prefix} field {name!r} must be an integer, got {quote(value)}")
+        if not low <= value <= high:
+            raise FetchError(f"{prefix} field {name!r} must be in [{low}, {high}], got {value}")
+    checked = {**{f: ModelSpec.__dataclass_fields__[f].default for f in known if f != "family"
+                  and f not in ("n_features", "horizon", "lookback")}, **spec}
+    seasons = checked["seasons"]
+    low, high = RANGES["season"][1:3]
+    if not isinstance(seasons, list | tuple) or len(seasons) > MAX_SEASONS or not all(
+            isinstance(s, int) and not isinstance(s, bool) and low <= s <= high for s in seasons):
+        raise FetchError(f"{prefix} field 'seasons' must be a list of at most {MAX_SEASONS} integers in "
+                         f"[{low}, {high}], got {quote(seasons)}")
+    if checked["d_model"] % checked["n_heads"]:
+        raise FetchError(f"{prefix} field 'd_model' ({checked['d_model']}) is not divisible by "
+                         f"'n_heads' ({checked['n_heads']})")
+    too_long = [s for s in (checked["season"], *seasons) if s > checked["lookback"]]
+    if family in ("nhits", "dlinear") and too_long:
+        raise FetchError(f"{prefix} field 'seasons' holds {too_long[0]}, longer than 'lookback' {checked['lookback']}")
+    size = _SpecSizes(checked)
+    parameters, _ = estimate_model_size(family, size)
+    if parameters > MAX_MODEL_PARAMETERS:
+        raise FetchError(f"{prefix} describes a {family} model of about {parameters:,} parameters, over the "
+                         f"limit of {MAX_MODEL_PARAMETERS:,}")
+    return {**spec, "seasons": list(seasons)}
+
+
+class _SpecSizes:
+    """A spec's sizes as onnxcast.config.estimate_model_size reads them from a config."""
+
+    def __init__(self, spec: dict):
+        self.n_features = spec["n_features"]
+        for name in ("hidden_size", "num_layers", "d_model", "n_heads", "horizon", "lookback"):
+            setattr(self, name, spec[name])
+        self.batch_size = 1
 
 
 # --- a registered version as a run directory (promotion with re-checked gates) -------------
@@ -234,7 +328,11 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
         reports = sorted(folder.rglob("report.json"))
         if not reports:
             raise FetchError(f"models:/{model_name}/{number}: holds no report.json; was it registered by onnxcast?")
-        report = json.loads(reports[0].read_text())
+        try:
+            report = loads_json(read_regular_file(reports[0], what="report.json", limit=MAX_REPORT_BYTES),
+                                what=f"models:/{model_name}/{number} report.json", limit=MAX_REPORT_BYTES)
+        except UntrustedInputError as error:
+            raise FetchError(str(error)) from None
         family = report["selected"]["edge"]["family"]
         entry = next(m for m in report["models"] if m["family"] == family)
         # Every path the report names is checked before anything is written: a registered

@@ -33,6 +33,7 @@ from onnxcast.data import (
     split_by_time,
 )
 from onnxcast.errors import ConfigError, DataError, DataQualityError
+from onnxcast.untrusted import quote
 
 SUITE_NAME = "onnxcast-data-quality"
 RESULT_JSON = "validation_result.json"
@@ -41,6 +42,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 ROBUST_SCALE_MAD = 1.4826  # MAD -> standard deviation for normal data
 ROBUST_SCALE_MEAN_AD = 1.2533  # mean absolute deviation -> standard deviation, when MAD is 0
 HELPER = "_qc_"
+HIDDEN = "<field "  # a header field not shown: "<field 2>" (see hide_unnamed_columns)
 OFFLINE_CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1rem 2rem;max-width:1400px}
 table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top;text-align:left}
@@ -83,7 +85,7 @@ def check_data(cfg: PipelineConfig, out_dir: str | Path) -> QualityResult:
     from onnxcast.reading import read_table
 
     raw = read_table(cfg.data_uri)
-    prepared = prepare_frame(raw.frame, cfg, raw.source)
+    prepared = prepare_frame(hide_unnamed_columns(raw.frame, cfg), cfg, raw.source)
     suite = build_suite(cfg, prepared)
     with _quiet_gx():
         validation = run_suite(prepared.frame, suite)
@@ -97,6 +99,25 @@ def check_data(cfg: PipelineConfig, out_dir: str | Path) -> QualityResult:
     return QualityResult(series=series, warnings=warnings, checks=checks,
                          repairs=_repairs(cfg, prepared), json_path=str(json_path),
                          html_path=str(html_path))
+
+
+def hide_unnamed_columns(frame, cfg: PipelineConfig):
+    """``frame`` with every header field that may not be shown renamed ``<field N>``.
+
+    The column list goes into the missing-columns message, the GX HTML page and
+    validation_result.json: a first line of data, a lone field that is no column the settings
+    name (a token file passed by mistake), or any field unlike a column name must reach none
+    of them. The columns the settings name are the user's own words and stay."""
+    from onnxcast.reading import plausible_column_name
+
+    names = [str(c) for c in frame.columns]
+    wanted = {cfg.time_column, cfg.target_column, *cfg.feature_columns}
+    shown = [n in wanted or (len(names) > 1 and plausible_column_name(n)) for n in names]
+    if all(shown):
+        return frame
+    frame = frame.copy(deep=False)
+    frame.columns = [n if ok else f"{HIDDEN}{i + 1}>" for i, (n, ok) in enumerate(zip(names, shown, strict=True))]
+    return frame
 
 
 def checked_series(prepared: PreparedFrame, cfg: PipelineConfig, source: str, sha256: str) -> SeriesData:
@@ -474,9 +495,18 @@ def _observed(result: dict, kwargs: dict) -> Any:
 def _describe(result: dict, kwargs: dict, kind: str, observed: str | None = None) -> str:
     """The observation behind a failure, in words."""
     if kind == "expect_table_columns_to_match_set":
-        found = [c for c in result.get("observed_value", []) if not str(c).startswith(HELPER)]
+        observed = [str(c) for c in result.get("observed_value", []) if not str(c).startswith(HELPER)]
         missing = result.get("details", {}).get("mismatched", {}).get("missing", [])
-        return f"missing {missing}; found {found}"
+        found = [c for c in observed if not c.startswith(HIDDEN)]
+        hidden = len(observed) - len(found)
+        listed = "[" + ", ".join(quote(c) for c in found[:12]) + (f", ... {len(found) - 12} more" if len(found) > 12 else "") + "]"
+        text = f"missing {missing}; found {listed}" if found else f"missing {missing}"
+        if hidden == len(observed):
+            text += (f"; the first line is not a header of column names ({hidden} field(s) that look like data "
+                     "or other text, not shown): is the header row missing, or is this not the data file?")
+        elif hidden:
+            text += f" and {hidden} field(s) that do not look like column names (not shown)"
+        return text
     if "unexpected_count" in result:
         count, total = int(result["unexpected_count"]), int(result.get("element_count", 0))
         text = f"{count} of {total} rows"

@@ -26,16 +26,25 @@ import gzip
 import hashlib
 import io
 import lzma
+import os
+import re
 import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from onnxcast.errors import DataError
+from onnxcast.untrusted import UntrustedInputError, quote, read_regular_file
 
 MAX_TABLE_BYTES = 2 * 1024**3  # after decompression; a bigger series belongs in Parquet on S3
+# The largest data file read as stored (the whole file is held in memory, hashed and parsed:
+# about 3x its size at the peak). ONNXCAST_MAX_DATA_BYTES raises or lowers it.
+MAX_DATA_BYTES = 2 * 1024**3
+MAX_DATA_BYTES_ENV = "ONNXCAST_MAX_DATA_BYTES"
 MAX_FIELD_CHARS = 100_000  # no timestamp or number is this long: the file is not a table
 OTHER_DELIMITERS = (";", "\t", "|")
+MAX_NAME_CHARS = 60  # a longer header field is not a column name someone types
+_COLUMN_NAME = re.compile(r"[^\W\d][\w .()\[\]/%#°+-]*")
 
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 _REFUSED = {
@@ -70,14 +79,52 @@ def read_bytes(uri: str) -> bytes:
 
         return get_object_bytes(uri)
     path = Path(uri.removeprefix("file://"))
-    if not path.exists():
-        raise DataError(f"{uri}: file not found")
-    if path.is_dir():
-        raise DataError(f"{uri}: is a directory, expected a CSV or Parquet file")
+    limit = max_data_bytes()
     try:
-        return path.read_bytes()
+        # /dev/zero made pandas read 21.7 GB before the kernel killed the run, and a FIFO
+        # blocked forever: only a regular file of at most ``limit`` bytes is read (the type and
+        # size are checked on the open descriptor, opened without blocking)
+        return read_regular_file(path, what="data file", limit=limit)
+    except UntrustedInputError as error:
+        raise DataError(_refusal(uri, path, limit, str(error))) from None
+
+
+def max_data_bytes() -> int:
+    """The size limit of a data file: ``MAX_DATA_BYTES`` unless ONNXCAST_MAX_DATA_BYTES says otherwise."""
+    value = os.environ.get(MAX_DATA_BYTES_ENV, "").strip()
+    if not value:
+        return MAX_DATA_BYTES
+    try:
+        limit = int(value)
+    except ValueError:
+        raise DataError(f"{MAX_DATA_BYTES_ENV} must be a number of bytes, got {quote(value)}") from None
+    if limit < 1:
+        raise DataError(f"{MAX_DATA_BYTES_ENV} must be a positive number of bytes, got {limit}")
+    return limit
+
+
+def _refusal(uri: str, path: Path, limit: int, reason: str) -> str:
+    """Why ``path`` was not read (``reason``: the refusal's own words), naming ``uri``."""
+    import stat
+
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return f"{uri}: file not found"
     except OSError as exc:
-        raise DataError(f"{uri}: cannot read ({exc.strerror or exc})") from None
+        return f"{uri}: cannot read ({exc.strerror or exc})"
+    mode = info.st_mode
+    if stat.S_ISDIR(mode):
+        return f"{uri}: is a directory, expected a CSV or Parquet file"
+    if stat.S_ISREG(mode) and "cannot be read: " in reason:  # permission denied, I/O error
+        return f"{uri}: cannot read ({reason.rpartition('cannot be read: ')[2]})"
+    if stat.S_ISREG(mode):
+        return (f"{uri}: is {info.st_size:,} bytes, over the limit of {limit:,} bytes for a data file "
+                f"(set {MAX_DATA_BYTES_ENV} to read larger files)")
+    kind = next((name for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                                         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+                 if test(mode)), "not a regular file")
+    return f"{uri}: is {kind}, not a regular file; expected a CSV or Parquet file"
 
 
 def parse_table(data: bytes, source: str):
@@ -91,7 +138,7 @@ def parse_table(data: bytes, source: str):
         frame = _parse_csv(_decode(data, source), source)
     frame.columns = [str(c).strip() for c in frame.columns]
     if frame.empty:
-        raise DataError(f"{source}: no data rows (columns: {list(frame.columns)})")
+        raise DataError(f"{source}: no data rows (columns: {describe_names(list(frame.columns))})")
     return frame
 
 
@@ -161,14 +208,20 @@ def _parse_csv(text: str, source: str):
     names = [h.strip() for h in header]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
-        raise DataError(f"{source}: duplicate column name(s) {duplicated} in the header")
+        raise DataError(f"{source}: duplicate column name(s) {describe_names(duplicated, alone=True)} in the header")
     if len(names) == 1:
+        # One field per line. A column name ('ds' alone) is a table of one column, which the
+        # checks name as lacking columns; anything else (/etc/shadow's 'root:*:...', a
+        # 'KEY=secret' line, a token) is not a table, refused without quoting a byte of it.
         guess = max(OTHER_DELIMITERS, key=header[0].count)
         if header[0].count(guess):
+            parts = [p.strip() for p in header[0].split(guess)]
+            found = f" {quote(header[0].strip())}" if all(map(plausible_column_name, parts)) else ""
             raise DataError(
-                f"{source}: found one column {_clip(header[0])!r}; the file seems to use {guess!r} "
-                "as delimiter, expected ','"
-            )
+                f"{source}: found one column{found}; the file seems to use {guess!r} as delimiter, expected ','")
+        if not plausible_column_name(names[0]):
+            raise DataError(f"{source}: not a table: the first line has no ',' between fields and is not a "
+                            "column name (expected a header such as 'ds,y', then one row per timestamp)")
     try:
         with warnings.catch_warnings():  # rows longer than the header: refused just below
             warnings.simplefilter("ignore", pd.errors.ParserWarning)
@@ -177,14 +230,14 @@ def _parse_csv(text: str, source: str):
         raise DataError(f"{source}: file is empty") from None
     except (pd.errors.ParserError, ValueError) as exc:
         raise DataError(f"{source}: cannot parse as CSV ({_first_line(exc)})") from None
-    for column in frame.columns:
+    for position, column in enumerate(frame.columns):
         values = frame[column]
         if values.dtype.kind in "OSUT":
             lengths = values.astype("string").str.len().fillna(0).to_numpy()
             if len(lengths) and lengths.max() > MAX_FIELD_CHARS:
                 row = int(lengths.argmax())
                 raise DataError(
-                    f"{source}: field of {int(lengths[row])} characters in column {str(column)!r} "
+                    f"{source}: field of {int(lengths[row])} characters in column {_column_label(str(column), position, len(frame.columns))} "
                     f"at row {row + 1} (limit {MAX_FIELD_CHARS})"
                 )
     _check_field_counts(text, len(header), source)
@@ -215,6 +268,37 @@ def _check_field_counts(text: str, expected: int, source: str) -> None:
         more = f"; {bad} rows in all" if bad > 1 else ""
         raise DataError(f"{source}: line {line} has {fields} field(s), the header has {expected}{more} "
                         "(ragged rows: a missing or extra delimiter)")
+
+
+def plausible_column_name(name: str) -> bool:
+    """Whether a header field reads as a column name, which an error or a report may quote.
+
+    Short, starting with a letter or '_', made of letters, digits, spaces and ``_ - . ( ) [ ]
+    / % # ° +``: not a number or a timestamp (a first line of data), nor a ``KEY=value`` or
+    ``root:*:...`` line of a secret file that was passed by mistake."""
+    return 0 < len(name) <= MAX_NAME_CHARS and _COLUMN_NAME.fullmatch(name) is not None
+
+
+def describe_names(names: list[str], limit: int = 12, *, alone: bool = False) -> str:
+    """``['ds', 'y']`` (each capped, at most ``limit``) when every name is plausible, else how
+    many there are and how many look like data; never a quoted field that looks like data.
+
+    A header of one field is not shown unless ``alone`` (a name picked out of a longer
+    header): a lone plausible word may as well be a token file passed by mistake."""
+    names = [str(n) for n in names]
+    if len(names) == 1 and not alone:
+        return "1 field, not shown (one field per line: not a delimited table)"
+    if names and all(map(plausible_column_name, names)):
+        shown = ", ".join(quote(n) for n in names[:limit])
+        more = f", ... {len(names) - limit} more" if len(names) > limit else ""
+        return f"[{shown}{more}]"
+    odd = sum(not plausible_column_name(n) for n in names)
+    return f"{len(names)} field(s), {odd} of them not column names (data or other text: not shown)"
+
+
+def _column_label(name: str, position: int, count: int) -> str:
+    """A column named for an error: its quoted name if it may be shown, else its number."""
+    return quote(name) if count > 1 and plausible_column_name(name) else f"number {position + 1}"
 
 
 def _clip(text: str, limit: int = 60) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from corpus.bad_inputs import BAD_INPUTS, Case
 
-FAST_QUALITY_CASES = {"target_renamed", "duplicate_timestamps", "gap_without_repair"}
+FAST_QUALITY_CASES = {"target_renamed", "duplicate_timestamps", "gap_without_repair", "token_lines", "no_header"}
 LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d (DEBUG|INFO|WARNING) ")
 FAILED = re.compile(r"(\d+) data check\(s\) failed")
 
@@ -74,6 +74,10 @@ def test_bad_input_exits_2_with_a_readable_error_and_leaves_nothing(case, cli_ru
         assert {"quality/quality_report.html", "quality/validation_result.json"} <= leftovers
     else:
         assert not any(name.startswith("quality") for name in leftovers)
+    reports = [p.read_bytes() for p in run.out.rglob("*") if p.is_file()] if run.out.exists() else []
+    for secret in case.hidden:  # in no message, no GX page, no validation_result.json
+        assert secret not in run.stderr, secret
+        assert all(secret.encode() not in data for data in reports), secret
 
 
 @pytest.mark.parametrize("case", params([c for c in BAD_INPUTS if c.stage == "quality"]))

@@ -86,3 +86,26 @@ def test_output_cut_short_by_the_reader_is_not_a_traceback(monkeypatch, argv):
     finally:
         monkeypatch.undo()
         stream.close()
+
+
+def _every_command(parser: argparse.ArgumentParser, path=()):
+    """The root, every group and every leaf command of the real parser."""
+    yield path
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _every_command(sub, (*path, name))
+
+
+@pytest.mark.parametrize("path", list(_every_command(cli.build_parser())), ids=lambda p: " ".join(p) or "onnxcast")
+def test_help_shows_no_restructuredtext_markup(path, capsys):
+    """`onnxcast --help` printed "The ``onnxcast`` command line." (a docstring's reST)."""
+    import re
+
+    with pytest.raises(SystemExit) as done:
+        cli.main([*path, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: onnxcast" in text
+    markup = re.findall(r"``[^`]*``|:[a-z]+:`[^`]*`|`[^`]+`_", text)
+    assert not markup, markup

@@ -19,13 +19,18 @@ def onnxcast(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_pipeline_writes_a_report_and_prints_a_summary(tiny_csv, tmp_path):
     out = tmp_path / "out"
-    result = onnxcast("pipeline", "--data", tiny_csv, "--out", str(out), "--models", "transformer",
+    result = onnxcast("pipeline", "--data", tiny_csv, "--out", f"{out}/", "--models", "transformer",
                       "--max-epochs", "3", *TINY_ARGS)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "passed"
     assert "selected for edge: transformer" in result.stdout
+    assert f"report: {out}/report.json\n" in result.stdout  # "out//report.json" for --out out/ before
     assert "[5/6] validate transformer" in result.stderr  # progress on the terminal
+    # step 1 says what its slow part (the statistical reference, refitted per origin) is doing
+    assert "INFO onnxcast.pipeline: baselines and the statistical reference: " in result.stderr
+    assert "holdout origins" in result.stderr
+    assert "torchvision" not in result.stderr  # four warnings per export before: torchvision is not installed
     assert (out / "models" / "transformer" / "onnx" / "int8.onnx").exists()
 
 

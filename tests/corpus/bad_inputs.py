@@ -4,7 +4,8 @@ The base is the Victoria hourly electricity demand CSV shipped with statsmodels 
 3600 rows, 2012-01-01 onwards). Each case corrupts it one way and says what the gate must
 answer: ``stage`` "reading" means a DataError before any check (no report is written),
 "quality" a DataQualityError listing failed checks (the GX report is written). ``expect`` is a
-fragment of the one-line error. ``settings`` are PipelineConfig overrides, all of which the
+fragment of the one-line error; ``hidden`` are bits of the file that no message or report may
+quote. ``settings`` are PipelineConfig overrides, all of which the
 CLI can express (see ``cli_args``).
 
 Used by tests/onnxcast/test_quality.py (through ``check_data``) and tests/test_cli_bad_inputs.py
@@ -22,6 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HEADER = "ds,y"
+SHADOW = b"root:*:20228:0:99999:7:::\ndaemon:*:20228:0:99999:7:::\nbin:*:20228:0:99999:7:::\n"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+AWS_ENV = f"AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE\nAWS_SECRET_ACCESS_KEY={AWS_SECRET}\n".encode()
+TOKEN = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class Case:
     stage: str = "quality"
     settings: dict = field(default_factory=dict)
     suffix: str = ".csv"
+    # text of the file that must appear in no message and no report (a secret passed by mistake)
+    hidden: tuple[str, ...] = ()
 
     def write(self, directory: Path, base: bytes) -> Path:
         path = directory / f"{self.name}{self.suffix}"
@@ -206,13 +213,22 @@ BAD_INPUTS: list[Case] = [
          "looks like JSON", "reading"),
     Case("parquet_truncated", "a Parquet file cut short", lambda b: parquet(b, truncate=100),
          "unreadable Parquet", "reading", suffix=".parquet"),
+    # secret files passed as --data by mistake: the first release quoted their first line in the
+    # error, the GX report and validation_result.json ("missing ['ds', 'y']; found ['root:*:...']")
+    Case("shadow_file", "an /etc/shadow copy", lambda b: SHADOW, "not a table: the first line has no ','",
+         "reading", hidden=("root:*", "20228:0:99999", "daemon:")),
+    Case("env_file_with_secrets", "AWS credentials as KEY=value lines", lambda b: AWS_ENV,
+         "not a table: the first line has no ','", "reading", hidden=("AKIAIOSFODNN7EXAMPLE", AWS_SECRET,
+                                                                       "AWS_SECRET_ACCESS_KEY")),
+    Case("token_lines", "a token file: one word per line", lambda b: f"{TOKEN}\n{TOKEN[::-1]}\n".encode(),
+         "missing ['ds', 'y']", hidden=(TOKEN, TOKEN[::-1], TOKEN[:12])),
     Case("duplicate_header", "the same column name twice", lambda b: b.replace(b"ds,y\n", b"ds,y,y\n", 1).replace(
         b"\n2012", b",0\n2012"), "duplicate column name(s) ['y']", "reading"),
     # --- tables that fail checks: DataQualityError after the GX suite, report written ---
     Case("target_renamed", "the target column is called 'value'", edit(lambda t: t, header="ds,value"),
          "missing ['y']"),
     Case("no_header", "the first row is data, not a header", lambda b: b.split(b"\n", 1)[1],
-         "missing ['ds', 'y']"),
+         "missing ['ds', 'y']; the first line is not a header of column names", hidden=("7926.529376",)),
     Case("feature_missing", "a feature column that the file lacks", lambda b: b, "missing ['temperature']",
          settings={"feature_columns": ("temperature",)}),
     Case("unparseable_timestamps", "words where timestamps belong",

@@ -83,6 +83,21 @@ def test_every_numeric_field_is_in_the_range_table():
     assert quality == set(QUALITY_RANGES)
 
 
+@pytest.mark.parametrize("family", ["lstm", "transformer", "nhits", "dlinear"])
+def test_the_size_estimate_counts_the_parameters_the_model_has(family):
+    """The settings check bounds a model by its estimated size: the estimate is the real count
+    (window families: an upper bound, they may anchor on fewer seasons)."""
+    from onnxcast.config import estimate_model_size
+    from onnxcast.models import ModelSpec, build_model
+
+    cfg = PipelineConfig(data_uri="x.csv", out_dir="out", feature_columns=("temp",), hidden_size=24, num_layers=3,
+                         d_model=32, n_heads=4, lookback=96, horizon=12, models=(family,))
+    spec = ModelSpec(family=family, n_features=2, horizon=12, lookback=96, hidden_size=24, num_layers=3, d_model=32,
+                     n_heads=4, season=24, seasons=(24, 48, 96))
+    actual = sum(p.numel() for p in build_model(spec).parameters())
+    assert estimate_model_size(family, cfg)[0] == actual
+
+
 @pytest.mark.parametrize(("values", "fragment"), [
     ({"max_missing_fraction": 1.0}, "quality.max_missing_fraction must be in [0, 1), got 1.0"),
     ({"outlier_mad_threshold": 0}, "quality.outlier_mad_threshold must be in (0, inf], got 0"),
@@ -102,6 +117,15 @@ def test_bad_quality_settings_name_the_setting(values, fragment):
     (["--patience", "0"], "patience must be in [1, 100000], got 0"),
     (["--latency-repeats", "0"], "latency_repeats must be in [1, 100000], got 0"),
     (["--d-model", "30"], "d_model (30) must be divisible by n_heads (4)"),
+    # passed the settings check, then failed after 19 s with an allocation traceback (exit 1)
+    (["--models", "nhits", "--hidden-size", "65536"], "hidden_size must be in [1, 4096], got 65536"),
+    (["--models", "nhits", "--hidden-size", "2048"],
+     "hidden_size 2,048 makes the nhits model about 822,248,032 parameters (13.2 GB to train), over the limit "
+     "of 50,000,000: use hidden_size 489 or less with these settings"),
+    (["--models", "lstm", "--hidden-size", "4096"], "hidden_size 4,096 makes the lstm model about"),
+    (["--models", "transformer", "--lookback", "20000"],
+     "lookback 20,000 makes the transformer model about 2,457.6 GB of attention scores per batch"),
+    (["--models", "dlinear", "--lookback", "100000", "--horizon", "1000"], "use lookback 23,497 or less"),
 ])
 def test_bad_settings_through_the_cli_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
     from onnxcast import cli

@@ -99,3 +99,30 @@ def test_contract_check_flags_a_frozen_batch_axis():
     problems = io_contract_problems(onnx.helper.make_model(graph))
     assert "history axis 0 is fixed at 1, expected dynamic" in problems
     assert "forecast axis 0 is fixed at 1, expected dynamic" in problems
+
+
+@pytest.mark.parametrize("family", ["nhits", "dlinear"])
+def test_a_window_family_exports_and_quantizes_without_warnings(family, tmp_path, capfd, caplog):
+    """Every export printed four "torchvision is not installed. Skipping torchvision::nms" lines
+    (torch's ONNX registry; torchvision is not a dependency), and int8's shape inference warned
+    "Cannot determine if time - 48 < 0" (the window slice started at ``time - lookback``)."""
+    import logging
+
+    from onnxcast.optimize import make_variants
+
+    spec = ModelSpec(family=family, n_features=2, horizon=12, lookback=48, hidden_size=16, season=24, seasons=(24, 48))
+    model = build_model(spec, mean=np.array([5000.0, 20.0]), std=np.array([800.0, 5.0])).eval()
+    caplog.set_level(logging.WARNING)
+    path = export_onnx(model, tmp_path / "fp32.onnx", n_features=2, lookback=48, metadata={**META, "model_family": family})
+    made = make_variants(path, tmp_path, family)
+    assert "int8" in {v.name for v in made}
+    printed = capfd.readouterr()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for text in (printed.out + printed.err, logged):
+        assert "torchvision" not in text
+        assert "Cannot determine" not in text
+    # the window is read from the end: no Sub of the time dimension feeds a Slice of history
+    graph = onnx.load(path).graph
+    slices = [n for n in graph.node if n.op_type == "Slice" and n.input[0] == "history"]
+    starts = {i.name: onnx.numpy_helper.to_array(i).tolist() for i in graph.initializer}
+    assert [starts.get(n.input[1]) for n in slices] == [[-48]]

@@ -40,6 +40,9 @@ def test_bad_input_fails_with_a_clear_error(case, base, tmp_path):
     message = str(error.value)
     assert case.expect in message
     assert message.startswith(cfg.data_uri) and "\n" not in message
+    written = [p.read_bytes() for p in quality_dir.rglob("*") if p.is_file()] if quality_dir.exists() else []
+    for secret in case.hidden:
+        assert secret not in message and all(secret.encode() not in data for data in written), secret
     if case.stage == "reading":  # not a table: nothing to report on
         assert not isinstance(error.value, DataQualityError)
         assert not quality_dir.exists()
