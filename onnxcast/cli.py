@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--opset", type=int, default=None, help="convert the export to this ONNX opset")
     check.add_argument("--accuracy-budget", type=float, default=d.accuracy_budget,
                        help="largest relative holdout-MAE loss of int8/fp16 vs fp32 for a variant to be chosen")
+    check.add_argument("--baseline-margin", type=float, default=d.baseline_margin,
+                       help="how much lower (relative) a family's fp32 holdout MAE must be than the best "
+                            "baseline's for the family to be eligible (0.01: 1%% lower)")
     check.add_argument("--latency-repeats", type=int, default=d.latency_repeats,
                        help="timed runs per batch size for the latency figures")
     check.add_argument("--threads", type=int, default=d.threads,
@@ -150,7 +153,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         "patience": args.patience, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
         "d_model": args.d_model, "n_heads": args.n_heads, "latency_repeats": args.latency_repeats,
         "threads": args.threads, "opset": args.opset, "trained_until": args.trained_until,
-        "accuracy_budget": args.accuracy_budget,
+        "accuracy_budget": args.accuracy_budget, "baseline_margin": args.baseline_margin,
         "quality": QualitySettings(fill_gaps_max_steps=args.fill_gaps, drop_duplicate_timestamps=args.drop_duplicates,
                                    max_missing_fraction=args.max_missing_fraction),
     })
