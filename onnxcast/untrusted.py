@@ -45,7 +45,7 @@ def regular_file_size(path: str | Path, *, what: str, limit: int, follow_symlink
     if stat.S_ISLNK(info.st_mode):
         raise UntrustedInputError(f"{what} {str(path)!r} is a symbolic link: refused")
     if not stat.S_ISREG(info.st_mode):
-        raise UntrustedInputError(f"{what} {str(path)!r} is not a regular file ({_kind(info.st_mode)})")
+        raise UntrustedInputError(f"{what} {str(path)!r} is not a regular file ({file_kind(info.st_mode)})")
     if info.st_size > limit:
         raise UntrustedInputError(
             f"{what} {str(path)!r} is {info.st_size:,} bytes, over the limit of {limit:,}")
@@ -73,7 +73,7 @@ def read_regular_file(path: str | Path, *, what: str, limit: int = MAX_METADATA_
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UntrustedInputError(f"{what} {str(path)!r} is not a regular file ({_kind(info.st_mode)})")
+            raise UntrustedInputError(f"{what} {str(path)!r} is not a regular file ({file_kind(info.st_mode)})")
         if info.st_size > limit:
             raise UntrustedInputError(
                 f"{what} {str(path)!r} is {info.st_size:,} bytes, over the limit of {limit:,}")
@@ -205,7 +205,8 @@ def quote(value: object, limit: int = MAX_QUOTED) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, for an error line."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
         if test(mode):

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from onnxcast.errors import ConfigError
-from onnxcast.rollout.store import check_name
+from onnxcast.rollout.store import check_name, unlink_if_present, write_new
 from onnxcast.untrusted import MAX_METADATA_BYTES, UntrustedInputError, read_regular_file
 
 VERSIONS = "versions"
@@ -115,7 +115,7 @@ class DeviceFolder:
         try:
             os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
         except OSError as exc:
-            _unlink(folder, tmp)
+            unlink_if_present(folder, tmp)
             raise ConfigError(f"{self.path}: cannot write {name} ({exc.strerror})") from None
         os.fsync(folder)
 
@@ -192,23 +192,6 @@ def open_device_folder(dest: str | Path, *, create: bool) -> Iterator[DeviceFold
         yield DeviceFolder(path, fd)
     finally:
         os.close(fd)
-
-
-def write_new(folder: int, name: str, data: bytes) -> None:
-    """Create ``folder/name`` (never existing, never a symlink) with ``data``, synced."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644,
-                 dir_fd=folder)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _unlink(folder: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=folder)
-    except FileNotFoundError:
-        pass
 
 
 def _reason(exc: UntrustedInputError) -> str:

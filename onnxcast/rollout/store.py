@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
-from onnxcast.untrusted import MAX_METADATA_BYTES, UntrustedInputError, loads_json
+from onnxcast.untrusted import MAX_METADATA_BYTES, UntrustedInputError, file_kind, loads_json
 
 MANIFEST = "manifest.json"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -239,7 +239,7 @@ class LocalStore(RolloutStore):
                 with os.fdopen(fd, "rb") as f:
                     mode = os.fstat(f.fileno()).st_mode
                     if not stat.S_ISREG(mode):
-                        raise StoreError(f"{self.url(key)}: not a regular file ({_kind(mode)}); refusing it")
+                        raise StoreError(f"{self.url(key)}: not a regular file ({file_kind(mode)}); refusing it")
                     return f.read() if max_bytes is None else f.read(max_bytes + 1)
         except FileNotFoundError:
             return None
@@ -251,7 +251,7 @@ class LocalStore(RolloutStore):
             with self._folder(key, create=True) as (folder, name):
                 tmp = f".{name}.{uuid.uuid4().hex}.tmp"
                 try:
-                    _write_synced(folder, tmp, data)
+                    write_new(folder, tmp, data)
                     try:
                         os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
                     except FileExistsError:
@@ -259,7 +259,7 @@ class LocalStore(RolloutStore):
                     os.fsync(folder)
                     return True
                 finally:
-                    _unlink(folder, tmp)
+                    unlink_if_present(folder, tmp)
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
 
@@ -280,10 +280,10 @@ class LocalStore(RolloutStore):
                         raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")
                     tmp = f".{name}.{uuid.uuid4().hex}.tmp"
                     try:
-                        _write_synced(folder, tmp, data)
+                        write_new(folder, tmp, data)
                         os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
                     finally:
-                        _unlink(folder, tmp)
+                        unlink_if_present(folder, tmp)
                     os.fsync(folder)
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
@@ -294,10 +294,10 @@ class LocalStore(RolloutStore):
             with self._folder(key, create=True) as (folder, name):
                 tmp = f".{name}.{uuid.uuid4().hex}.tmp"
                 try:
-                    _write_synced(folder, tmp, data)
+                    write_new(folder, tmp, data)
                     os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
                 finally:
-                    _unlink(folder, tmp)
+                    unlink_if_present(folder, tmp)
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
 
@@ -354,27 +354,21 @@ class LocalStore(RolloutStore):
             os.close(fd)
 
 
-def _write_synced(folder: int, name: str, data: bytes) -> None:
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+def write_new(folder: int, name: str, data: bytes) -> None:
+    """Create ``folder/name`` (never existing, never a symlink) with ``data``, synced."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644,
+                 dir_fd=folder)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
-def _unlink(folder: int, name: str) -> None:
+def unlink_if_present(folder: int, name: str) -> None:
     try:
         os.unlink(name, dir_fd=folder)
     except FileNotFoundError:
         pass
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 def _why(exc: OSError) -> str:

@@ -15,6 +15,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from rollout_support import one_error_line, raw_get, raw_put
 
 from onnxcast import cli
 from onnxcast.rollout.edge import pull
@@ -34,30 +35,10 @@ def edge_pull(store: str, dest, *extra: str) -> int:
                      *extra])
 
 
-def one_error_line(capsys, contains: str) -> str:
-    captured = capsys.readouterr()
-    err = captured.err
-    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert contains in err, err
-    return err
 
 
-def raw_put(store_uri: str, key: str, data: bytes) -> None:
-    """Write behind the store's back, as anyone with write access to the bucket can."""
-    store = open_store(store_uri)
-    if store_uri.startswith("s3://"):
-        store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}", Body=data)
-    else:
-        path = store.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
 
 
-def raw_get(store_uri: str, key: str) -> bytes:
-    store = open_store(store_uri)
-    if store_uri.startswith("s3://"):
-        return store.client.get_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}")["Body"].read()
-    return (store.root / key).read_bytes()
 
 
 def console(*argv: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_rollout_hardening import EDGE, one_error_line, raw_get, raw_put
+from rollout_support import one_error_line, raw_get, raw_put
+from test_rollout_hardening import EDGE
 
 from onnxcast import cli
 from onnxcast.rollout.edge import pull

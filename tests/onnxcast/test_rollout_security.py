@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from rollout_support import one_error_line, raw_get, raw_put
 
 from onnxcast import cli
 from onnxcast.errors import ConfigError, RefusedError, StoreError
@@ -71,22 +72,8 @@ def keys(tmp_path, name: str) -> dict:
     return generate_key(tmp_path / "keys" / name)
 
 
-def raw_get(store_uri: str, key: str) -> bytes:
-    store = open_store(store_uri)
-    if store_uri.startswith("s3://"):
-        return store.client.get_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}")["Body"].read()
-    return (store.root / key).read_bytes()
 
 
-def raw_put(store_uri: str, key: str, data: bytes) -> None:
-    """Write behind the store's back, as anyone with write access to the bucket can."""
-    store = open_store(store_uri)
-    if store_uri.startswith("s3://"):
-        store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}", Body=data)
-    else:
-        path = store.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
 
 
 def edge_cli(store: str, dest, *extra: str) -> int:
@@ -101,11 +88,6 @@ def without_writer_checks(monkeypatch) -> None:
     monkeypatch.setattr(PublishedRoot, "read", classmethod(lambda cls, store, *signers: cls(None, None)))
 
 
-def one_error_line(capsys, contains: str) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert contains in err, err
-    return err
 
 
 class TestStoreWriterWithoutKeys:

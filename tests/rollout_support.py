@@ -1,0 +1,32 @@
+"""Helpers of the rollout tests: write and read a store behind its back (as anyone with write
+access to the bucket can), and the one-line error every refusal must be."""
+
+from __future__ import annotations
+
+from onnxcast.rollout.store import open_store
+
+
+def raw_get(store_uri: str, key: str) -> bytes:
+    store = open_store(store_uri)
+    if store_uri.startswith("s3://"):
+        return store.client.get_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}")["Body"].read()
+    return (store.root / key).read_bytes()
+
+
+def raw_put(store_uri: str, key: str, data: bytes) -> None:
+    """Write behind the store's back, as anyone with write access to the bucket can."""
+    store = open_store(store_uri)
+    if store_uri.startswith("s3://"):
+        store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}", Body=data)
+    else:
+        path = store.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def one_error_line(capsys, contains: str) -> str:
+    """stderr is one ``error:`` line containing ``contains``, without a traceback."""
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert contains in err, err
+    return err
