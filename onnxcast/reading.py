@@ -77,7 +77,7 @@ def read_bytes(uri: str) -> bytes:
     if uri.startswith("s3://"):
         from onnxcast.s3 import get_object_bytes
 
-        return get_object_bytes(uri)
+        return get_object_bytes(uri, max_data_bytes())
     path = Path(uri.removeprefix("file://"))
     limit = max_data_bytes()
     try:

@@ -62,7 +62,9 @@ def read_settings(settings: dict[str, Any] | None) -> Iterator[None]:
         _read_settings.reset(token)
 
 
-def get_object_bytes(uri: str) -> bytes:
+def get_object_bytes(uri: str, limit: int) -> bytes:
+    """The object's bytes, refused (DataError) past ``limit``: by its length before the
+    download, and by what arrives, since the length is only what the server says."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from onnxcast.rollout.store import S3Settings
@@ -71,7 +73,16 @@ def get_object_bytes(uri: str) -> bytes:
     settings = _read_settings.get()
     client = make_client(S3Settings.from_values(settings) if settings else None)
     try:
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        response = client.get_object(Bucket=bucket, Key=key)
+        size = response.get("ContentLength")
+        if isinstance(size, int) and size > limit:
+            response["Body"].close()
+            raise DataError(f"{uri} is {size:,} bytes, over the limit of {limit:,} bytes for a data file "
+                            "(set ONNXCAST_MAX_DATA_BYTES to read larger files)")
+        data = response["Body"].read(limit + 1)
+        if len(data) > limit:
+            raise DataError(f"{uri} is over the limit of {limit:,} bytes for a data file")
+        return data
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "error")
         raise DataError(f"{uri}: cannot read from S3 ({code})") from None

@@ -77,6 +77,17 @@ def test_directory_is_not_a_file(tmp_path):
         read_table(str(tmp_path))
 
 
+def test_s3_object_over_the_size_limit_is_refused_before_it_is_read(s3_bucket, base, monkeypatch):
+    import boto3
+
+    boto3.client("s3").put_object(Bucket=s3_bucket, Key="in/big.csv", Body=base)
+    monkeypatch.setenv("ONNXCAST_MAX_DATA_BYTES", str(len(base) - 1))
+    with pytest.raises(DataError, match=rf"s3://{s3_bucket}/in/big.csv is {len(base):,} bytes, over the limit"):
+        read_table(f"s3://{s3_bucket}/in/big.csv")
+    monkeypatch.setenv("ONNXCAST_MAX_DATA_BYTES", str(len(base)))
+    assert read_table(f"s3://{s3_bucket}/in/big.csv").n_bytes == len(base)
+
+
 def test_s3_object_is_read_and_decompressed(s3_bucket, base):
     import boto3
 
