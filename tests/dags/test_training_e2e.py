@@ -35,6 +35,18 @@ def client():
     return client_for()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_release_key(release_key):
+    # The module's runs are made by module fixtures, before the per-test key environment
+    # (conftest._release_key_env) applies: without this the training runs signed with the
+    # embedded development key and the promote DAG's writer, holding the session key, rightly
+    # refused to re-sign a pointer it cannot verify.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONNXCAST_SIGNING_KEY", str(release_key["private"]))
+        patch.setenv("ONNXCAST_TRUST", str(release_key["root"]))
+        yield
+
+
 @pytest.fixture(scope="module")
 def first_run():
     conf = {**airflow_support.TINY, "families": ["lstm", "transformer"], "model_name": MODEL}
