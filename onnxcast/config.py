@@ -242,14 +242,16 @@ def estimate_model_size(family: str, cfg: PipelineConfig, **override: int) -> tu
                                                "lookback", "batch_size")}
     v.update(override)
     features, horizon, lookback = cfg.n_features, v["horizon"], v["lookback"]
+    # LSTM and Transformer mix up to _MAX_SEASONS seasonal-naive anchors and their head reads them
+    anchors = _MAX_SEASONS * horizon + _MAX_SEASONS * horizon * horizon
     if family == "lstm":
         h, layers = v["hidden_size"], v["num_layers"]
         lstm = 4 * h * (features + h + 2) + (layers - 1) * 4 * h * (2 * h + 2)
-        return lstm + h * horizon + horizon, 0
+        return lstm + h * horizon + horizon + anchors, 0
     if family == "transformer":
         d, layers = v["d_model"], v["num_layers"]
         layer = 4 * (d * d + d) + 2 * (2 * d * d) + 3 * d + 4 * d  # attention, feed-forward, two norms
-        parameters = features * d + d + layers * layer + 2 * d + 2 * d * horizon + horizon
+        parameters = features * d + d + layers * layer + 2 * d + 2 * d * horizon + horizon + anchors
         # scores, softmax and their gradients: 3 float32 [batch, heads, time, time] per layer
         attention = 3 * 4 * v["batch_size"] * v["n_heads"] * lookback * lookback * layers
         return parameters, attention
