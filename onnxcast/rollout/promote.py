@@ -620,9 +620,12 @@ class PublishedRoot:
         try:
             verify_envelope(self.root, role, envelope, expected_type, where)
         except RefusedError as exc:
-            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} of trust root version "
-                              f"{self.root.signed.version} ({self._source()}); devices would refuse it, nothing "
-                              "written") from None
+            raise ConfigError(self._refusal(exc)) from None
+
+    def _refusal(self, exc: RefusedError, advice: str = "") -> str:
+        """A device's refusal, said as the writer's: which root, where it came from, nothing written."""
+        return (f"{exc.args[0].removesuffix('; refusing it')} of trust root version {self.root.signed.version} "
+                f"({self._source()}); devices would refuse it, nothing written{advice}")
 
     def _source(self) -> str:
         return "published in the store" if self.published else "the signing keys' own: the store publishes no root"
@@ -687,9 +690,7 @@ class PublishedRoot:
         try:
             check_signed_manifest(self.root, envelope, model_name, version, where)
         except RefusedError as exc:
-            raise ConfigError(f"{exc.args[0].removesuffix('; refusing it')} of trust root version "
-                              f"{self.root.signed.version} ({self._source()}); devices would refuse it, nothing "
-                              "written; promote that model again as a new version") from None
+            raise ConfigError(self._refusal(exc, "; promote that model again as a new version")) from None
 
 
 def _check_pointer_shape(signed: dict, where: str) -> None:
