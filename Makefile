@@ -50,6 +50,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check onnxcast dags tests scripts bench
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py

@@ -44,7 +44,7 @@ class Dataset:
 def _victoria():
     import pandas as pd
 
-    from onnxcast.data import example_data_path
+    from onnxcast.pipeline.data import example_data_path
 
     return pd.read_csv(example_data_path())
 
@@ -91,10 +91,10 @@ QUICK = {"max_epochs": 2, "hidden_size": 16, "num_layers": 1, "d_model": 16, "n_
 
 
 def run_dataset(dataset: Dataset, work: Path, overrides: dict) -> dict:
-    from onnxcast.config import PipelineConfig
-    from onnxcast.errors import GateError
-    from onnxcast.pipeline import run_pipeline
-    from onnxcast.report import read_json
+    from onnxcast.base.errors import GateError
+    from onnxcast.base.files import read_json
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.run import run_pipeline
 
     data = work / f"{dataset.name}.csv"
     dataset.make().to_csv(data, index=False)
@@ -119,7 +119,7 @@ def summarize(dataset: Dataset, report: dict, status: str, seconds: float) -> di
         mae = m["fp32_holdout_mae"]
         trained = (m.get("training") or {}).get("training") or {}
         families.append({"family": m["family"], "mae": mae, "mae_ci95": _fp32(m).get("mae_ci95"),
-                         # epoch 0 is the untrained model, its seasonal-naive anchor (onnxcast.training)
+                         # epoch 0 is the untrained model, its seasonal-naive anchor (onnxcast.pipeline.training)
                          "validation_loss_epoch0": trained.get("initial_validation_loss"),
                          "validation_loss_best": trained.get("best_validation_loss"),
                          "best_epoch": trained.get("best_epoch"), "epochs": trained.get("epochs"),

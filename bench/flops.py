@@ -27,7 +27,7 @@ def transformer_flops(n_features: int, d_model: int, layers: int, horizon: int, 
 
 
 def model_flops(spec, time: int) -> int:
-    """FLOPs of one forecast of a model built from ``spec`` (onnxcast.models.ModelSpec)."""
+    """FLOPs of one forecast of a model built from ``spec`` (onnxcast.pipeline.models.ModelSpec)."""
     if spec.family == "lstm":
         return lstm_flops(spec.n_features, spec.hidden_size, spec.num_layers, spec.horizon, time)
     if spec.family == "transformer":
@@ -43,7 +43,7 @@ def linear_flops(spec) -> int:
     whatever the history length."""
     import torch
 
-    from onnxcast.models import build_model
+    from onnxcast.pipeline.models import build_model
 
     model = build_model(spec)
     total = sum(2 * m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))

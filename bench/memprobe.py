@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
         import torch
 
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from onnxcast.models import ModelSpec, build_model
+        from onnxcast.pipeline.models import ModelSpec, build_model
 
         torch.set_num_threads(1)
         directory = Path(argv[1]) / "models" / argv[2]

@@ -129,7 +129,7 @@ def peak_memory_mib(args: list[str]) -> dict[int, float] | None:
 def torch_candidate(run_dir: Path, cfg, family: str) -> Candidate:
     import torch
 
-    from onnxcast.pipeline import family_dir, load_model
+    from onnxcast.pipeline.run import family_dir, load_model
 
     model, _ = load_model(cfg, family)
     size = (family_dir(cfg, family) / "model.pt").stat().st_size
@@ -147,8 +147,8 @@ def torch_candidate(run_dir: Path, cfg, family: str) -> Candidate:
 
 
 def onnx_candidates(cfg, family: str) -> list[Candidate]:
-    from onnxcast.pipeline import family_dir
-    from onnxcast.report import read_json
+    from onnxcast.base.files import read_json
+    from onnxcast.pipeline.run import family_dir
 
     onnx_dir = family_dir(cfg, family) / "onnx"
     out = []
@@ -156,7 +156,7 @@ def onnx_candidates(cfg, family: str) -> list[Candidate]:
         path = onnx_dir / spec["path"]
 
         def make(threads: int, path: Path = path):
-            from onnxcast.validate import onnx_session
+            from onnxcast.pipeline.validate import onnx_session
 
             session = onnx_session(path, threads=threads, spinning=False)
             return lambda history: session.run(["forecast"], {"history": history})[0]
@@ -194,9 +194,9 @@ def time_interleaved(candidates: list[Candidate], inputs: dict[int, np.ndarray],
 def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats: dict[int, int],
                  warmup: int, peaks: dict[int, float]) -> tuple[list[dict], dict]:
     """Rows of one family, and its entry in the shape select_variants reads."""
-    from onnxcast.accuracy import forecast_metrics
-    from onnxcast.pipeline import _load_data, load_model
-    from onnxcast.validate import (
+    from onnxcast.pipeline.metrics import forecast_metrics
+    from onnxcast.pipeline.run import _load_data, load_model
+    from onnxcast.pipeline.validate import (
         baseline_metrics,
         check_parity,
         holdout_windows,
@@ -273,7 +273,7 @@ def _selection_entry(family: str, rows: list[dict], candidates: list[Candidate],
                      baseline_mae: float) -> dict:
     """The family's figures at ``threads`` in the report's ``models`` shape, with its gates decided
     by the pipeline's own ``judge_variants`` (parity, accuracy budget, seasonal-naive baseline)."""
-    from onnxcast.validate import FP32_VARIANTS, gate, judge_variants
+    from onnxcast.pipeline.validate import FP32_VARIANTS, gate, judge_variants
 
     def latency(variant: str) -> dict:
         out = {}
@@ -306,9 +306,9 @@ def prepare_run(out_dir: Path, epochs: int, max_minutes: float):
     this script measures everything itself, in one process)."""
     import torch
 
-    from onnxcast.config import PipelineConfig
-    from onnxcast.data import example_data_path
-    from onnxcast.pipeline import export_family, optimize_family, prepare_data, train_family
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.run import export_family, optimize_family, prepare_data, train_family
 
     cfg = PipelineConfig(data_uri=example_data_path(), out_dir=str(out_dir), max_epochs=epochs,
                          max_minutes=max_minutes)
@@ -325,12 +325,12 @@ def prepare_run(out_dir: Path, epochs: int, max_minutes: float):
 
 
 def load_run(run_dir: Path, reoptimize: bool):
-    from onnxcast.config import PipelineConfig
-    from onnxcast.pipeline import optimize_family
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.run import optimize_family
 
     cfg = PipelineConfig.load(run_dir / "config.json")
     cfg = PipelineConfig.from_dict({**cfg.to_dict(), "out_dir": str(run_dir)})
-    if reoptimize:  # rebuild the variants from fp32.onnx with the current onnxcast.optimize
+    if reoptimize:  # rebuild the variants from fp32.onnx with the current onnxcast.pipeline.optimize
         for family in cfg.models:
             optimize_family(cfg, family)
     return cfg
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         peaks[threads] = gemm_peak_gflops(threads, repeats=5 if args.quick else 40)
         log.info("float32 GEMM peak at %d thread(s): %s", threads, {k: round(v, 1) for k, v in peaks[threads].items()})
 
-    from onnxcast.report import select_variants
+    from onnxcast.pipeline.report import select_variants
 
     rows, entries = [], []
     for family in cfg.models:
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": goals(rows, per_family, threads_list[0]),
         "seconds": round(time.monotonic() - started, 1),
     }
-    from onnxcast.report import write_json
+    from onnxcast.base.files import write_json
 
     write_json(args.results, results)
     write_markdown(results, args.markdown)
@@ -489,16 +489,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _best_per_family(entry: dict) -> tuple[str | None, str | None]:
     """Each channel's choice when only this family is allowed (for the per-family goals)."""
-    from onnxcast.report import select_variants
+    from onnxcast.pipeline.report import select_variants
 
     selected, _ = select_variants([entry])
     return tuple((selected.get(ch) or {}).get("variant") for ch in ("edge", "cloud"))
 
 
 def _spec(cfg, family: str):
-    from onnxcast.models import ModelSpec
-    from onnxcast.pipeline import family_dir
-    from onnxcast.report import read_json
+    from onnxcast.base.files import read_json
+    from onnxcast.pipeline.models import ModelSpec
+    from onnxcast.pipeline.run import family_dir
 
     return ModelSpec(**read_json(family_dir(cfg, family) / "model.json")["spec"])
 

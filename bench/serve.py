@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(work: Path, concurrency: list[int], mlflow_workers: list[int], args) -> dict:
-    from onnxcast.promote import promote
+    from onnxcast.rollout.promote import promote
 
     use_throwaway_key(work / "keys")
     model_v1 = make_model(work / "v1.onnx", shift=0.0)
@@ -152,8 +152,8 @@ def make_model(path: Path, shift: float) -> Path:
     forecast (an Add after the graph) so two versions answer differently."""
     import onnx
 
-    from onnxcast.export import export_onnx
-    from onnxcast.models import ModelSpec, build_model
+    from onnxcast.pipeline.export import export_onnx
+    from onnxcast.pipeline.models import ModelSpec, build_model
 
     spec = ModelSpec(family="lstm", n_features=1, horizon=HORIZON, lookback=LOOKBACK, season=24)
     model = build_model(spec, np.array([100.0]), np.array([10.0]))
@@ -381,7 +381,7 @@ def swap_run(work: Path, store: Path, model_v2: Path, history: np.ndarray, reque
 
     import onnxruntime as ort
 
-    from onnxcast.promote import promote
+    from onnxcast.rollout.promote import promote
 
     expected = {"1": None, "2": None}
     for version, path in (("1", work / "v1.onnx"), ("2", model_v2)):

@@ -40,8 +40,8 @@ from onnxcast.airflow.operators import (
     TrainOrFetchModelOperator,
     ValidateModelOperator,
 )
-from onnxcast.airflow.pipeline import end_mlflow_runs
 from onnxcast.airflow.serving import ServingReadySensor
+from onnxcast.airflow.steps import end_mlflow_runs
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 FAMILIES = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer"}

@@ -2,7 +2,7 @@
 
 The library never imports Airflow; heavy dependencies (torch, onnxruntime, mlflow,
 pandas, great_expectations) are imported by the modules that need them, so importing
-``onnxcast`` or ``onnxcast.config`` stays cheap for DAG parsing.
+``onnxcast`` or ``onnxcast.pipeline.config`` stays cheap for DAG parsing.
 """
 
 __version__ = "0.1.0"

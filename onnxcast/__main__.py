@@ -18,7 +18,7 @@ def _installed(name: str) -> bool:
 
 
 if _installed("onnxcast-edge") and not _installed("onnxcast"):
-    from onnxcast.rollout_cli import edge_main as main
+    from onnxcast.rollout.cli import edge_main as main
 else:
     from onnxcast.cli import main
 

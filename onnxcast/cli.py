@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 from onnxcast import __version__
-from onnxcast.config import MODEL_FAMILIES, PipelineConfig, QualitySettings
-from onnxcast.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
+from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
+from onnxcast.pipeline.config import MODEL_FAMILIES, PipelineConfig, QualitySettings
+from onnxcast.rollout.cli import add_edge_commands, add_keys_commands, store_arguments
 
 log = logging.getLogger("onnxcast")
 
@@ -114,12 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder for report.json and the ONNX files")
     p.set_defaults(handler=run_pipeline_command)
 
-    try:
-        from onnxcast.rollout_cli import add_rollout_commands
-    except ImportError:  # rollout commands arrive with onnxcast.rollout_cli
-        pass
-    else:
-        add_rollout_commands(commands)
+    add_release_commands(commands)
     from onnxcast.serving.cli import add_serve_command
 
     add_serve_command(commands)
@@ -137,11 +133,11 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
-    from onnxcast.pipeline import run_pipeline
+    from onnxcast.pipeline.run import run_pipeline
 
     data = args.data
     if data == "example":
-        from onnxcast.data import example_data_path
+        from onnxcast.pipeline.data import example_data_path
 
         data = example_data_path()
     cfg = PipelineConfig.from_dict({
@@ -231,3 +227,82 @@ def _print_error(exc: BaseException) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --- release commands: promote, rollback, refresh ------------------------------------------
+
+def add_release_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Register the release commands (``promote``, ``rollback``, ``refresh``) and the device's
+    (``keys``, ``edge``) on ``subparsers``."""
+    p = subparsers.add_parser("promote", help="publish a validated run to the rollout store and move channels")
+    p.add_argument("--report", required=True, help="report.json of a pipeline run (or its folder)")
+    store_arguments(p)
+    p.add_argument("--channel", required=True, action="append",
+                   help="channel to move (repeat or comma-separate: edge,cloud)")
+    p.add_argument("--version", help="version id (default: the MLflow version, else derived from the content)")
+    p.add_argument("--actor", help="who promotes (default: $ONNXCAST_ACTOR or user@host)")
+    p.add_argument("--reason", default="", help="why, recorded in the channel history")
+    p.add_argument("--overwrite-unverified-pointer", action="store_true",
+                   help="move a channel whose current pointer does not verify (planted or damaged) to --version; "
+                        "nothing of that pointer is kept")
+    _signing_arguments(p)
+    p.set_defaults(handler=run_promote)
+
+    p = subparsers.add_parser("rollback", help="move a channel back to an earlier version (a signed rollback record)")
+    store_arguments(p)
+    p.add_argument("--channel", required=True, help="channel to move back (edge or cloud)")
+    p.add_argument("--to", dest="to_version", help="version to move to (default: the one before the current)")
+    p.add_argument("--reason", required=True, help="why, recorded in the channel history")
+    p.add_argument("--actor", help="who rolls back (default: $ONNXCAST_ACTOR or user@host)")
+    _signing_arguments(p)
+    p.set_defaults(handler=run_rollback)
+
+    p = subparsers.add_parser("refresh", help="re-sign a channel pointer (new counter and expiry, same version)")
+    store_arguments(p)
+    p.add_argument("--channel", required=True, help="channel whose pointer to re-sign (edge or cloud)")
+    _signing_arguments(p)
+    p.set_defaults(handler=run_refresh)
+
+    add_keys_commands(subparsers)
+    add_edge_commands(subparsers)
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.promote import promote
+
+    result = promote(args.report, args.store, args.model, args.channel, version=args.version,
+                     actor=args.actor, reason=args.reason, signers=args.signing_key, expires_days=args.expires_days,
+                     overwrite_unverified=args.overwrite_unverified_pointer)
+    moves = ", ".join(f"{c} {state}" for c, state in result.channels.items())
+    print(f"{result.model} version {result.version} at {result.store}: {len(result.written)} object(s) "
+          f"written, {len(result.skipped)} already there; {moves}")
+    return 0
+
+
+def run_rollback(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.promote import rollback
+
+    result = rollback(args.store, args.model, args.channel, to_version=args.to_version, actor=args.actor,
+                      reason=args.reason, signers=args.signing_key, expires_days=args.expires_days)
+    if result.changed:
+        print(f"{result.model} channel {result.channel}: rolled back from {result.from_version} to {result.version}")
+    else:
+        print(f"{result.model} channel {result.channel}: already at {result.version}")
+    return 0
+
+
+def run_refresh(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.promote import refresh
+
+    value = refresh(args.store, args.model, args.channel, signers=args.signing_key, expires_days=args.expires_days)
+    print(f"{args.model} channel {args.channel}: version {value['version']} re-signed, counter {value['counter']}, "
+          f"expires {value['expires']}")
+    return 0
+
+
+def _signing_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--signing-key", action="append",
+                        help="release key: a private key file or awskms:KEY (repeat for a threshold; "
+                             "default $ONNXCAST_SIGNING_KEY)")
+    parser.add_argument("--expires-days", type=float,
+                        help="days the channel pointer stays valid (default $ONNXCAST_POINTER_EXPIRES_DAYS or 30)")

@@ -5,7 +5,7 @@ pods), so tasks share nothing but this store. It is a local folder (the embedded
 one-machine mode) or an object-store URL: ``s3://bucket/prefix`` (boto3, credentials from
 the caller: the ``aws_default`` connection in Airflow) or any other URL Airflow's
 ``ObjectStoragePath`` understands (fsspec). A run directory in the store looks like a
-local one (:class:`onnxcast.layout.RunLayout`), plus one commit marker per finished step::
+local one (:class:`onnxcast.pipeline.layout.RunLayout`), plus one commit marker per finished step::
 
     <root>/<dag_id>/<run_id>/
         config.json, plan.json, data/..., models/<family>/..., report.json
@@ -21,7 +21,6 @@ either not listed by any marker yet, or rejected for not matching.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from onnxcast.errors import OnnxcastError
-from onnxcast.layout import RunLayout
+from onnxcast.base.errors import OnnxcastError
+from onnxcast.base.files import sha256_bytes, write_bytes_atomic
+from onnxcast.pipeline.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +78,7 @@ class LocalBackend:
         return self._path(key).read_bytes()
 
     def write(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        write_bytes_atomic(self._path(key), data)
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
@@ -96,7 +92,7 @@ class LocalBackend:
 
 
 class S3Backend:
-    """An S3 prefix through a boto3 client (bounded timeouts and retries: onnxcast.s3)."""
+    """An S3 prefix through a boto3 client (bounded timeouts and retries: onnxcast.base.s3)."""
 
     def __init__(self, bucket: str, prefix: str, client) -> None:
         self.bucket, self.prefix, self.client = bucket, prefix.strip("/"), client
@@ -145,53 +141,23 @@ class S3Backend:
                              f"{' '.join(str(exc).split())[:200]})")
 
 
-class FsspecBackend:
-    """Any URL fsspec understands, through Airflow's ObjectStoragePath (``conn_id`` for credentials)."""
-
-    def __init__(self, url: str, conn_id: str | None = None) -> None:
-        from airflow.sdk import ObjectStoragePath
-
-        self.base = ObjectStoragePath(url, conn_id=conn_id)
-
-    def read(self, key: str) -> bytes:
-        path = self.base / key
-        if not path.exists():
-            raise FileNotFoundError(str(path))
-        return path.read_bytes()
-
-    def write(self, key: str, data: bytes) -> None:
-        path = self.base / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("wb") as f:
-            f.write(data)
-
-    def list(self, prefix: str) -> list[str]:
-        base = self.base / prefix if prefix else self.base
-        if not base.exists():
-            return []
-        root = str(self.base).rstrip("/") + "/"
-        return sorted(str(p)[len(root):] for p in base.rglob("*") if p.is_file())
-
-    def url(self, key: str = "") -> str:
-        return str(self.base / key) if key else str(self.base)
-
-
 def backend_for(url: str, *, s3_client_factory: Callable[[], Any] | None = None,
-                conn_id: str | None = None) -> Backend:
+                other: Callable[[str], Backend] | None = None) -> Backend:
     """The backend of a run root or run directory URL: a local path (or ``file://``),
-    ``s3://`` (the client from ``s3_client_factory``, else boto3's chain), or another fsspec URL."""
+    ``s3://`` (the client from ``s3_client_factory``, else boto3's chain), or, for any other
+    scheme, what ``other`` makes of the URL (in Airflow: an ObjectStoragePath backend)."""
     if url.startswith("s3://"):
-        from onnxcast.s3 import make_client, split_s3_uri
+        from onnxcast.base.s3 import make_client, split_s3_uri
 
         bucket, prefix = split_s3_uri(url)
         return S3Backend(bucket, prefix, s3_client_factory() if s3_client_factory else make_client())
     if "://" not in url or url.startswith("file://"):
         return LocalBackend(url.removeprefix("file://"))
-    try:
-        return FsspecBackend(url, conn_id=conn_id)
-    except ValueError as exc:  # no filesystem registered for the scheme
-        raise RunStoreError(f"{url}: {exc}; use s3://, a local folder (embedded mode), or install the Airflow "
-                            "provider that registers this filesystem") from None
+    if other is None:
+        scheme = url.partition("://")[0]
+        raise RunStoreError(f"{url}: no filesystem for scheme {scheme!r} outside Airflow; use s3://, a local folder "
+                            "(embedded mode), or, in Airflow, a provider that registers this filesystem")
+    return other(url)
 
 
 # --- run directories ----------------------------------------------------------------------
@@ -267,7 +233,7 @@ class RunDir:
             except FileNotFoundError:
                 raise IncompleteRunError(f"{self.backend.url(relative)}: listed by step {meta['step']!r} but "
                                          "absent from the run store") from None
-            digest = hashlib.sha256(data).hexdigest()
+            digest = sha256_bytes(data)
             if digest != meta.get("sha256"):
                 raise IncompleteRunError(f"{self.backend.url(relative)}: sha256 {digest[:12]} differs from "
                                          f"{str(meta.get('sha256'))[:12]} committed by step {meta['step']!r} "
@@ -295,7 +261,7 @@ class RunDir:
             if path.is_symlink():
                 raise RunStoreError(f"{path}: a symlink in the scratch folder; refusing to publish it")
             data = path.read_bytes()
-            digest = hashlib.sha256(data).hexdigest()
+            digest = sha256_bytes(data)
             if before.get(relative) == digest:
                 continue
             self.backend.write(relative, data)

@@ -105,7 +105,7 @@ def report(run, conf: dict, home: Path, wall: float, log_path: Path, out: TextIO
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from onnxcast.tracking import CHALLENGER, CHAMPION, alias_version, default_tracking_uri
+    from onnxcast.registry.tracking import CHALLENGER, CHAMPION, alias_version, default_tracking_uri
 
     def say(text: str = "") -> None:
         print(text, file=out)

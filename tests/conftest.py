@@ -131,7 +131,7 @@ def s3_bucket(s3_env):
 
 @pytest.fixture(scope="session")
 def example_csv() -> str:
-    from onnxcast.data import example_data_path
+    from onnxcast.pipeline.data import example_data_path
 
     return example_data_path()
 
@@ -166,8 +166,8 @@ def tiny_onnx(tmp_path_factory) -> Path:
     to ONNX once per session: real I/O contract and metadata, a few seconds to make."""
     import numpy as np
 
-    from onnxcast.export import export_onnx
-    from onnxcast.models import ModelSpec, build_model
+    from onnxcast.pipeline.export import export_onnx
+    from onnxcast.pipeline.models import ModelSpec, build_model
 
     spec = ModelSpec(family="lstm", n_features=2, horizon=4, lookback=16, hidden_size=8, num_layers=1, season=4)
     model = build_model(spec, np.array([100.0, 5.0]), np.array([10.0, 2.0]))
@@ -274,7 +274,7 @@ def tiny_csv(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_config(tiny_csv, tmp_path_factory):
     """Settings for a real but tiny run of both families on real data."""
-    from onnxcast.config import PipelineConfig
+    from onnxcast.pipeline.config import PipelineConfig
 
     def make(**overrides):
         values = {"data_uri": tiny_csv, "out_dir": str(tmp_path_factory.mktemp("run")), **TINY, **overrides}
@@ -286,7 +286,7 @@ def tiny_config(tiny_csv, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_run(tiny_config):
     """One full pipeline run (every family) on tiny settings; returns (cfg, report)."""
-    from onnxcast.pipeline import run_pipeline
+    from onnxcast.pipeline.run import run_pipeline
 
     cfg = tiny_config(max_epochs=4)
     return cfg, run_pipeline(cfg)

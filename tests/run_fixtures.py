@@ -16,9 +16,9 @@ TINY_PIPELINE = {"horizon": 12, "lookback": 56, "max_epochs": 1, "models": ["lst
 def tiny_lstm_run(tmp_path_factory) -> Path:
     """A finished pipeline run directory (tiny LSTM on weekly CO2, tests/real_series.py; no Airflow):
     data, model, ONNX variants, validation, report.json and plan.json. Copy before changing."""
-    from onnxcast import pipeline
-    from onnxcast.champion import write_plan
-    from onnxcast.config import PipelineConfig
+    from onnxcast.pipeline import run as pipeline
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.registry.champion import write_plan
 
     out = tmp_path_factory.mktemp("tiny-run") / "run"
     from real_series import weekly_co2_csv
@@ -39,7 +39,7 @@ def tiny_lstm_run_copy(tiny_lstm_run, tmp_path) -> Path:
     import shutil
     from dataclasses import replace
 
-    from onnxcast.config import PipelineConfig
+    from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.runstore import LocalBackend, RunDir
 
     target = tmp_path / "run"

@@ -26,7 +26,7 @@ def get_provider_info() -> dict:
         ],
         "operators": [
             {"integration-name": "onnxcast",
-             "python-modules": ["onnxcast.airflow.pipeline", "onnxcast.airflow.registry",
+             "python-modules": ["onnxcast.airflow.steps", "onnxcast.airflow.registry",
                                 "onnxcast.airflow.rollout"]},
         ],
         "sensors": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.serving"]}],

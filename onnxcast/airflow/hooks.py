@@ -40,7 +40,7 @@ class MlflowHook(BaseHook):
         """``{"tracking_uri", "ui_url"}``; sets MLflow's auth variables when the connection has a login."""
         if self._settings is not None:
             return self._settings
-        from onnxcast.tracking import default_tracking_uri
+        from onnxcast.registry.tracking import default_tracking_uri
 
         conn = self._connection()
         _bound_mlflow_retries()
@@ -95,7 +95,7 @@ class S3SettingsHook(BaseHook):
         self._settings: dict[str, Any] | None = None
 
     def get_settings(self) -> dict[str, Any]:
-        """Keyword settings for ``onnxcast.s3.make_client`` / ``S3Settings`` (never logged).
+        """Keyword settings for ``onnxcast.base.s3.make_client`` / ``S3Settings`` (never logged).
 
         Credentials are resolved by the Amazon provider's AwsBaseHook (keys, profile, or an
         assumed role: temporary keys with a session token)."""
@@ -133,8 +133,7 @@ class S3SettingsHook(BaseHook):
 
     def s3_client(self):
         """A boto3 S3 client with the connection's settings (bounded timeouts and retries)."""
-        from onnxcast.rollout.store import S3Settings
-        from onnxcast.s3 import make_client
+        from onnxcast.base.s3 import S3Settings, make_client
 
         values = {k: v for k, v in self.get_settings().items() if k not in ("sse", "sse_kms_key_id")}
         return make_client(S3Settings.from_values(values))

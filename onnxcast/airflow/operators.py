@@ -5,13 +5,6 @@ XCom values. Heavy libraries (torch, mlflow, onnxruntime, pandas) are imported i
 ``execute`` only, so DAG files that import this parse fast."""
 
 from onnxcast.airflow.links import MlflowRunLink
-from onnxcast.airflow.pipeline import (
-    CheckDataOperator,
-    ExportModelOperator,
-    OptimizeModelOperator,
-    TrainOrFetchModelOperator,
-    ValidateModelOperator,
-)
 from onnxcast.airflow.registry import ChampionChallengerOperator, RegisterModelOperator
 from onnxcast.airflow.rollout import (
     PromoteModelOperator,
@@ -20,6 +13,13 @@ from onnxcast.airflow.rollout import (
     StageRegisteredVersionOperator,
 )
 from onnxcast.airflow.serving import ServingReadySensor
+from onnxcast.airflow.steps import (
+    CheckDataOperator,
+    ExportModelOperator,
+    OptimizeModelOperator,
+    TrainOrFetchModelOperator,
+    ValidateModelOperator,
+)
 
 __all__ = [
     "ChampionChallengerOperator",

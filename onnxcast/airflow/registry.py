@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from onnxcast.airflow.links import persist_mlflow_run_url
-from onnxcast.airflow.pipeline import _TrackedOperator, load_config, run_key
-from onnxcast.errors import GateError
+from onnxcast.airflow.steps import _TrackedOperator, load_config, run_key
+from onnxcast.base.errors import GateError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -35,10 +35,10 @@ class RegisterModelOperator(_TrackedOperator):
             return self._register(context, work)
 
     def _register(self, context: Context, work) -> dict:
-        from onnxcast.champion import challengers, champion_entry
-        from onnxcast.pipeline import assemble_report
-        from onnxcast.report import read_json, write_json
-        from onnxcast.tracking import log_pipeline_run, register_model, run_url
+        from onnxcast.base.files import read_json, write_json
+        from onnxcast.pipeline.run import assemble_report
+        from onnxcast.registry.champion import challengers, champion_entry
+        from onnxcast.registry.tracking import log_pipeline_run, register_model, run_url
 
         cfg = load_config(work)
         families = challengers(work)
@@ -94,9 +94,9 @@ class ChampionChallengerOperator(_TrackedOperator):
             return self._decide(context, work)
 
     def _decide(self, context: Context, work) -> dict:
-        from onnxcast.champion import decide
-        from onnxcast.report import read_json
-        from onnxcast.tracking import record_decision
+        from onnxcast.base.files import read_json
+        from onnxcast.registry.champion import decide
+        from onnxcast.registry.tracking import record_decision
 
         cfg = load_config(work)
         decision = decide(work, min_improvement=float(self.min_improvement or 0.0),
@@ -111,6 +111,6 @@ class ChampionChallengerOperator(_TrackedOperator):
 
 
 def _public(uri: str) -> str:
-    from onnxcast.tracking import redact_uri
+    from onnxcast.registry.tracking import redact_uri
 
     return redact_uri(uri)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from onnxcast.airflow.pipeline import _TrackedOperator, as_bool, load_config, readable, run_key
-from onnxcast.errors import ConfigError, GateError, OnnxcastError
+from onnxcast.airflow.steps import _TrackedOperator, as_bool, load_config, readable, run_key
+from onnxcast.base.errors import ConfigError, GateError, OnnxcastError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -128,8 +128,8 @@ class PromoteModelOperator(_StoreOperator):
             return self._promote(context, work, decision)
 
     def _promote(self, context: Context, work: Path, decision: dict | None) -> dict:
+        from onnxcast.registry.tracking import set_champion
         from onnxcast.rollout.promote import promote
-        from onnxcast.tracking import set_champion
 
         cfg = load_config(work)
         self.link_mlflow_run(context, cfg.model_name)
@@ -159,9 +159,9 @@ class PromoteModelOperator(_StoreOperator):
         return {**result.as_xcom(), "manifest": manifest}
 
     def _assemble(self, cfg) -> None:
-        from onnxcast.champion import challengers
-        from onnxcast.pipeline import assemble_report
-        from onnxcast.report import read_json, write_json
+        from onnxcast.base.files import read_json, write_json
+        from onnxcast.pipeline.run import assemble_report
+        from onnxcast.registry.champion import challengers
 
         staged = read_json(cfg.layout.staged)
         try:
@@ -187,9 +187,9 @@ class StageRegisteredVersionOperator(_TrackedOperator):
 
     def execute(self, context: Context) -> dict:
         from onnxcast.airflow.settings import run_root
-        from onnxcast.fetch import stage_version
+        from onnxcast.registry.fetch import stage_version
+        from onnxcast.registry.tracking import TrackingError
         from onnxcast.runstore import RunStore
-        from onnxcast.tracking import TrackingError
 
         run_url = RunStore(run_root(self.run_root)).run_url(context["dag_run"].dag_id, context["run_id"])
         with self.workspace(context, run_url, stage=False) as work:
@@ -223,8 +223,8 @@ class RollbackChannelOperator(_StoreOperator):
         self.move_champion = move_champion
 
     def execute(self, context: Context) -> dict:
+        from onnxcast.registry.tracking import set_champion
         from onnxcast.rollout.promote import rollback
-        from onnxcast.tracking import set_champion
 
         store = self.open_store()
         done = self._done_by_earlier_try(store, _actor(context))
@@ -252,7 +252,7 @@ class RollbackChannelOperator(_StoreOperator):
     def _done_by_earlier_try(self, store, actor: str) -> dict | None:
         """The history entry of this task's own rollback, when an earlier try already made it
         (a second rollback would walk one version further back)."""
-        from onnxcast.errors import StoreError
+        from onnxcast.base.errors import StoreError
 
         try:
             pointer = store.read_channel(self.model_name, self.channel).value or {}

@@ -26,7 +26,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from onnxcast.airflow.links import MlflowRunLink
-from onnxcast.airflow.pipeline import readable
+from onnxcast.airflow.steps import readable
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from onnxcast.errors import ConfigError
+from onnxcast.base.errors import ConfigError
+from onnxcast.base.untrusted import MAX_METADATA_BYTES, UntrustedInputError, read_regular_file
 from onnxcast.rollout.store import check_name, unlink_if_present, write_new
-from onnxcast.untrusted import MAX_METADATA_BYTES, UntrustedInputError, read_regular_file
 
 VERSIONS = "versions"
 CURRENT = "current"

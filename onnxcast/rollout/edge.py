@@ -40,16 +40,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from onnxcast.errors import (
-    ConfigError,
-    DataError,
-    OnnxcastError,
-    RefusedError,
-    StoreError,
-    VerificationError,
-)
-from onnxcast.rollout.command import device_command
-from onnxcast.rollout.contract import (
+from onnxcast.base.contract import (
     INPUT_NAME,
     METADATA_PREFIX,
     OUTPUT_NAME,
@@ -58,6 +49,17 @@ from onnxcast.rollout.contract import (
     read_metadata,
     signature,
 )
+from onnxcast.base.errors import (
+    ConfigError,
+    DataError,
+    OnnxcastError,
+    RefusedError,
+    StoreError,
+    VerificationError,
+)
+from onnxcast.base.files import sha256_bytes
+from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, regular_file_size
+from onnxcast.rollout.command import device_command
 from onnxcast.rollout.device import (
     CURRENT,
     PREVIOUS,
@@ -68,9 +70,8 @@ from onnxcast.rollout.device import (
     open_device_folder,
     write_new,
 )
-from onnxcast.rollout.store import MANIFEST, MAX_POINTER_BYTES, check_name, open_store, sha256_hex
+from onnxcast.rollout.store import MANIFEST, MAX_POINTER_BYTES, check_name, open_store
 from onnxcast.rollout.trust import DeviceTrust
-from onnxcast.untrusted import UntrustedInputError, loads_json, quote, regular_file_size
 
 log = logging.getLogger(__name__)
 
@@ -636,8 +637,8 @@ def _read_signed_length(store, key: str, length: int, sha256: str, what: str, ve
     if len(data) > length:
         raise RefusedError(f"{where}: longer than its signed length of {length} bytes (stopped reading); "
                            f"refusing version {version}")
-    if len(data) != length or sha256_hex(data) != sha256:
-        raise RefusedError(f"{where}: sha256 {sha256_hex(data)[:12]} ({len(data)} bytes) does not match the signed "
+    if len(data) != length or sha256_bytes(data) != sha256:
+        raise RefusedError(f"{where}: sha256 {sha256_bytes(data)[:12]} ({len(data)} bytes) does not match the signed "
                            f"{sha256[:12]} ({length} bytes); refusing version {version}")
     return data
 

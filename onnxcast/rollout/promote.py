@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxcast.errors import (
+from onnxcast.base.errors import (
     ConfigError,
     ConflictError,
     OnnxcastError,
@@ -50,6 +50,8 @@ from onnxcast.errors import (
     StoreError,
     VerificationError,
 )
+from onnxcast.base.files import sha256_bytes
+from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote
 from onnxcast.rollout.signing import (
     MANIFEST_ROLE,
     MANIFEST_TYPE,
@@ -67,10 +69,8 @@ from onnxcast.rollout.store import (
     check_name,
     dump_json,
     open_store,
-    sha256_hex,
     signed_part,
 )
-from onnxcast.untrusted import UntrustedInputError, loads_json, quote
 
 MAX_ROOT_BYTES = 1 << 20
 
@@ -281,10 +281,10 @@ def verify_version(store: RolloutStore, model_name: str, version: str,
         blob = store.read(artifact_key, size)  # never more than the manifest's size + 1 byte
         if blob is None:
             raise VerificationError(f"{store.url(artifact_key)}: missing, though the manifest lists it")
-        if sha256_hex(blob) != entry["sha256"] or len(blob) != entry["size_bytes"]:
-            raise VerificationError(f"{store.url(artifact_key)}: sha256 {sha256_hex(blob)[:12]} ({len(blob)} bytes) "
+        if sha256_bytes(blob) != entry["sha256"] or len(blob) != entry["size_bytes"]:
+            raise VerificationError(f"{store.url(artifact_key)}: sha256 {sha256_bytes(blob)[:12]} ({len(blob)} bytes) "
                                     f"does not match the manifest's {entry['sha256'][:12]} ({entry['size_bytes']} bytes)")
-    return manifest, sha256_hex(data)
+    return manifest, sha256_bytes(data)
 
 
 def previous_version(pointer: dict, where: str = "channel") -> str:
@@ -379,12 +379,12 @@ def plan_version(report_path: str | Path, channels: Sequence[str] | str, version
             data = file.read_bytes()
         except OSError as exc:
             raise ReportError(f"{file}: cannot read the {family}/{variant} model the report names ({exc.strerror})") from None
-        if sha256_hex(data) != entry.get("sha256"):
-            raise ReportError(f"{file}: sha256 {sha256_hex(data)[:12]} does not match the report's "
+        if sha256_bytes(data) != entry.get("sha256"):
+            raise ReportError(f"{file}: sha256 {sha256_bytes(data)[:12]} does not match the report's "
                               f"{str(entry.get('sha256'))[:12]}")
         info = inspect_model(file)
         artifacts[name] = Artifact(name, data, {
-            "sha256": sha256_hex(data), "size_bytes": len(data), "family": family, "variant": variant,
+            "sha256": sha256_bytes(data), "size_bytes": len(data), "family": family, "variant": variant,
             "opset": info.opset, "signature": info.signature, "metadata": info.metadata,
             "holdout": entry.get("holdout"), "latency_ms": entry.get("latency_ms"),
             "parity_max_abs_diff": entry.get("parity_max_abs_diff"), "gates": entry.get("gates"),
@@ -400,7 +400,7 @@ def plan_version(report_path: str | Path, channels: Sequence[str] | str, version
         dataset = str((report.get("dataset") or {}).get("sha256") or "nodata")
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
         version = f"{dataset[:8]}-{digest[:12]}"
-    return VersionPlan(version, ordered, chosen, wanted, report, sha256_hex(raw))
+    return VersionPlan(version, ordered, chosen, wanted, report, sha256_bytes(raw))
 
 
 def load_report(report_path: str | Path) -> tuple[Path, dict, bytes]:
@@ -469,9 +469,9 @@ def _write_once(store: RolloutStore, key: str, data: bytes) -> bool:
         return True
     existing = store.read(key)
     if existing != data:
-        got = "nothing readable" if existing is None else f"sha256 {sha256_hex(existing)[:12]}"
+        got = "nothing readable" if existing is None else f"sha256 {sha256_bytes(existing)[:12]}"
         raise ConflictError(f"{store.url(key)}: already exists with different bytes ({got}, ours "
-                            f"{sha256_hex(data)[:12]}); versions are immutable")
+                            f"{sha256_bytes(data)[:12]}); versions are immutable")
     return False
 
 
@@ -769,8 +769,8 @@ def _publish_model_repositories(store: RolloutStore, model_name: str, channels, 
     a rerun of the same promotion repairs a repository an earlier attempt left behind). The
     bytes come from a verified pull: against ``$ONNXCAST_TRUST`` when the worker has one, else
     against the public keys of the release keys that just signed."""
+    from onnxcast.rollout.repository import PUBLISHED_CHANNELS, publish_model_repository
     from onnxcast.rollout.signing import TRUST_ENV, signers_root
-    from onnxcast.serving.repository import PUBLISHED_CHANNELS, publish_model_repository
 
     wanted = [c for c in channels if c in PUBLISHED_CHANNELS]
     if not wanted:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from onnxcast.errors import ConfigError, RefusedError
+from onnxcast.base.errors import ConfigError, RefusedError
 from onnxcast.rollout.command import device_command
 
 SIGNING_KEY_ENV = "ONNXCAST_SIGNING_KEY"
@@ -75,7 +75,7 @@ def load_signer(spec: str):
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner
 
-    from onnxcast.untrusted import UntrustedInputError, read_regular_file
+    from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
 
     path = Path(spec).expanduser()
     try:  # a regular file of a few KB: --signing-key /dev/zero or a FIFO must not hang a writer
@@ -114,7 +114,7 @@ def read_public_key(path: str | Path):
     """An SSlibKey from a ``.pub`` file written by ``keys generate`` / ``keys kms-pub``."""
     from securesystemslib.signer import Key
 
-    from onnxcast.untrusted import UntrustedInputError, loads_json, read_regular_file
+    from onnxcast.base.untrusted import UntrustedInputError, loads_json, read_regular_file
 
     path = Path(path)
     try:
@@ -213,7 +213,7 @@ def parse_root(data: bytes, where: str):
     """A Metadata[Root] from bytes; RefusedError when it is not one."""
     from tuf.api.metadata import Metadata, Root
 
-    from onnxcast.untrusted import UntrustedInputError, loads_json
+    from onnxcast.base.untrusted import UntrustedInputError, loads_json
 
     try:  # bounded size and depth first: tuf's json.loads recurses on deep nesting
         loads_json(data, what=where)

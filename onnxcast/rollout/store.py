@@ -13,7 +13,7 @@ never sees a half-written object and an immutable key is never overwritten.
 on the ETag; locally a compare under an ``flock``), so two promotions cannot both win.
 
 This module is imported by Airflow operators at task run time: keep top-level imports to
-the standard library and onnxcast.errors (boto3 is imported when an S3 store is used).
+the standard library and onnxcast.base.errors (boto3 is imported when an S3 store is used).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
-from onnxcast.untrusted import MAX_METADATA_BYTES, UntrustedInputError, file_kind, loads_json
+from onnxcast.base.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.base.s3 import S3Settings
+from onnxcast.base.untrusted import MAX_METADATA_BYTES, UntrustedInputError, file_kind, loads_json
 
 MANIFEST = "manifest.json"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ROOT_FOLDER = "root"
-SSE_ALGORITHMS = ("AES256", "aws:kms")
 MOVED = "was moved by another promotion"
 # Pointers and roots are small (HISTORY_KEPT entries are ~50 KB) and nothing signs their
 # length: every reader, device or writer, stops at this many bytes.
@@ -78,7 +78,7 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-def sha256_hex(data: bytes) -> str:
+def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -166,7 +166,7 @@ class RolloutStore(ABC):
             raise StoreError(f"{self.url(key)}: longer than {MAX_POINTER_BYTES:,} bytes (stopped reading); "
                              "refusing it")
         parsed = self._parse(data, key)
-        return Pointer(signed_part(parsed), token if token is not None else sha256_hex(data), data, parsed)
+        return Pointer(signed_part(parsed), token if token is not None else sha256_bytes(data), data, parsed)
 
     # --- primitives -----------------------------------------------------------------------
     @abstractmethod
@@ -276,7 +276,7 @@ class LocalStore(RolloutStore):
                 with os.fdopen(lock_fd, "a+b") as lock:
                     fcntl.flock(lock, fcntl.LOCK_EX)  # released on close, or when the process dies
                     current = self.read(key, MAX_POINTER_BYTES)
-                    if (None if current is None else sha256_hex(current)) != token:
+                    if (None if current is None else sha256_bytes(current)) != token:
                         raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")
                     tmp = f".{name}.{uuid.uuid4().hex}.tmp"
                     try:
@@ -287,7 +287,7 @@ class LocalStore(RolloutStore):
                     os.fsync(folder)
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
-        return sha256_hex(data)
+        return sha256_bytes(data)
 
     def put(self, key: str, data: bytes) -> None:
         try:
@@ -378,47 +378,6 @@ def _why(exc: OSError) -> str:
 
 
 # --- S3 -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class S3Settings:
-    """Connection and write settings of an S3 store. None means: boto3's default chain
-    (environment, shared config, instance role), as an Airflow ``aws_default`` connection
-    passes them through."""
-
-    endpoint_url: str | None = None
-    region_name: str | None = None
-    aws_access_key_id: str | None = None
-    aws_secret_access_key: str | None = None
-    aws_session_token: str | None = None
-    profile_name: str | None = None
-    sse: str = "AES256"
-    sse_kms_key_id: str | None = None
-    max_attempts: int = 5  # botocore "standard" retries: throttling, 5xx, connection errors
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
-
-    @classmethod
-    def from_values(cls, values: dict[str, Any]) -> S3Settings:
-        """Validate ``values`` (unknown keys refused by name); SSE falls back to the env."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown S3 store setting(s): {', '.join(unknown)}")
-        values = {k: v for k, v in values.items() if v is not None}
-        values.setdefault("sse", os.environ.get("ONNXCAST_STORE_SSE") or "AES256")
-        values.setdefault("sse_kms_key_id", os.environ.get("ONNXCAST_STORE_SSE_KMS_KEY_ID") or None)
-        settings = cls(**values)
-        if settings.sse not in SSE_ALGORITHMS:
-            raise ConfigError(f"S3 store setting sse={settings.sse!r}: expected one of {list(SSE_ALGORITHMS)}")
-        if settings.sse_kms_key_id and settings.sse != "aws:kms":
-            raise ConfigError("S3 store setting sse_kms_key_id needs sse='aws:kms'")
-        if settings.max_attempts < 1:
-            raise ConfigError(f"S3 store setting max_attempts must be >= 1, got {settings.max_attempts}")
-        return settings
-
-    def __repr__(self) -> str:  # never print credentials
-        return f"S3Settings(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r}, sse={self.sse!r})"
-
 
 class S3Store(RolloutStore):
     """An S3 prefix. Conditional writes (``If-None-Match``/``If-Match``), SHA-256 checksums
@@ -567,7 +526,7 @@ class S3Store(RolloutStore):
         return StoreError(f"{self.url(key)}: {action} failed ({detail})")
 
     def _make_client(self):
-        from onnxcast.s3 import make_client
+        from onnxcast.base.s3 import make_client
 
         return make_client(self.settings)
 

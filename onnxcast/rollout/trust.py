@@ -20,7 +20,8 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from onnxcast.errors import ConfigError, RefusedError
+from onnxcast.base.errors import ConfigError, RefusedError
+from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, read_regular_file
 from onnxcast.rollout.command import device_command
 from onnxcast.rollout.device import DeviceFolder, open_device_folder
 from onnxcast.rollout.signing import (
@@ -37,7 +38,6 @@ from onnxcast.rollout.signing import (
     verify_self_signed,
 )
 from onnxcast.rollout.store import MAX_POINTER_BYTES  # noqa: F401  (its old home: imported from here before)
-from onnxcast.untrusted import UntrustedInputError, loads_json, quote, read_regular_file
 
 TRUST_DIR = "trust"
 ROOT_FILE = "root.json"

@@ -1,5 +1,5 @@
 """The cloud inference service: ``onnxcast serve`` follows a rollout channel (verified pulls
-through :mod:`onnxcast.edge`), swaps versions atomically, batches concurrent requests into one
+through :mod:`onnxcast.rollout.edge`), swaps versions atomically, batches concurrent requests into one
 ONNX Runtime call, and speaks the Open Inference Protocol (KServe V2) over HTTP.
 
 Modules: ``protocol`` (V2 request/response codec and validation), ``model`` (loading a

@@ -21,8 +21,8 @@ from fastapi import (  # module level: FastAPI resolves the handlers' annotation
     Response,
 )
 
-from onnxcast.contract import INPUT_NAME, OUTPUT_NAME
-from onnxcast.errors import ConfigError
+from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME
+from onnxcast.base.errors import ConfigError
 from onnxcast.serving.batching import Batcher, NotReadyError
 from onnxcast.serving.model import ChannelFollower, ServedModel
 from onnxcast.serving.protocol import (

@@ -50,8 +50,8 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from onnxcast.rollout.store import check_name
     from onnxcast.serving.app import TOKEN_ENV, ServeSettings, serve
-    from onnxcast.store import check_name
 
     check_name("model", args.model)
     check_name("channel", args.channel)
@@ -73,8 +73,8 @@ def run_serve(args: argparse.Namespace) -> int:
 def _token(path: str | None, environment: str | None) -> str | None:
     """The bearer token from ``--token-file`` (first line, surrounding blanks dropped), else the
     environment; None when neither is set. The token is never echoed in an error."""
-    from onnxcast.errors import ConfigError
-    from onnxcast.untrusted import UntrustedInputError, read_regular_file
+    from onnxcast.base.errors import ConfigError
+    from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
 
     if path is None:
         return environment.strip() if environment and environment.strip() else None

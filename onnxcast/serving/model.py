@@ -1,6 +1,6 @@
 """The served model and the channel follower.
 
-``ChannelFollower`` pulls the channel with :func:`onnxcast.edge.pull` (the edge client's
+``ChannelFollower`` pulls the channel with :func:`onnxcast.rollout.edge.pull` (the edge client's
 verification, whatever it checks: digests, I/O contract, external data, signatures), loads
 what was installed, warms it up, and only then replaces ``current`` in one reference
 assignment. A batch takes ``current`` once and answers every request in it with that model,
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxcast.contract import INPUT_NAME, OUTPUT_NAME
-from onnxcast.edge import PULLED, installed_model, pull
-from onnxcast.errors import OnnxcastError, VerificationError
+from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME
+from onnxcast.base.errors import OnnxcastError, VerificationError
+from onnxcast.rollout.edge import PULLED, installed_model, pull
 
 log = logging.getLogger(__name__)
 

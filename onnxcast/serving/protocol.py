@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from onnxcast.contract import INPUT_NAME, OUTPUT_NAME
+from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME
 
 TOO_DEEP = "request body is nested too deep (a V2 request nests 4 levels)"
 

@@ -48,7 +48,7 @@ def _bench_module():
 def test_bench_judges_with_the_pipeline_gates_and_unmeasured_parity_fails():
     """Issue 9: the benchmark hard-coded ``gates_passed: True``, skipped the baseline gate and
     crashed formatting a parity that was never measured (None)."""
-    from onnxcast.config import PipelineConfig
+    from onnxcast.pipeline.config import PipelineConfig
 
     bench = _bench_module()
     cfg = PipelineConfig(data_uri="x", out_dir="o", accuracy_budget=0.01)

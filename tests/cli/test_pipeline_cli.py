@@ -28,7 +28,7 @@ def test_pipeline_writes_a_report_and_prints_a_summary(tiny_csv, tmp_path):
     assert f"report: {out}/report.json\n" in result.stdout  # "out//report.json" for --out out/ before
     assert "[5/6] validate transformer" in result.stderr  # progress on the terminal
     # step 1 says what its slow part (the statistical reference, refitted per origin) is doing
-    assert "INFO onnxcast.pipeline: baselines and the statistical reference: " in result.stderr
+    assert "INFO onnxcast.pipeline.run: baselines and the statistical reference: " in result.stderr
     assert "holdout origins" in result.stderr
     assert "torchvision" not in result.stderr  # four warnings per export before: torchvision is not installed
     assert (out / "models" / "transformer" / "onnx" / "int8.onnx").exists()

@@ -171,7 +171,7 @@ class TestStagingFolder:
         out = tmp_path / "out"
         holder = subprocess.Popen(  # another run: holds the folder's lock and has staged a file
             [sys.executable, "-c",
-             "import sys, time; from pathlib import Path; from onnxcast.pipeline import run_dir_lock\n"
+             "import sys, time; from pathlib import Path; from onnxcast.pipeline.run import run_dir_lock\n"
              "out = Path(sys.argv[1])\n"
              "with run_dir_lock(out):\n"
              "    (out / '.staging').mkdir(); (out / '.staging' / 'model.pt').write_text('half-trained')\n"

@@ -49,7 +49,7 @@ class Case:
         return path
 
     def config(self, data_uri: str, out_dir: str):
-        from onnxcast.config import PipelineConfig, QualitySettings
+        from onnxcast.pipeline.config import PipelineConfig, QualitySettings
 
         values = dict(self.settings)
         quality = QualitySettings(**values.pop("quality", {}))
@@ -171,7 +171,7 @@ def imperfect(table):
 
 
 BAD_INPUTS: list[Case] = [
-    # --- files that are not a readable table: DataError from onnxcast.reading, no report ---
+    # --- files that are not a readable table: DataError from onnxcast.pipeline.reading, no report ---
     Case("empty_file", "zero bytes", lambda b: b"", "file is empty", "reading"),
     Case("whitespace_only", "blank lines only", lambda b: b"\n  \n\n", "file is empty", "reading"),
     Case("header_only", "a header and no rows", lambda b: b"ds,y\n", "no data rows", "reading"),

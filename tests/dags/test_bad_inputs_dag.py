@@ -28,7 +28,7 @@ def load_dag():
 
 def snapshot() -> dict:
     """What a failed run must not change: registry versions, aliases, store files and bytes."""
-    from onnxcast.tracking import client_for
+    from onnxcast.registry.tracking import client_for
 
     client = client_for()
     versions = sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'"))
@@ -53,7 +53,7 @@ def base_bytes(example_csv) -> bytes:
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c.name for c in BAD_INPUTS])
 def test_bad_input_fails_the_data_check_and_changes_nothing(case, champion_in_place, base_bytes, tmp_path):
-    from onnxcast.tracking import client_for
+    from onnxcast.registry.tracking import client_for
 
     path = case.write(tmp_path, base_bytes)
     settings = dict(case.settings)

@@ -15,7 +15,7 @@ import pytest
 DAG_IDS = {"onnxcast_training", "onnxcast_promote", "onnxcast_rollback", "onnxcast_refresh"}
 DAG_FILES = sorted((airflow_support.REPO / "dags").glob("*.py"))
 HEAVY = ("torch", "onnxruntime", "onnx", "mlflow", "pandas", "great_expectations", "numpy", "boto3",
-         "onnxcast.training", "onnxcast.export", "onnxcast.optimize", "onnxcast.validate", "onnxcast.models")
+         "onnxcast.pipeline.training", "onnxcast.pipeline.export", "onnxcast.pipeline.optimize", "onnxcast.pipeline.validate", "onnxcast.pipeline.models")
 MAX_PARSE_SECONDS = 0.3
 
 # A fresh interpreter per file, so no file profits from modules another one imported.

@@ -30,7 +30,7 @@ def store_dir() -> Path:
 
 
 def client():
-    from onnxcast.tracking import client_for
+    from onnxcast.registry.tracking import client_for
 
     return client_for()
 

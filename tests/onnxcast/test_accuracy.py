@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from onnxcast.accuracy import forecast_metrics, mase_scale, seasonal_naive
+from onnxcast.pipeline.metrics import forecast_metrics, mase_scale, seasonal_naive
 
 
 def test_seasonal_naive_repeats_the_last_season():

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxcast.champion import PlanError, decide, plan_entry, write_plan
+from onnxcast.registry.champion import PlanError, decide, plan_entry, write_plan
 
 
 def per_origin(mae: float, noise: float, n: int = 100, seed: int = 0) -> list[float]:

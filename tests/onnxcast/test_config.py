@@ -1,7 +1,7 @@
 import pytest
 
-from onnxcast.config import QUALITY_RANGES, RANGES, PipelineConfig, QualitySettings
-from onnxcast.errors import ConfigError
+from onnxcast.base.errors import ConfigError
+from onnxcast.pipeline.config import QUALITY_RANGES, RANGES, PipelineConfig, QualitySettings
 
 
 def test_defaults_are_valid():
@@ -87,8 +87,8 @@ def test_every_numeric_field_is_in_the_range_table():
 def test_the_size_estimate_counts_the_parameters_the_model_has(family):
     """The settings check bounds a model by its estimated size: the estimate is the real count
     (window families: an upper bound, they may anchor on fewer seasons)."""
-    from onnxcast.config import estimate_model_size
-    from onnxcast.models import ModelSpec, build_model
+    from onnxcast.pipeline.config import estimate_model_size
+    from onnxcast.pipeline.models import ModelSpec, build_model
 
     cfg = PipelineConfig(data_uri="x.csv", out_dir="out", feature_columns=("temp",), hidden_size=24, num_layers=3,
                          d_model=32, n_heads=4, lookback=96, horizon=12, models=(family,))

@@ -2,8 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from onnxcast.config import PipelineConfig, QualitySettings
-from onnxcast.data import (
+from onnxcast.base.errors import DataError
+from onnxcast.pipeline.config import PipelineConfig, QualitySettings
+from onnxcast.pipeline.data import (
     SeriesData,
     season_for_freq,
     series_from_checked,
@@ -11,8 +12,7 @@ from onnxcast.data import (
     utc_iso,
     windows,
 )
-from onnxcast.errors import DataError
-from onnxcast.quality import check_data
+from onnxcast.pipeline.quality import check_data
 
 SMALL = {"lookback": 24, "horizon": 6}
 
@@ -179,7 +179,7 @@ def test_reads_from_s3_over_http(s3_bucket, tmp_path):
                                                ("W-SUN", (52,)), ("MS", (12,)), ("QS", (4,)), ("YS", (1,)),
                                                ("B", (5, 260)), ("2h", (12, 84))])
 def test_every_seasonality_the_frequency_implies(freq, seasons):
-    from onnxcast.data import seasons_for_freq
+    from onnxcast.pipeline.data import seasons_for_freq
 
     assert seasons_for_freq(freq) == seasons
     assert seasons[0] == season_for_freq(freq)

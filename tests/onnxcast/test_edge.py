@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from onnxcast import cli
-from onnxcast.errors import ConfigError, DataError, RefusedError, StoreError, VerificationError
+from onnxcast.base.errors import ConfigError, DataError, RefusedError, StoreError, VerificationError
+from onnxcast.base.files import sha256_bytes
 from onnxcast.rollout.edge import inspect_model, predict, pull, watch
 from onnxcast.rollout.promote import promote
 from onnxcast.rollout.signing import load_signers, sign_envelope
-from onnxcast.rollout.store import dump_json, open_store, sha256_hex
+from onnxcast.rollout.store import dump_json, open_store
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ class TestPull:
         version = promote(make_run("a"), store, "m", "edge", version="1").version
         manifest = store.read_manifest("m", version)
         manifest["artifacts"]["evil.onnx"] = {**manifest["artifacts"]["lstm-fp32-opt.onnx"],
-                                              "sha256": sha256_hex(data), "size_bytes": len(data)}
+                                              "sha256": sha256_bytes(data), "size_bytes": len(data)}
         manifest["channels"]["edge"]["artifact"] = "evil.onnx"
         manifest["version"] = "2"
         signers = load_signers()
@@ -97,9 +98,9 @@ class TestPull:
         store.create(store.version_key("m", "2"), manifest_bytes)
         pointer = store.read_channel("m", "edge")
         store.replace_pointer(store.channel_key("m", "edge"), sign_envelope({
-            **pointer.value, "version": "2", "artifact": "evil.onnx", "sha256": sha256_hex(data), "length": len(data),
+            **pointer.value, "version": "2", "artifact": "evil.onnx", "sha256": sha256_bytes(data), "length": len(data),
             "counter": pointer.value["counter"] + 1,
-            "manifest": {"sha256": sha256_hex(manifest_bytes), "length": len(manifest_bytes)}}, signers), pointer.token)
+            "manifest": {"sha256": sha256_bytes(manifest_bytes), "length": len(manifest_bytes)}}, signers), pointer.token)
         with pytest.raises(VerificationError, match=r"references external data '../../../etc/passwd' \(outside the model folder\)"):
             pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")
         assert not (tmp_path / "device" / "current").exists()
@@ -135,7 +136,7 @@ class TestInspect:
     def test_signature_is_the_contract_modules(self, tiny_onnx):
         import onnx
 
-        from onnxcast.contract import signature
+        from onnxcast.base.contract import signature
 
         assert inspect_model(tiny_onnx).signature == signature(onnx.load(tiny_onnx))
 
@@ -152,7 +153,7 @@ class TestInspect:
 
         code = ("import sys, json\nsys.modules['onnx'] = None\n"
                 "from onnxcast.rollout.edge import inspect_model\n"
-                "from onnxcast.errors import VerificationError\n"
+                "from onnxcast.base.errors import VerificationError\n"
                 "try:\n    info = inspect_model(sys.argv[1])\n"
                 "    print(json.dumps({'signature': info.signature, 'opset': info.opset, 'metadata': info.metadata}))\n"
                 "except VerificationError as exc:\n    print('refused:', exc)\n")
@@ -175,7 +176,7 @@ class TestInspect:
 
 class TestPredict:
     def test_equals_the_pipelines_forecast_for_the_same_window(self, store_uri, make_run, tmp_path, history_csv):
-        from onnxcast.validate import onnx_predict, onnx_session
+        from onnxcast.pipeline.validate import onnx_predict, onnx_session
 
         report = make_run("a")
         promote(report, store_uri, "m", "edge")
@@ -192,7 +193,7 @@ class TestPredict:
         printed = np.array([np.float32(r[2]) for r in rows_out])
         rows = np.genfromtxt(history_csv, delimiter=",", names=True, dtype=None, encoding=None)
         window = np.stack([rows["y"], rows["x1"]], axis=1)[-16:].astype(np.float32)
-        # What the pipeline computes for this window with the promoted file (onnxcast.validate).
+        # What the pipeline computes for this window with the promoted file (onnxcast.pipeline.validate).
         expected = onnx_predict(onnx_session(report.parent / "models/lstm/onnx/fp32-opt.onnx"), window[None])[0]
         assert np.array_equal(printed, expected)
 

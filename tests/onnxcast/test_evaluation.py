@@ -1,12 +1,12 @@
 """Rolling origins over every phase, hard baselines, the statistical reference, intervals and
-paired tests (onnxcast.evaluation)."""
+paired tests (onnxcast.pipeline.evaluation)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from onnxcast.evaluation import (
+from onnxcast.pipeline.evaluation import (
     MIN_PAIRED_ORIGINS,
     evaluate_baselines,
     holdout_origins,
@@ -74,7 +74,7 @@ def test_the_best_baseline_is_the_weekly_one_on_weekly_data_and_the_reference_ru
 
 
 def test_the_models_start_from_the_season_that_was_best_on_training_data():
-    from onnxcast.evaluation import best_anchor_season
+    from onnxcast.pipeline.evaluation import best_anchor_season
 
     y = hourly_with_weekly_cycle()
     assert best_anchor_season(y[:1500], (24, 168), horizon=24, lookback=168) == 168

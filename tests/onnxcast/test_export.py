@@ -3,10 +3,11 @@ import onnx
 import pytest
 import torch
 
-from onnxcast.errors import ExportError
-from onnxcast.export import export_onnx, io_contract_problems, opset_of, read_metadata, signature
-from onnxcast.models import ModelSpec, build_model
-from onnxcast.validate import onnx_session
+from onnxcast.base.contract import opset_of, read_metadata, signature
+from onnxcast.base.errors import ExportError
+from onnxcast.pipeline.export import export_onnx, io_contract_problems
+from onnxcast.pipeline.models import ModelSpec, build_model
+from onnxcast.pipeline.validate import onnx_session
 
 META = {"model_family": "x", "lookback": 48, "horizon": 12, "freq": "h", "target": "load",
         "features": "temp", "precision": "fp32", "trained_until": "2024-01-01T00:00:00Z",
@@ -108,7 +109,7 @@ def test_a_window_family_exports_and_quantizes_without_warnings(family, tmp_path
     "Cannot determine if time - 48 < 0" (the window slice started at ``time - lookback``)."""
     import logging
 
-    from onnxcast.optimize import make_variants
+    from onnxcast.pipeline.optimize import make_variants
 
     spec = ModelSpec(family=family, n_features=2, horizon=12, lookback=48, hidden_size=16, season=24, seasons=(24, 48))
     model = build_model(spec, mean=np.array([5000.0, 20.0]), std=np.array([800.0, 5.0])).eval()

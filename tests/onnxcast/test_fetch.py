@@ -1,4 +1,4 @@
-"""onnxcast.fetch: a model from the MLflow registry, an S3 prefix (moto over HTTP) or a
+"""onnxcast.registry.fetch: a model from the MLflow registry, an S3 prefix (moto over HTTP) or a
 folder lands in a run directory as train_family would have left it; bad sources fail clearly."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def same_weights(a: Path, b: Path) -> bool:
 
 @pytest.fixture
 def registry(tiny_lstm_run_copy, tmp_path):  # noqa: F811
-    from onnxcast.tracking import log_pipeline_run, register_model
+    from onnxcast.registry.tracking import log_pipeline_run, register_model
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracked = log_pipeline_run(tiny_lstm_run_copy, model_name="f", run_key="k", families=["lstm"], tracking_uri=uri)
@@ -33,7 +33,7 @@ def registry(tiny_lstm_run_copy, tmp_path):  # noqa: F811
 class TestFromMlflow:
     @pytest.mark.parametrize("ref", ["models:/f@challenger", "models:/f/1"])
     def test_fetch_by_alias_or_version(self, registry, tiny_lstm_run, tmp_path, ref):  # noqa: F811
-        from onnxcast.fetch import fetch_model, read_source_spec
+        from onnxcast.registry.fetch import fetch_model, read_source_spec
 
         uri, _ = registry
         assert read_source_spec(ref, tracking_uri=uri)["family"] == "lstm"
@@ -45,20 +45,20 @@ class TestFromMlflow:
                                               ("models:/f/7", "no version 7"),
                                               ("models:/nothing@champion", "no alias")])
     def test_missing_alias_or_version(self, registry, tmp_path, ref, message):
-        from onnxcast.fetch import FetchError, fetch_model
+        from onnxcast.registry.fetch import FetchError, fetch_model
 
         with pytest.raises(FetchError, match=message):
             fetch_model(ref, tmp_path / "m", tracking_uri=registry[0])
         assert not (tmp_path / "m").exists()
 
     def test_a_model_for_another_horizon_is_refused(self, registry, tmp_path):
-        from onnxcast.fetch import FetchError, fetch_model
+        from onnxcast.registry.fetch import FetchError, fetch_model
 
         with pytest.raises(FetchError, match="horizon is 12, this run needs 24"):
             fetch_model("models:/f/1", tmp_path / "m", tracking_uri=registry[0], expect={"horizon": 24})
 
     def test_stage_version_lays_out_the_run_again(self, registry, tiny_lstm_run, tmp_path):  # noqa: F811
-        from onnxcast.fetch import stage_version
+        from onnxcast.registry.fetch import stage_version
 
         staged = stage_version("f", "challenger", tmp_path / "staged", tracking_uri=registry[0])
         assert (staged["version"], staged["family"]) == ("1", "lstm")
@@ -74,8 +74,8 @@ class TestFromMlflow:
         run directory must not make the promote DAG write wherever the worker can."""
         import json
 
-        from onnxcast.fetch import FetchError, stage_version
-        from onnxcast.tracking import log_pipeline_run, register_model
+        from onnxcast.registry.fetch import FetchError, stage_version
+        from onnxcast.registry.tracking import log_pipeline_run, register_model
 
         outside = tmp_path / "outside"
         report_path = tiny_lstm_run_copy / "report.json"
@@ -104,7 +104,7 @@ class TestFromS3:
         s3.put_object(Bucket=bucket, Key=f"{prefix}/model.json", Body=(run / "models/lstm/model.json").read_bytes())
 
     def test_fetch_state_dict_and_config(self, s3_bucket, s3_env, tiny_lstm_run, tmp_path):  # noqa: F811
-        from onnxcast.fetch import fetch_model
+        from onnxcast.registry.fetch import fetch_model
 
         self.upload(s3_bucket, s3_env, tiny_lstm_run, "models/v1")
         fetched = fetch_model(f"s3://{s3_bucket}/models/v1/", tmp_path / "lstm",
@@ -113,13 +113,13 @@ class TestFromS3:
         assert same_weights(tmp_path / "lstm/model.pt", tiny_lstm_run / "models/lstm/model.pt")
 
     def test_missing_object(self, s3_bucket, s3_env, tmp_path):
-        from onnxcast.fetch import FetchError, fetch_model
+        from onnxcast.registry.fetch import FetchError, fetch_model
 
         with pytest.raises(FetchError, match=rf"s3://{s3_bucket}/nothing/model.pt: not found"):
             fetch_model(f"s3://{s3_bucket}/nothing", tmp_path / "m", s3_settings={"endpoint_url": s3_env})
 
     def test_pickled_code_is_refused(self, s3_bucket, s3_env, tiny_lstm_run, tmp_path):  # noqa: F811
-        from onnxcast.fetch import FetchError, fetch_model
+        from onnxcast.registry.fetch import FetchError, fetch_model
 
         class Payload:
             def __reduce__(self):
@@ -134,7 +134,7 @@ class TestFromS3:
 
 
 def test_unusable_source_uri():
-    from onnxcast.fetch import FetchError, parse_source
+    from onnxcast.registry.fetch import FetchError, parse_source
 
     with pytest.raises(FetchError, match="expected models:/<name>@<alias>"):
         parse_source("models:/only-a-name")

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from onnxcast.fetch import FetchError, fetch_model, read_source_spec
+from onnxcast.registry.fetch import FetchError, fetch_model, read_source_spec
 
 GOOD = {"family": "lstm", "n_features": 1, "horizon": 12, "lookback": 56, "hidden_size": 16, "num_layers": 1,
         "d_model": 64, "n_heads": 4, "season": 24, "seasons": []}

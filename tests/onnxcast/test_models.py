@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from onnxcast.accuracy import seasonal_naive
-from onnxcast.config import MODEL_FAMILIES
-from onnxcast.models import WINDOW_FAMILIES, ModelSpec, build_model
-from onnxcast.pipeline import model_seasons
+from onnxcast.pipeline.config import MODEL_FAMILIES
+from onnxcast.pipeline.metrics import seasonal_naive
+from onnxcast.pipeline.models import WINDOW_FAMILIES, ModelSpec, build_model
+from onnxcast.pipeline.run import model_seasons
 
 FAMILIES = list(MODEL_FAMILIES)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxcast.report import select_variants
-from onnxcast.validate import judge_variants
+from onnxcast.pipeline.report import select_variants
+from onnxcast.pipeline.validate import judge_variants
 
 HORIZON, LOOKBACK, SEASON = 12, 48, 24
 # shapes unlike the export's example (batch 2, lookback): batch 1, odd batches, longer
@@ -26,9 +26,9 @@ METADATA = {"model_family": "", "lookback": LOOKBACK, "horizon": HORIZON, "freq"
 def variants(request, tmp_path_factory) -> tuple[str, dict[str, Path]]:
     import torch
 
-    from onnxcast.export import export_onnx
-    from onnxcast.models import ModelSpec, build_model
-    from onnxcast.optimize import make_variants
+    from onnxcast.pipeline.export import export_onnx
+    from onnxcast.pipeline.models import ModelSpec, build_model
+    from onnxcast.pipeline.optimize import make_variants
 
     family = request.param
     torch.manual_seed(0)
@@ -42,7 +42,7 @@ def variants(request, tmp_path_factory) -> tuple[str, dict[str, Path]]:
 
 
 def _session(path: Path):
-    from onnxcast.validate import onnx_session
+    from onnxcast.pipeline.validate import onnx_session
 
     return onnx_session(path, threads=1)
 

@@ -7,11 +7,12 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxcast.errors import ConfigError, GateError
-from onnxcast.export import read_metadata, signature
-from onnxcast.pipeline import run_pipeline
-from onnxcast.report import validate_report
-from onnxcast.validate import file_sha256, onnx_session
+from onnxcast.base.contract import read_metadata, signature
+from onnxcast.base.errors import ConfigError, GateError
+from onnxcast.base.files import sha256_file
+from onnxcast.pipeline.report import validate_report
+from onnxcast.pipeline.run import run_pipeline
+from onnxcast.pipeline.validate import onnx_session
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +46,7 @@ def test_onnx_files_match_the_report_and_carry_metadata(tiny_run):
     for model in report["models"]:
         for variant in model["variants"]:
             path = Path(cfg.out_dir) / variant["onnx_path"]
-            assert file_sha256(path) == variant["sha256"]
+            assert sha256_file(path) == variant["sha256"]
             assert path.stat().st_size == variant["size_bytes"]
             proto = onnx.load(path)
             meta = read_metadata(proto)
@@ -66,8 +67,8 @@ def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
 
 def test_onnx_forecast_equals_the_reported_holdout_accuracy(tiny_run):
     """Re-run the selected model on the holdout windows: the same MAE as in the report."""
-    from onnxcast.data import SeriesData, split_by_time
-    from onnxcast.validate import holdout_metrics, holdout_windows, onnx_predict
+    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.validate import holdout_metrics, holdout_windows, onnx_predict
 
     cfg, report = tiny_run
     series = SeriesData.load(Path(cfg.out_dir) / "data")
@@ -108,7 +109,7 @@ def test_nhits_through_the_cli_on_daily_and_weekly_anchors(tmp_path):
     exported with dynamic batch and time, parity at histories of at least the lookback, and
     an int8 variant judged by holdout accuracy."""
     from onnxcast import cli
-    from onnxcast.models import ModelSpec
+    from onnxcast.pipeline.models import ModelSpec
 
     out = tmp_path / "out"
     code = cli.main(["pipeline", "--data", "example", "--out", str(out), "--models", "nhits", "--horizon", "24",

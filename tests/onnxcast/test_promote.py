@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from onnxcast import cli
-from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.base.errors import ConfigError, ConflictError, StoreError, VerificationError
 from onnxcast.rollout.promote import ReportError, promote, rollback, verify_version
 from onnxcast.rollout.store import LocalStore, open_store
 
@@ -332,7 +332,7 @@ def test_store_and_promote_import_light_for_airflow():
     import subprocess
     import sys
 
-    code = ("import sys, onnxcast.store, onnxcast.promote, onnxcast.rollout_cli\n"
+    code = ("import sys, onnxcast.rollout.store, onnxcast.rollout.promote, onnxcast.rollout.cli\n"
             "print(sorted(m for m in ('boto3', 'onnx', 'onnxruntime', 'torch', 'numpy', 'pandas') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from corpus.bad_inputs import BAD_INPUTS, GOOD_INPUTS, Case, edit
 
-from onnxcast.config import PipelineConfig, QualitySettings
-from onnxcast.data import split_by_time
-from onnxcast.errors import DataError, DataQualityError
-from onnxcast.quality import REPORT_HTML, RESULT_JSON, check_data, min_rows
+from onnxcast.base.errors import DataError, DataQualityError
+from onnxcast.pipeline.config import PipelineConfig, QualitySettings
+from onnxcast.pipeline.data import split_by_time
+from onnxcast.pipeline.quality import REPORT_HTML, RESULT_JSON, check_data, min_rows
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -142,7 +142,7 @@ def test_min_rows_is_what_split_by_time_accepts(lookback, horizon):
 
 
 def test_module_imports_neither_pandas_nor_great_expectations():
-    code = ("import sys, onnxcast.quality; "
+    code = ("import sys, onnxcast.pipeline.quality; "
             "assert not {'pandas', 'great_expectations'} & set(sys.modules), 'heavy import at module level'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

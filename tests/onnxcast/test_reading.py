@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from corpus.bad_inputs import BAD_INPUTS, parquet
 
-from onnxcast.errors import DataError
-from onnxcast.reading import MAX_FIELD_CHARS, parse_table, read_table
+from onnxcast.base.errors import DataError
+from onnxcast.pipeline.reading import MAX_FIELD_CHARS, parse_table, read_table
 
 READING_CASES = [c for c in BAD_INPUTS if c.stage == "reading"]
 
@@ -101,7 +101,7 @@ def test_s3_object_is_read_and_decompressed(s3_bucket, base):
 def test_a_parquet_file_with_the_timestamps_as_its_index_reads_them_as_a_column(tmp_path):
     import pandas as pd
 
-    from onnxcast.reading import read_table
+    from onnxcast.pipeline.reading import read_table
 
     frame = pd.DataFrame({"y": [1.0, 2.0, 3.0]}, index=pd.date_range("2024-01-01", periods=3, freq="h", name="ds"))
     frame.to_parquet(tmp_path / "indexed.parquet")

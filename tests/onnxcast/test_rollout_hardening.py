@@ -427,7 +427,7 @@ def device_venv(tmp_path_factory) -> Path:
     source.mkdir()
     # Built from a copy, so no build/ or egg-info is left in the repository.
     (source / "pyproject.toml").write_bytes((REPO / "distributions/edge/pyproject.toml").read_bytes())
-    (source / "onnxcast").symlink_to(REPO / "onnxcast")
+    (source / "onnxcast").symlink_to(REPO / "distributions/edge/onnxcast")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
                     "-w", str(root / "wheel")], check=True, capture_output=True, timeout=300)
     venv = root / "venv"
@@ -447,7 +447,31 @@ def device_venv(tmp_path_factory) -> Path:
     return venv
 
 
+def _device_contract_modules() -> set[str]:
+    """The modules the import contract "The device package" (pyproject.toml) checks."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    contract = next(c for c in contracts if c["name"].startswith("The device package"))
+    found = set()
+    for name in contract["source_modules"]:
+        path = REPO / name.replace(".", "/")
+        found |= ({f"{name}.{p.stem}" for p in path.glob("*.py")} if path.is_dir() else {name})
+    return found
+
+
 class TestDeviceInstall:
+    def test_the_wheel_holds_only_the_device_modules(self, device_venv):
+        """What a device installs is what the device contract keeps light (and nothing more:
+        not the writer's promote, the pipeline, serving or Airflow)."""
+        site = next(device_venv.glob("lib/python*/site-packages"))
+        installed = {".".join(p.relative_to(site).with_suffix("").parts)
+                     for p in (site / "onnxcast").rglob("*.py")}
+        installed = {m.removesuffix(".__init__") for m in installed}
+        expected = _device_contract_modules() | {"onnxcast", "onnxcast.__main__", "onnxcast.rollout"}
+        expected = {m.removesuffix(".__init__") for m in expected}
+        assert installed == expected
+
     def run(self, venv: Path, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
         environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         return subprocess.run([*argv], capture_output=True, text=True, timeout=120, cwd=venv,

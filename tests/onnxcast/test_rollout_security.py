@@ -15,7 +15,8 @@ import pytest
 from rollout_support import one_error_line, raw_get, raw_put
 
 from onnxcast import cli
-from onnxcast.errors import ConfigError, RefusedError, StoreError
+from onnxcast.base.errors import ConfigError, RefusedError, StoreError
+from onnxcast.base.files import sha256_bytes
 from onnxcast.rollout.edge import predict, pull
 from onnxcast.rollout.promote import promote, refresh
 from onnxcast.rollout.signing import (
@@ -26,7 +27,7 @@ from onnxcast.rollout.signing import (
     sign_envelope,
     sign_root,
 )
-from onnxcast.rollout.store import check_name, dump_json, open_store, sha256_hex
+from onnxcast.rollout.store import check_name, dump_json, open_store
 
 EDGE = "m/channels/edge.json"
 
@@ -103,13 +104,13 @@ class TestStoreWriterWithoutKeys:
         raw_put(store, "m/versions/2/lstm-fp32-opt.onnx", evil_bytes)
         manifest = json.loads(raw_get(store, "m/versions/2/manifest.json"))
         entry = manifest["signed"]["artifacts"]["lstm-fp32-opt.onnx"]
-        entry.update(sha256=sha256_hex(evil_bytes), size_bytes=len(evil_bytes))
+        entry.update(sha256=sha256_bytes(evil_bytes), size_bytes=len(evil_bytes))
         manifest_bytes = dump_json(manifest)
         raw_put(store, "m/versions/2/manifest.json", manifest_bytes)
         pointer = json.loads(raw_get(store, EDGE))
-        pointer["signed"].update(sha256=sha256_hex(evil_bytes), length=len(evil_bytes),
-                                 manifest={"sha256": sha256_hex(manifest_bytes), "length": len(manifest_bytes)},
-                                 manifest_sha256=sha256_hex(manifest_bytes))
+        pointer["signed"].update(sha256=sha256_bytes(evil_bytes), length=len(evil_bytes),
+                                 manifest={"sha256": sha256_bytes(manifest_bytes), "length": len(manifest_bytes)},
+                                 manifest_sha256=sha256_bytes(manifest_bytes))
         raw_put(store, EDGE, dump_json(pointer))
 
         assert edge_cli(store, device.path) == 1

@@ -150,8 +150,7 @@ def test_s3_run_store_over_http(s3_bucket, tmp_path):
 def test_s3_unreachable_during_upload_leaves_no_commit_and_the_retry_completes(s3_bucket, tmp_path):
     """S3 goes away half-way through a publish: the step is not committed (nothing of it is
     staged), the error names the object, and publishing again once S3 is back commits it."""
-    from onnxcast.rollout.store import S3Settings
-    from onnxcast.s3 import make_client
+    from onnxcast.base.s3 import S3Settings, make_client
 
     good = make_client()
     with socket.socket() as sock:  # a port nothing listens on: connection refused
@@ -186,10 +185,10 @@ def test_s3_unreachable_during_upload_leaves_no_commit_and_the_retry_completes(s
 def test_other_urls_go_through_object_storage_path(tmp_path):
     """URLs of filesystems an Airflow provider registers (gs://, abfs://, ...) go through
     ObjectStoragePath; its built-in file:// filesystem stands in for them here."""
-    from onnxcast.runstore import FsspecBackend
+    from onnxcast.airflow.runstore import object_storage_backend
 
     url = f"file://{tmp_path}/store/dag/run"
-    run = RunDir(url, FsspecBackend(url))
+    run = RunDir(url, object_storage_backend(url))
     source = tmp_path / "source"
     write(source, "config.json", "{}")
     write(source, "models/dlinear/model.json", "{}")
@@ -198,4 +197,6 @@ def test_other_urls_go_through_object_storage_path(tmp_path):
     staged = run.stage(tmp_path / "target")
     assert set(staged.files) == {"config.json", "models/dlinear/model.json"}
     with pytest.raises(RunStoreError, match="nosuch://bucket/runs: .*'nosuch'; use s3://"):
+        object_storage_backend("nosuch://bucket/runs")
+    with pytest.raises(RunStoreError, match="nosuch://bucket/runs: .*'nosuch' outside Airflow; use s3://"):
         backend_for("nosuch://bucket/runs")

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from onnxcast.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.base.errors import ConfigError, ConflictError, StoreError, VerificationError
 from onnxcast.rollout.store import LocalStore, S3Store, check_name, open_store
 
 

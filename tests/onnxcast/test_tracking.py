@@ -1,4 +1,4 @@
-"""onnxcast.tracking against a real MLflow store (SQLite in tmp): runs, registry, aliases."""
+"""onnxcast.registry.tracking against a real MLflow store (SQLite in tmp): runs, registry, aliases."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def tracking_uri(tmp_path):
 
 @pytest.fixture
 def registered(tiny_lstm_run_copy, tracking_uri):  # noqa: F811
-    from onnxcast.tracking import log_pipeline_run, register_model
+    from onnxcast.registry.tracking import log_pipeline_run, register_model
 
     tracked = log_pipeline_run(tiny_lstm_run_copy, model_name="m", run_key="dag/run-1", families=["lstm"],
                                tracking_uri=tracking_uri)
@@ -29,7 +29,7 @@ def registered(tiny_lstm_run_copy, tracking_uri):  # noqa: F811
 
 class TestLogAndRegister:
     def test_retry_reuses_runs_and_version(self, tiny_lstm_run_copy, tracking_uri, registered):  # noqa: F811
-        from onnxcast.tracking import client_for, log_pipeline_run, register_model
+        from onnxcast.registry.tracking import client_for, log_pipeline_run, register_model
 
         tracked, version = registered
         again = log_pipeline_run(tiny_lstm_run_copy, model_name="m", run_key="dag/run-1", families=["lstm"],
@@ -45,7 +45,7 @@ class TestLogAndRegister:
     def test_version_is_onnx_with_signature_example_and_files(self, registered, tracking_uri, tmp_path):
         import mlflow
 
-        from onnxcast.tracking import client_for
+        from onnxcast.registry.tracking import client_for
 
         _, version = registered
         client = client_for(tracking_uri)
@@ -62,7 +62,7 @@ class TestLogAndRegister:
                 "input_example.json"} <= names
 
     def test_parent_run_has_report_plot_params_and_child_metrics(self, registered, tracking_uri):
-        from onnxcast.tracking import client_for
+        from onnxcast.registry.tracking import client_for
 
         tracked, version = registered
         client = client_for(tracking_uri)
@@ -85,7 +85,7 @@ class TestLogAndRegister:
 
 class TestAliases:
     def test_set_champion_moves_alias_and_keeps_history(self, registered, tiny_lstm_run_copy, tracking_uri):  # noqa: F811
-        from onnxcast.tracking import (
+        from onnxcast.registry.tracking import (
             CHAMPION,
             alias_version,
             client_for,
@@ -110,7 +110,7 @@ class TestAliases:
         assert client.get_model_version("m", first.version).tags["onnxcast.replaced_by"] == second.version
 
     def test_missing_alias_and_version_name_what_is_missing(self, registered, tracking_uri):
-        from onnxcast.tracking import TrackingError, alias_version, resolve_version
+        from onnxcast.registry.tracking import TrackingError, alias_version, resolve_version
 
         assert alias_version("m", "champion", tracking_uri) is None
         assert alias_version("no-such-model", "champion", tracking_uri) is None
@@ -121,7 +121,7 @@ class TestAliases:
 
 
 def test_run_url_points_at_the_server_or_the_local_ui():
-    from onnxcast.tracking import redact_uri, run_url
+    from onnxcast.registry.tracking import redact_uri, run_url
 
     assert run_url("http://mlflow:5000/", "3", "abc") == "http://mlflow:5000/#/experiments/3/runs/abc"
     assert run_url("sqlite:///x.db", "3", "abc", ui_url="http://ui:1") == "http://ui:1/#/experiments/3/runs/abc"
@@ -131,7 +131,7 @@ def test_run_url_points_at_the_server_or_the_local_ui():
 def test_using_one_tracking_uri_does_not_change_the_default(tmp_path, monkeypatch):
     """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; a task talking to one server must
     not make the next task (same process, e.g. dag.test) talk to it too."""
-    from onnxcast.tracking import client_for, default_tracking_uri
+    from onnxcast.registry.tracking import client_for, default_tracking_uri
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("ONNXCAST_HOME", str(tmp_path))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from onnxcast.models import ModelSpec, build_model
-from onnxcast.training import epoch_progress, predict, seed_everything, train_model
+from onnxcast.pipeline.models import ModelSpec, build_model
+from onnxcast.pipeline.training import epoch_progress, predict, seed_everything, train_model
 
 
 def data(seed=0, n=300, lookback=24, horizon=6):
@@ -71,7 +71,7 @@ class FakeTerminal(io.StringIO):
 
 def test_a_terminal_gets_a_progress_bar_with_losses_and_best_epoch(caplog):
     terminal = FakeTerminal()
-    with caplog.at_level(logging.INFO, logger="onnxcast.training"):
+    with caplog.at_level(logging.INFO, logger="onnxcast.pipeline.training"):
         _, result = fit(max_epochs=2, progress=epoch_progress(2, "lstm", stream=terminal))
     bar = terminal.getvalue()
     assert "lstm" in bar and "2/2" in bar
@@ -82,9 +82,9 @@ def test_a_terminal_gets_a_progress_bar_with_losses_and_best_epoch(caplog):
 def test_without_a_terminal_each_epoch_is_one_log_line(caplog, monkeypatch):
     not_a_terminal = io.StringIO()
     monkeypatch.setattr(sys, "stderr", not_a_terminal)  # as in an Airflow task log or a pipe
-    with caplog.at_level(logging.INFO, logger="onnxcast.training"):
+    with caplog.at_level(logging.INFO, logger="onnxcast.pipeline.training"):
         _, result = fit(max_epochs=2)
-    lines = [r.getMessage() for r in caplog.records if r.name == "onnxcast.training"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "onnxcast.pipeline.training"]
     assert len(lines) == 2
     assert lines[0].startswith("lstm epoch 1/2 train_loss=") and "validation_loss=" in lines[0]
     if result.best_epoch:  # epoch 0 is the model as built, before any line
@@ -99,7 +99,7 @@ def _example_windows(lookback=168, horizon=24, rows=1900, train_end=1500):
     validation windows of its first ``rows`` hours."""
     import pandas as pd
 
-    from onnxcast.data import example_data_path, windows
+    from onnxcast.pipeline.data import example_data_path, windows
 
     values = pd.read_csv(example_data_path())["y"].to_numpy(np.float32)[:rows, None]
     train = windows(values, lookback, horizon, 0, train_end)[:2]
@@ -112,8 +112,8 @@ def test_each_family_moves_off_its_weekly_anchor_in_a_few_epochs(family, caplog)
     """Issue 18: with the weekly seasonal naive as anchor (the start of a one-week window), the
     LSTM's training loss stayed flat and the Transformer was stopped by patience counted from
     the untrained anchor: both shipped as the anchor (best epoch 0)."""
-    from onnxcast.config import PipelineConfig
-    from onnxcast.training import describe
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.training import describe
 
     defaults = PipelineConfig(data_uri="x", out_dir="o")
     train_rows, train, validation = _example_windows()
@@ -129,7 +129,7 @@ def test_each_family_moves_off_its_weekly_anchor_in_a_few_epochs(family, caplog)
 
 
 def test_a_model_that_cannot_beat_its_anchor_says_so():
-    from onnxcast.training import TrainResult, describe
+    from onnxcast.pipeline.training import TrainResult, describe
 
     result = TrainResult(epochs=5, best_epoch=0, best_validation_loss=0.0329, stopped="early_stopping", seconds=1.0,
                          history=[{"epoch": 1, "train_loss": 0.1, "validation_loss": 0.0445}],

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from onnxcast.untrusted import (
+from onnxcast.base.untrusted import (
     UntrustedInputError,
     json_depth,
     loads_json,

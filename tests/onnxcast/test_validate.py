@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from onnxcast.export import export_onnx
-from onnxcast.models import ModelSpec, build_model
-from onnxcast.validate import (
+from onnxcast.pipeline.export import export_onnx
+from onnxcast.pipeline.models import ModelSpec, build_model
+from onnxcast.pipeline.validate import (
     check_parity,
     measure_latency,
     onnx_session,
@@ -58,7 +58,7 @@ def test_latency_reports_percentiles_per_batch(model_and_session):
 
 
 def _tiny_series(n=400):
-    from onnxcast.data import SeriesData
+    from onnxcast.pipeline.data import SeriesData
 
     stamps = (np.datetime64("2024-01-01T00:00:00") + np.arange(n) * np.timedelta64(1, "h")).astype("datetime64[ns]")
     return SeriesData(values=series(n), timestamps=stamps, columns=("y",), freq="h", season=4,
@@ -71,9 +71,9 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
     import onnx
     from onnx import helper
 
-    from onnxcast.config import PipelineConfig
-    from onnxcast.data import split_by_time
-    from onnxcast.validate import validate_variants
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.validate import validate_variants
 
     model, _ = model_and_session
     onnx_dir = tmp_path / "models" / "lstm" / "onnx"
@@ -107,7 +107,7 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
 
 def _daily_series(n=400, seed=0):
     """A daily series with an exact weekly cycle: seasonal naive 7 is the best baseline."""
-    from onnxcast.data import SeriesData
+    from onnxcast.pipeline.data import SeriesData
 
     rng = np.random.default_rng(seed)
     t = np.arange(n)
@@ -120,9 +120,9 @@ def _daily_series(n=400, seed=0):
 def test_an_untrained_model_equal_to_its_anchor_does_not_beat_the_baseline(tmp_path):
     """Issue 18: an untrained LSTM (best epoch 0: its seasonal-naive anchor) was eligible and
     selected, its MAE 2.3043603969 "below" the baseline's 2.3043604084 by float32 rounding."""
-    from onnxcast.config import PipelineConfig
-    from onnxcast.data import split_by_time
-    from onnxcast.validate import baselines_for, validate_variants
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.validate import baselines_for, validate_variants
 
     data = _daily_series()
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4, latency_repeats=2)
@@ -153,7 +153,7 @@ def _measured(name: str, mae: float) -> dict:
 
 
 def test_float32_rounding_below_the_baseline_is_not_beating_it():
-    from onnxcast.validate import judge_variants
+    from onnxcast.pipeline.validate import judge_variants
 
     entries = [_measured("fp32", 2.3043603969)]
     failures = judge_variants(entries, baseline_mae=2.3043604084, torch_latency={"batch1_p50": 2.0},
@@ -167,7 +167,7 @@ def test_float32_rounding_below_the_baseline_is_not_beating_it():
 def test_a_variant_of_a_family_whose_fp32_failed_is_never_eligible(variant):
     """Issue 18: fp16 was eligible because its rounding noise landed 0.007 below the threshold
     its fp32 missed."""
-    from onnxcast.validate import judge_variants
+    from onnxcast.pipeline.validate import judge_variants
 
     baseline = 370.99583239433093
     entries = [_measured("fp32", baseline), _measured(variant, baseline - 0.007)]
@@ -181,7 +181,7 @@ def test_a_variant_of_a_family_whose_fp32_failed_is_never_eligible(variant):
 
 
 def test_a_family_clearly_better_than_the_baseline_passes_with_all_its_variants():
-    from onnxcast.validate import judge_variants
+    from onnxcast.pipeline.validate import judge_variants
 
     entries = [_measured("fp32", 300.0), _measured("fp32-opt", 300.0), _measured("int8", 301.0)]
     assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01) == []

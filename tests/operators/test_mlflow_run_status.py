@@ -20,7 +20,7 @@ def tracking(tmp_path, monkeypatch):
 
 
 def statuses(uri: str, run_key: str) -> dict[str, str]:
-    from onnxcast.tracking import FAMILY_TAG, ROLE_TAG, RUN_KEY_TAG, client_for
+    from onnxcast.registry.tracking import FAMILY_TAG, ROLE_TAG, RUN_KEY_TAG, client_for
 
     client = client_for(uri)
     experiment = client.get_experiment_by_name("status-model")
@@ -29,7 +29,7 @@ def statuses(uri: str, run_key: str) -> dict[str, str]:
 
 
 def failure_context(run_id: str, *, family: str | None, exception, state: str) -> dict:
-    from onnxcast.airflow.pipeline import TrainOrFetchModelOperator
+    from onnxcast.airflow.steps import TrainOrFetchModelOperator
 
     context = make_context(run_id=run_id)
     task = TrainOrFetchModelOperator(task_id="train_or_fetch", run_dir="/unused", family=family or "lstm",
@@ -40,7 +40,7 @@ def failure_context(run_id: str, *, family: str | None, exception, state: str) -
 
 
 def test_every_onnxcast_operator_carries_the_callback_once():
-    from onnxcast.airflow.pipeline import ExportModelOperator, end_mlflow_runs
+    from onnxcast.airflow.steps import ExportModelOperator, end_mlflow_runs
 
     op = ExportModelOperator(task_id="x", run_dir="r", family="f", on_failure_callback=end_mlflow_runs)
     assert op.on_failure_callback == [end_mlflow_runs]
@@ -48,8 +48,8 @@ def test_every_onnxcast_operator_carries_the_callback_once():
 
 
 def test_a_failed_try_marks_the_family_run_failed_and_the_retry_takes_it_over(tracking):
-    from onnxcast.airflow.pipeline import end_mlflow_runs
-    from onnxcast.tracking import ensure_run
+    from onnxcast.airflow.steps import end_mlflow_runs
+    from onnxcast.registry.tracking import ensure_run
 
     key = "operator_tests/retry-run"
     ensure_run(model_name="status-model", run_key=key, family="lstm", tracking_uri=tracking)
@@ -61,8 +61,8 @@ def test_a_failed_try_marks_the_family_run_failed_and_the_retry_takes_it_over(tr
 
 def test_a_worker_killed_on_the_last_try_leaves_both_runs_killed(tracking):
     """No exception in the context: the DAG processor runs the callback after a heartbeat timeout."""
-    from onnxcast.airflow.pipeline import end_mlflow_runs
-    from onnxcast.tracking import ensure_run
+    from onnxcast.airflow.steps import end_mlflow_runs
+    from onnxcast.registry.tracking import ensure_run
 
     key = "operator_tests/killed-run"
     ensure_run(model_name="status-model", run_key=key, family="nhits", tracking_uri=tracking)
@@ -74,7 +74,7 @@ def test_the_callback_never_raises(monkeypatch):
     """An unreachable tracking server is logged, not raised into the callback runner."""
     import json
 
-    from onnxcast.airflow.pipeline import end_mlflow_runs
+    from onnxcast.airflow.steps import end_mlflow_runs
 
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_STATUS", json.dumps({"conn_type": "http", "host": "http://127.0.0.1:9"}))
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")

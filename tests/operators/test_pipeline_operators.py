@@ -86,7 +86,7 @@ class TestTrainOrFetchModelOperator:
 
     def test_fetch_from_a_folder_when_the_plan_names_a_source(self, run_dir, prepared_run):
         from onnxcast.airflow.operators import TrainOrFetchModelOperator
-        from onnxcast.champion import write_plan
+        from onnxcast.registry.champion import write_plan
 
         write_plan(run_dir, [{"family": "lstm", "source": str(prepared_run / "models/lstm"), "role": "challenger"}])
         commit(run_dir)
@@ -127,7 +127,7 @@ class TestCheckDataOperatorFailures:
         from airflow.sdk.exceptions import AirflowFailException
 
         from onnxcast.airflow.operators import CheckDataOperator
-        from onnxcast.tracking import client_for
+        from onnxcast.registry.tracking import client_for
 
         settings = {**OPS_SETTINGS, "data_uri": example_csv, "model_name": "ops-bad-data",
                     "time_column": "no_such_column"}

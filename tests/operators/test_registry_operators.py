@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 
 def model_versions(name: str) -> list:
-    from onnxcast.tracking import client_for
+    from onnxcast.registry.tracking import client_for
 
     return client_for().search_model_versions(f"name = '{name}'")
 
@@ -18,7 +18,7 @@ def rename(run_dir: str, model_name: str) -> None:
     from dataclasses import replace
     from pathlib import Path
 
-    from onnxcast.config import PipelineConfig
+    from onnxcast.pipeline.config import PipelineConfig
 
     path = Path(run_dir) / "config.json"
     replace(PipelineConfig.load(path), model_name=model_name).save(path)
@@ -43,7 +43,7 @@ class TestRegisterModelOperator:
         assert first["created"] is True and second["created"] is False
         assert {k: v for k, v in first.items() if k != "created"} == {k: v for k, v in second.items() if k != "created"}
         assert len(model_versions("ops-register")) == 1
-        from onnxcast.tracking import alias_version
+        from onnxcast.registry.tracking import alias_version
 
         assert alias_version("ops-register", "challenger") == first["version"]
         third = op.execute(make_context(run_id="another-dag-run"))

@@ -58,7 +58,7 @@ class TestPromoteModelOperator:
 
     def test_retry_is_a_no_op(self, run_dir, tmp_path):
         from onnxcast.airflow.operators import PromoteModelOperator
-        from onnxcast.tracking import alias_version
+        from onnxcast.registry.tracking import alias_version
 
         version = register(run_dir, "ops-promote", "promote-retry")
         store = tmp_path / "store"
@@ -159,7 +159,7 @@ class TestRollbackChannelOperator:
 
     def test_retry_is_a_no_op(self, run_dir, tmp_path):
         from onnxcast.airflow.operators import PromoteModelOperator, RollbackChannelOperator
-        from onnxcast.tracking import alias_version
+        from onnxcast.registry.tracking import alias_version
 
         store = str(tmp_path / "store")
         versions = []

@@ -11,7 +11,7 @@ from conftest import assert_template_fields_stored_unchanged, make_context
 from serve_support import kill, launch
 
 from onnxcast.airflow.serving import ServingReadySensor, ServingReadyTrigger
-from onnxcast.promote import promote
+from onnxcast.rollout.promote import promote
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 from serve_support import kill, launch  # noqa: E402
 
-from onnxcast.promote import promote  # noqa: E402
+from onnxcast.rollout.promote import promote  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

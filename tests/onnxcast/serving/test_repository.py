@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from onnxcast.errors import VerificationError
-from onnxcast.promote import promote, rollback
-from onnxcast.serving.repository import publish_model_repository
-from onnxcast.store import open_store
+from onnxcast.base.errors import VerificationError
+from onnxcast.rollout.promote import promote, rollback
+from onnxcast.rollout.repository import publish_model_repository
+from onnxcast.rollout.store import open_store
 
 
 def test_promotions_and_rollbacks_become_numbered_triton_versions(store_uri, make_run):

@@ -14,8 +14,9 @@ import pytest
 from serve_support import burst, forecast_of, infer_body
 
 from onnxcast import cli
-from onnxcast.promote import promote
-from onnxcast.store import open_store, sha256_hex
+from onnxcast.base.files import sha256_bytes
+from onnxcast.rollout.promote import promote
+from onnxcast.rollout.store import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -66,11 +67,11 @@ class TestServe:
         rollout = open_store(str(store))
         manifest = rollout.read(rollout.version_key("m", "2"))
         pointer = rollout.read_channel("m", "cloud")
-        evil = sha256_hex(artifact.read_bytes())
+        evil = sha256_bytes(artifact.read_bytes())
         rollout.replace_pointer(rollout.channel_key("m", "cloud"), {**pointer.envelope, "signed": {
             **pointer.value, "version": "2", "counter": pointer.value["counter"] + 1, "sha256": evil,
-            "manifest": {"sha256": sha256_hex(manifest), "length": len(manifest)},
-            "manifest_sha256": sha256_hex(manifest)}}, pointer.token)
+            "manifest": {"sha256": sha256_bytes(manifest), "length": len(manifest)},
+            "manifest_sha256": sha256_bytes(manifest)}}, pointer.token)
         deadline = time.monotonic() + 30
         while 'onnxcast_serve_poll_errors_total{error="RefusedError",model="m"}' not in server.metrics():
             assert time.monotonic() < deadline, server.log.read_text()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from serve_support import REPO, free_port, infer_body, request
 
-from onnxcast.promote import promote
+from onnxcast.rollout.promote import promote
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,1 @@
+../../../onnxcast/__init__.py

@@ -1,0 +1,1 @@
+../../../onnxcast/__main__.py

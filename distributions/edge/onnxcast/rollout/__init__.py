@@ -1,0 +1,1 @@
+../../../../onnxcast/rollout/__init__.py

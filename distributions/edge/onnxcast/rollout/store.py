@@ -1,0 +1,1 @@
+../../../../onnxcast/rollout/store.py

@@ -1,0 +1,129 @@
+"""S3 access shared by reading, fetching, the run store and the rollout store.
+
+Endpoint, region and credentials come from explicit settings (an Airflow ``aws_default``
+connection resolved by the Amazon provider, see ``onnxcast.airflow.hooks``) or, when none are
+given, from boto3's own chain (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, instance role);
+never from code. One client builder (:func:`make_client`) for every S3 user, so timeouts
+and retries are the same everywhere and bounded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, fields
+from typing import Any
+
+from onnxcast.base.errors import ConfigError, DataError
+
+SSE_ALGORITHMS = ("AES256", "aws:kms")
+
+# Settings for reads that have no settings argument of their own (the input data of a run):
+# set around the call by whoever holds them (the data-check task), None means boto3's chain.
+_read_settings: ContextVar[dict[str, Any] | None] = ContextVar("onnxcast_s3_read_settings", default=None)
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Connection and write settings of an S3 store. None means: boto3's default chain
+    (environment, shared config, instance role), as an Airflow ``aws_default`` connection
+    passes them through."""
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+    aws_session_token: str | None = None
+    profile_name: str | None = None
+    sse: str = "AES256"
+    sse_kms_key_id: str | None = None
+    max_attempts: int = 5  # botocore "standard" retries: throttling, 5xx, connection errors
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> S3Settings:
+        """Validate ``values`` (unknown keys refused by name); SSE falls back to the env."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown S3 store setting(s): {', '.join(unknown)}")
+        values = {k: v for k, v in values.items() if v is not None}
+        values.setdefault("sse", os.environ.get("ONNXCAST_STORE_SSE") or "AES256")
+        values.setdefault("sse_kms_key_id", os.environ.get("ONNXCAST_STORE_SSE_KMS_KEY_ID") or None)
+        settings = cls(**values)
+        if settings.sse not in SSE_ALGORITHMS:
+            raise ConfigError(f"S3 store setting sse={settings.sse!r}: expected one of {list(SSE_ALGORITHMS)}")
+        if settings.sse_kms_key_id and settings.sse != "aws:kms":
+            raise ConfigError("S3 store setting sse_kms_key_id needs sse='aws:kms'")
+        if settings.max_attempts < 1:
+            raise ConfigError(f"S3 store setting max_attempts must be >= 1, got {settings.max_attempts}")
+        return settings
+
+    def __repr__(self) -> str:  # never print credentials
+        return f"S3Settings(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r}, sse={self.sse!r})"
+
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/key/part`` -> (bucket, "key/part")."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an s3:// URI: {uri!r}")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"no bucket in S3 URI {uri!r}")
+    return bucket, key
+
+
+def make_client(settings: S3Settings | None = None):
+    """A boto3 S3 client for ``settings`` with bounded timeouts and botocore's standard
+    retries (throttling, 5xx and connection errors, with backoff)."""
+    import boto3
+    from botocore.config import Config
+
+    s = settings or S3Settings.from_values({})
+    session = boto3.session.Session(aws_access_key_id=s.aws_access_key_id,
+                                    aws_secret_access_key=s.aws_secret_access_key,
+                                    aws_session_token=s.aws_session_token,
+                                    profile_name=s.profile_name, region_name=s.region_name)
+    config = Config(retries={"mode": "standard", "max_attempts": s.max_attempts},
+                    connect_timeout=s.connect_timeout, read_timeout=s.read_timeout)
+    return session.client("s3", endpoint_url=s.endpoint_url, config=config)
+
+
+@contextmanager
+def read_settings(settings: dict[str, Any] | None) -> Iterator[None]:
+    """Use ``settings`` (S3Settings keywords) for :func:`get_object_bytes` inside the block."""
+    token = _read_settings.set(settings or None)
+    try:
+        yield
+    finally:
+        _read_settings.reset(token)
+
+
+def get_object_bytes(uri: str, limit: int) -> bytes:
+    """The object's bytes, refused (DataError) past ``limit``: by its length before the
+    download, and by what arrives, since the length is only what the server says."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = split_s3_uri(uri)
+    settings = _read_settings.get()
+    client = make_client(S3Settings.from_values(settings) if settings else None)
+    try:
+        response = client.get_object(Bucket=bucket, Key=key)
+        size = response.get("ContentLength")
+        if isinstance(size, int) and size > limit:
+            response["Body"].close()
+            raise DataError(f"{uri} is {size:,} bytes, over the limit of {limit:,} bytes for a data file "
+                            "(set ONNXCAST_MAX_DATA_BYTES to read larger files)")
+        data = response["Body"].read(limit + 1)
+        if len(data) > limit:
+            raise DataError(f"{uri} is over the limit of {limit:,} bytes for a data file")
+        return data
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "error")
+        raise DataError(f"{uri}: cannot read from S3 ({code})") from None
+    except BotoCoreError as exc:
+        raise DataError(f"{uri}: cannot reach S3 ({exc})") from None

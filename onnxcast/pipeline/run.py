@@ -1,0 +1,406 @@
+"""The forecasting-to-ONNX pipeline as steps over a run directory.
+
+Each step reads what earlier steps wrote under ``cfg.out_dir`` and writes its own files
+atomically, so a step can be retried (Airflow) and run in another process. The files are
+named by :class:`onnxcast.pipeline.layout.RunLayout` (``cfg.layout``): prepare_data writes config,
+data and quality; train_family (or a fetch) the model; export_family and optimize_family
+the ONNX variants; validate_family the family's validation; assemble_report the report,
+last.
+
+``run_pipeline`` runs them all for the CLI, in a staging folder that replaces the output
+only when the run succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from onnxcast import __version__
+from onnxcast.base.errors import ConfigError, DataQualityError, GateError, OnnxcastError
+from onnxcast.base.files import read_json, replacing, write_json
+from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
+from onnxcast.pipeline.report import select_variants
+
+log = logging.getLogger(__name__)
+
+STAGING = ".staging"
+
+
+class RunDirBusyError(OnnxcastError):
+    """Another pipeline run holds the output folder."""
+
+
+def family_dir(cfg: PipelineConfig, family: str) -> Path:
+    return cfg.layout.family(family)
+
+
+# --- steps -------------------------------------------------------------------------------
+
+def prepare_data(cfg: PipelineConfig) -> dict:
+    """Check the data, save the regular series and the split; return the dataset summary."""
+    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.quality import check_data
+    from onnxcast.pipeline.validate import baselines_for
+
+    layout = cfg.layout
+    started = time.monotonic()
+    result = check_data(cfg, layout.quality)
+    series = result.series
+    log.info("data checked in %.1fs: %d rows passed %d checks (%d warning(s))", time.monotonic() - started,
+             len(series.values), len(result.checks), len(result.warnings))
+    if cfg.lookback < series.season:
+        raise ConfigError(f"lookback {cfg.lookback} is shorter than the season {series.season} of "
+                          f"{series.freq!r} data: the models start from the last season of history; "
+                          f"use a lookback of at least {series.season} or set season")
+    split = split_by_time(len(series.values), cfg)
+    series.save(layout.data)
+    # The statistical reference is refitted at every holdout origin: 25-80 s of this step on
+    # the example data, silent before. Say what runs, and keep saying that it still does.
+    what = _reference_plan(cfg, series, split)
+    log.info("baselines and the statistical reference: %s", what)
+    with _heartbeat("still fitting the statistical reference", every=15.0):
+        baselines = baselines_for(cfg, series, split, reference=True)
+    write_json(layout.baselines, baselines)
+    best = baselines["seasonal_naive"]
+    log.info("baselines on %d origins (stride %d): best %s MAE %.4g; reference %s MAE %.4g",
+             baselines["origins"]["count"], baselines["origins"]["stride"], baselines["best"], best["mae"],
+             baselines["reference"]["model"], baselines["reference"]["mae"])
+    dataset = {
+        "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
+        "start": _iso(series.timestamps[0]), "end": _iso(series.timestamps[-1]),
+        "freq": series.freq, "season": series.season,
+        "target": cfg.target_column, "features": list(cfg.feature_columns),
+    }
+    summary = {"dataset": dataset, "split": split.as_dict(series.timestamps), "quality": result.to_dict()}
+    cfg.save(layout.config)
+    write_json(layout.dataset, summary)
+    log.info("data: %d rows %s..%s freq=%s season=%d; train %d, validation %d, holdout %d rows",
+             dataset["rows"], dataset["start"], dataset["end"], dataset["freq"], dataset["season"],
+             split.train_end, split.validation_end - split.train_end, split.rows - split.validation_end)
+    return summary
+
+
+def _reference_plan(cfg: PipelineConfig, series, split) -> str:
+    """What the reference step will fit, in words: the model, how many origins, how much history."""
+    from onnxcast.pipeline.evaluation import reference_model
+    from onnxcast.pipeline.validate import evaluation_seasons, holdout_origins_for
+
+    origins = holdout_origins_for(cfg, series, split)
+    name, _, window = reference_model(evaluation_seasons(cfg, series), int(origins.index.min()))
+    return f"{name} refitted on the last {window} rows at each of {len(origins.index)} holdout origins"
+
+
+@contextlib.contextmanager
+def _heartbeat(message: str, every: float) -> Iterator[None]:
+    """Log ``message`` with the elapsed time every ``every`` seconds while the block runs."""
+    import threading
+
+    done = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            log.info("%s (%.0fs so far)", message, time.monotonic() - started)
+
+    thread = threading.Thread(target=beat, name="onnxcast-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def train_family(cfg: PipelineConfig, family: str) -> dict:
+    """Train one model family on the saved series; save its state dict and config."""
+    from onnxcast.pipeline.data import seasons_for_freq, windows
+    from onnxcast.pipeline.evaluation import best_anchor_season
+    from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
+    from onnxcast.pipeline.training import describe, seed_everything, train_model
+
+    series, split = _load_data(cfg)
+    values = series.values
+    train = windows(values, cfg.lookback, cfg.horizon, 0, split.train_end)[:2]
+    validation = windows(values, cfg.lookback, cfg.horizon, split.train_end, split.validation_end)[:2]
+    # Every family starts from a seasonal-naive forecast: the period that was most accurate on
+    # the training rows among those the lookback holds (weekly on hourly demand with a week of
+    # history), unless the settings name a season. The window families also mix in the others.
+    implied = seasons_for_freq(series.freq)
+    anchor = series.season if cfg.season else best_anchor_season(
+        values[: split.train_end, 0], (series.season, *implied), cfg.horizon, cfg.lookback)
+    spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
+                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
+                     n_heads=cfg.n_heads, season=anchor,
+                     seasons=model_seasons(anchor, implied, cfg.lookback))
+    log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
+             f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
+    seed_everything(cfg.seed)
+    train_rows = values[: split.train_end]
+    model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
+    log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
+             family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
+    # cfg.threads (default 1): two OpenMP threads per task made epochs up to 30x slower when
+    # another task shared the two cores (docs/performance.md)
+    with torch_threads(cfg.threads):
+        result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
+                             patience=cfg.patience, batch_size=cfg.batch_size,
+                             learning_rate=cfg.learning_rate, seed=cfg.seed)
+    log.info("trained %s in %.1fs: %s", family, result.seconds, describe(result))
+    save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
+    return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
+
+
+def model_seasons(season: int, implied: tuple[int, ...], lookback: int) -> tuple[int, ...]:
+    """The seasonal periods a model anchors on: the run's ``season`` first, then every other
+    period the frequency implies that fits in the lookback (hourly, lookback 168: 24, 168)."""
+    return (season, *(s for s in dict.fromkeys(implied) if s != season and 1 < s <= lookback))
+
+
+def save_model(cfg: PipelineConfig, family: str, model, spec, extra: dict) -> None:
+    """Write ``model.pt`` (state dict, loadable with weights_only=True) and ``model.json``."""
+    import torch
+
+    directory = family_dir(cfg, family)
+    directory.mkdir(parents=True, exist_ok=True)
+    with replacing(cfg.layout.model_pt(family)) as tmp:
+        torch.save(model.state_dict(), tmp)
+    write_json(cfg.layout.model_json(family), {"spec": spec.to_dict(), "onnxcast_version": __version__, **extra})
+
+
+def load_model(cfg: PipelineConfig, family: str):
+    """The trained model of ``family`` from the run directory, loaded with weights_only=True."""
+    import torch
+
+    from onnxcast.pipeline.models import ModelSpec, build_model
+
+    spec = ModelSpec(**read_json(cfg.layout.model_json(family))["spec"])
+    model = build_model(spec)
+    model.load_state_dict(torch.load(cfg.layout.model_pt(family), weights_only=True))
+    return model.eval(), spec
+
+
+def export_family(cfg: PipelineConfig, family: str) -> str:
+    """Export the trained model to ``onnx/fp32.onnx`` with the contract's metadata."""
+    from onnxcast.pipeline.export import export_onnx
+
+    series, _ = _load_data(cfg)
+    model, spec = load_model(cfg, family)
+    metadata = {
+        "model_family": family, "lookback": spec.lookback, "horizon": spec.horizon,
+        "freq": series.freq, "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
+        "precision": "fp32", "trained_until": _iso(series.timestamps[-1]),
+        "dataset_sha256": series.sha256, "season": series.season, "version": __version__,
+    }
+    path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
+                       lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
+    return str(path)
+
+
+def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
+    """Build fp32-opt, int8 and fp16 from fp32.onnx."""
+    from onnxcast.pipeline.optimize import make_variants
+
+    onnx_dir = cfg.layout.onnx_dir(family)
+    made = make_variants(cfg.layout.onnx(family), onnx_dir, family)
+    write_json(cfg.layout.variants(family), [{"name": v.name, "path": v.path.name, "note": v.note} for v in made])
+    return [v.name for v in made]
+
+
+def validate_family(cfg: PipelineConfig, family: str) -> dict:
+    """Validate every variant of ``family``; write and return its report entry."""
+    from onnxcast.pipeline.validate import validate_variants
+
+    series, split = _load_data(cfg)
+    model, spec = load_model(cfg, family)
+    onnx_dir = cfg.layout.onnx_dir(family)
+    variants = read_json(cfg.layout.variants(family))
+    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=load_baselines(cfg))
+    entry["training"] = read_json(cfg.layout.model_json(family))
+    write_json(cfg.layout.validation(family), entry)
+    return entry
+
+
+def load_baselines(cfg: PipelineConfig) -> dict:
+    """The baselines prepare_data measured (computed again, without the reference, for a run
+    directory from before they were saved)."""
+    from onnxcast.pipeline.validate import baselines_for
+
+    path = cfg.layout.baselines
+    if path.exists():
+        return read_json(path)
+    series, split = _load_data(cfg)
+    return baselines_for(cfg, series, split, reference=False)
+
+
+def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> dict:
+    """Combine the steps' outputs into report.json.
+
+    A family that failed a required gate is left out of the choice and recorded in
+    ``excluded`` with why; GateError only when no family passed.
+    """
+    from onnxcast.pipeline.report import compare_families
+
+    summary = read_json(cfg.layout.dataset)
+    models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
+    baselines = load_baselines(cfg)
+    family_choice = compare_families(models, baselines["origins"]["block"])
+    selected, ranking = select_variants(models, family_choice)
+    excluded = [{"family": m["family"], "failures": m["failures"]} for m in models if not m["gates_passed"]]
+    failures = [f"{m['family']}: {reason}" for m in models for reason in m["failures"]]
+    if len(excluded) < len(models):
+        failures = []  # at least one family passed: the others are excluded, not fatal
+    report = {
+        "onnxcast_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "config": cfg.to_dict(),
+        "dataset": summary["dataset"],
+        "split": summary["split"],
+        "quality": summary["quality"],
+        "baselines": {k: v for k, v in baselines.items() if k not in ("per_origin_mae", "reference")},
+        "reference": baselines.get("reference"),
+        "models": models,
+        "family_choice": family_choice,
+        "excluded": excluded,
+        "selected": selected,
+        "ranking": ranking,
+        "status": "failed" if failures else "passed",
+        "failures": failures,
+    }
+    if failures:
+        write_json(cfg.layout.failed_report, report)
+        raise GateError(failures)
+    write_json(cfg.layout.report, report)
+    return report
+
+
+# --- the whole run ------------------------------------------------------------------------
+
+def run_pipeline(cfg: PipelineConfig) -> dict:
+    """Run every step for every family; on success the output folder holds the new run.
+
+    The run happens in ``<out>/.staging``. On failure the staging folder is removed and only
+    the data-quality report (and ``failed-report.json`` for a gate failure) is kept, so a
+    failed run never leaves a model or report.json behind.
+    """
+    out = cfg.run_dir
+    with run_dir_lock(out):
+        return _run_locked(cfg, out)
+
+
+def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
+    staging = out / STAGING
+    # Holding the lock, no live run owns a staging folder here: one that exists was left by a
+    # run that was killed (SIGKILL, a power cut) and is removed without following symlinks.
+    if _remove(staging):
+        log.info("removed %s left by an interrupted run", staging)
+    staging.mkdir()
+    work = replace(cfg, out_dir=str(staging))
+    started = time.monotonic()
+    try:
+        _step(1, "check and split data", prepare_data, work)
+        for family in work.models:
+            _step(2, f"train {family}", train_family, work, family)
+            _step(3, f"export {family}", export_family, work, family)
+            _step(4, f"optimize {family}", optimize_family, work, family)
+            _step(5, f"validate {family}", validate_family, work, family)
+        report = _step(6, "report", assemble_report, work)
+    except BaseException as exc:
+        _keep_diagnostics(staging, out)
+        if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
+            exc.report_path = str(out / Path(exc.report_path).relative_to(staging))
+        raise
+    _publish(staging, out)
+    log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, cfg.layout.report)
+    return report
+
+
+@contextlib.contextmanager
+def run_dir_lock(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the folder ``out`` (created if need be) for a whole run.
+
+    flock on the folder itself: no lock file is left behind, and the kernel releases the lock
+    when the process dies however it dies, so the next run knows that a staging folder it
+    finds is stale. A second run on the same folder is refused at once, before it touches
+    anything, rather than deleting the first one's staging folder under it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot be used as the output folder ({error.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirBusyError(f"{out}: another onnxcast pipeline run is writing to this folder; wait for it "
+                                  "to finish or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> bool:
+    """Remove ``path`` if it exists, never following a symlink: a link is unlinked, not its
+    target emptied (shutil.rmtree is fd-based here and does not follow links inside)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return True
+
+
+def _step(number: int, name: str, function, *args):
+    log.info("[%d/6] %s", number, name)
+    return function(*args)
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Move the staged run into ``out``, report.json last (its presence means complete)."""
+    report = RunLayout(staging).report
+    for name in (FAILED_REPORT, REPORT):
+        (out / name).unlink(missing_ok=True)
+    for entry in sorted(staging.iterdir()):
+        if entry == report:
+            continue
+        target = out / entry.name
+        if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
+            _remove(target)  # a file is replaced by rename; a folder or a link has to go first
+        entry.replace(target)
+    report.replace(RunLayout(out).report)
+    staging.rmdir()
+
+
+def _keep_diagnostics(staging: Path, out: Path) -> None:
+    for name in (RunLayout(staging).quality.name, FAILED_REPORT):
+        source = staging / name
+        if source.exists():
+            target = out / name
+            _remove(target)
+            source.replace(target)
+    _remove(staging)
+
+
+def _load_data(cfg: PipelineConfig):
+    from onnxcast.pipeline.data import SeriesData, split_by_time
+
+    series = SeriesData.load(cfg.layout.data)
+    return series, split_by_time(len(series.values), cfg)
+
+
+def _iso(value) -> str:
+    from onnxcast.pipeline.data import utc_iso
+
+    return utc_iso(value)

@@ -1,0 +1,356 @@
+"""Validate a variant: parity with PyTorch at several shapes, holdout accuracy, latency, size.
+
+Like optimum's ``validate_model_outputs`` but every failure is collected into gates with
+value and threshold; the pipeline turns failed required gates into a GateError.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxcast.base.files import sha256_file
+from onnxcast.pipeline.metrics import forecast_metrics
+
+log = logging.getLogger(__name__)
+
+FP32_VARIANTS = ("fp32", "fp32-opt")
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """Rolling-origin holdout windows (onnxcast.pipeline.evaluation) and the scale for MASE."""
+
+    history: np.ndarray  # [origins, lookback, F]
+    actual: np.ndarray  # [origins, horizon]
+    origins: np.ndarray  # index of each window's first forecast step
+    mase_scale: float
+    block: int = 1  # neighbouring origins whose windows overlap (for intervals and paired tests)
+
+
+def onnx_session(path: str | Path, threads: int = 1, spinning: bool = False):
+    """An ORT CPU session with explicit threading: parallel workers must not oversubscribe."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_predict(session, history: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    """Forecasts for ``history [N, time, F]`` with an ORT session, in batches."""
+    outputs = [session.run(["forecast"], {"history": history[i : i + batch_size]})[0]
+               for i in range(0, len(history), batch_size)]
+    return np.concatenate(outputs).astype(np.float32)
+
+
+def parity_shapes(lookback: int, season: int) -> list[tuple[int, int]]:
+    """Batch sizes and history lengths unlike the export's example (batch 2, lookback).
+
+    The contract is any history of at least ``lookback`` steps (docs/architecture.md): the
+    window families (N-HiTS, DLinear) read exactly the newest ``lookback`` steps, so shorter
+    histories are outside it. ``season`` (<= lookback, checked by prepare_data) is unused.
+    """
+    del season
+    return [(1, lookback), (7, lookback + 1), (16, lookback + lookback // 2 + 3), (64, lookback)]
+
+
+def sample_histories(values: np.ndarray, batch: int, time_steps: int, rng: np.random.Generator) -> np.ndarray:
+    """``batch`` real windows of ``time_steps`` rows from the series, at random positions."""
+    if time_steps > len(values):
+        raise ValueError(f"history of {time_steps} steps is longer than the series ({len(values)} rows)")
+    starts = rng.integers(0, len(values) - time_steps + 1, size=batch)
+    return np.stack([values[s : s + time_steps] for s in starts]).astype(np.float32)
+
+
+def check_parity(reference, session, values: np.ndarray, shapes: list[tuple[int, int]],
+                 rtol: float, atol: float, seed: int = 0) -> dict:
+    """Compare ORT with the PyTorch ``reference`` callable at each shape.
+
+    Returns max abs diff, the worst ``|a-b| / (atol + rtol*|b|)`` (<= 1 passes) and per-shape rows.
+    """
+    rng = np.random.default_rng(seed)
+    rows, worst, max_diff = [], 0.0, 0.0
+    for batch, steps in shapes:
+        history = sample_histories(values, batch, steps, rng)
+        expected = reference(history)
+        got = session.run(["forecast"], {"history": history})[0]
+        if got.shape != expected.shape:
+            rows.append({"batch": batch, "time": steps, "error": f"shape {list(got.shape)} != {list(expected.shape)}"})
+            worst = float("inf")
+            continue
+        diff = np.abs(got.astype(np.float64) - expected)
+        ratio = float(np.max(diff / (atol + rtol * np.abs(expected))))
+        rows.append({"batch": batch, "time": steps, "max_abs_diff": float(diff.max()), "tolerance_ratio": ratio})
+        worst, max_diff = max(worst, ratio), max(max_diff, float(diff.max()))
+    return {"max_abs_diff": max_diff, "worst_tolerance_ratio": worst, "shapes": rows}
+
+
+def holdout_metrics(predicted: np.ndarray, holdout: Holdout) -> dict[str, float]:
+    return forecast_metrics(holdout.actual, predicted, holdout.mase_scale)
+
+
+def measure_latency(run, inputs: dict[int, np.ndarray], repeats: int, warmup: int = 5) -> dict[str, float]:
+    """p50/p95 milliseconds of ``run(x)`` per batch size, after warm-up."""
+    result = {}
+    for batch, x in inputs.items():
+        for _ in range(warmup):
+            run(x)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run(x)
+            times.append((time.perf_counter() - start) * 1000.0)
+        result[f"batch{batch}_p50"] = float(np.percentile(times, 50))
+        result[f"batch{batch}_p95"] = float(np.percentile(times, 95))
+    return result
+
+
+def torch_runner(model):
+    """A numpy-in, numpy-out callable for the eager PyTorch model (float64 out for parity)."""
+    import torch
+
+    def run(history: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(torch.from_numpy(history)).numpy().astype(np.float64)
+
+    return run
+
+
+def gate(passed: bool, value: float, threshold: float | str) -> dict:
+    return {"passed": bool(passed), "value": value, "threshold": threshold}
+
+
+# --- validating every variant of one family -------------------------------------------------
+
+def evaluation_seasons(cfg, series) -> tuple[int, ...]:
+    """Every seasonality the frequency implies, plus the configured season."""
+    from onnxcast.pipeline.data import seasons_for_freq
+
+    return tuple(sorted({*seasons_for_freq(series.freq), series.season}))
+
+
+def holdout_origins_for(cfg, series, split):
+    """The run's holdout origins: every phase of the season, room for the longest look back."""
+    from onnxcast.pipeline.evaluation import holdout_origins
+
+    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(cfg, series),
+                           earliest=cfg.lookback)
+
+
+def baselines_for(cfg, series, split, reference: bool = False) -> dict:
+    """Naive and seasonal-naive baselines (and the statistical reference) on the run's origins."""
+    from onnxcast.pipeline.evaluation import evaluate_baselines
+
+    return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
+                              evaluation_seasons(cfg, series), split.train_end, reference=reference)
+
+
+def holdout_windows(cfg, series, split, mase_scale: float | None = None) -> Holdout:
+    """Forecast windows at the run's holdout origins (a stride well below the horizon)."""
+    origins = holdout_origins_for(cfg, series, split)
+    history = np.stack([series.values[o - cfg.lookback:o] for o in origins.index]).astype(np.float32)
+    actual = np.stack([series.target[o:o + cfg.horizon] for o in origins.index]).astype(np.float32)
+    if mase_scale is None:
+        mase_scale = baselines_for(cfg, series, split)["mase_scale"]
+    return Holdout(history, actual, origins.index, mase_scale, origins.block)
+
+
+def baseline_metrics(cfg, series, split) -> dict:
+    """The best baseline's accuracy on the same holdout origins as the models."""
+    return baselines_for(cfg, series, split)["seasonal_naive"]
+
+
+def judge_holdout(predicted: np.ndarray, holdout: Holdout) -> tuple[dict, list[float]]:
+    """Holdout metrics with the MAE's 95% interval, and the per-origin MAEs for paired tests."""
+    from onnxcast.pipeline.evaluation import Origins, judged
+
+    metrics, errors = judged(holdout.actual.astype(np.float64), predicted, holdout.mase_scale,
+                             Origins(holdout.origins, 1, holdout.block))
+    return metrics, errors.tolist()
+
+
+def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, variants: list[dict],
+                      baselines: dict | None = None) -> dict:
+    """The report entry of one family: PyTorch figures, then each variant with its gates.
+
+    Required gates (a failure excludes the family from the choice): fp32 and fp32-opt parity
+    with PyTorch, and fp32 beating the best baseline by ``cfg.baseline_margin`` (``baselines``:
+    onnxcast.pipeline.evaluation's ``evaluate_baselines`` on the run's origins). Optional variants (int8, fp16) that miss the
+    accuracy budget are kept in the report but marked not eligible.
+    """
+    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.models import torch_threads
+
+    baselines = baselines or baselines_for(cfg, series, split)
+    holdout = holdout_windows(cfg, series, split, mase_scale=baselines["mase_scale"])
+    baseline = baselines["seasonal_naive"]
+    rng = np.random.default_rng(cfg.seed)
+    latency_inputs = {b: sample_histories(series.values, b, cfg.lookback, rng) for b in (1, 64)}
+    shapes = parity_shapes(cfg.lookback, series.season)
+    reference = torch_runner(model)
+
+    with torch_threads(cfg.threads):
+        torch_pred = reference(holdout.history).astype(np.float32)
+        torch_holdout, torch_errors = judge_holdout(torch_pred, holdout)
+        torch_entry = {"holdout": torch_holdout, "per_origin_mae": torch_errors,
+                       "latency_ms": measure_latency(reference, latency_inputs, cfg.latency_repeats)}
+    log.info("%s torch: holdout MAE %.4g (baseline %.4g), batch1 p50 %.3f ms", family,
+             torch_entry["holdout"]["mae"], baseline["mae"], torch_entry["latency_ms"]["batch1_p50"])
+
+    entries = [_validate_one(cfg, spec, onnx_dir / spec["path"], reference, series, holdout, shapes,
+                             latency_inputs, onnx_dir.parent.parent.parent) for spec in variants]
+    fp32 = next((e for e in entries if e["name"] == "fp32"), None)
+    fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
+    comparisons = {}
+    if fp32 and fp32.get("per_origin_mae"):
+        errors = np.asarray(fp32["per_origin_mae"])
+        for name in (baselines["best"], "reference"):
+            other = (baselines.get("per_origin_mae") or {}).get(name)
+            if other is not None:
+                other = np.asarray(other)
+                comparisons[name] = {"mae_ratio": float(errors.mean() / other.mean()) if other.mean() else None,
+                                     **paired_test(errors, other, holdout.block)}
+    failures = judge_variants(entries, baseline_mae=baseline["mae"], torch_latency=torch_entry["latency_ms"],
+                              accuracy_budget=cfg.accuracy_budget, baseline_name=baselines["best"].replace("_", " "),
+                              baseline_margin=cfg.baseline_margin, baseline_test=comparisons.get(baselines["best"]))
+    for entry in entries:
+        status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
+        log.info("%s %-8s MAE %s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s", family, entry["name"],
+                 _fmt((entry.get("holdout") or {}).get("mae")), _fmt(entry["parity_max_abs_diff"], ".3g"),
+                 _fmt(entry["latency_ms"].get("batch1_p50"), ".3f"), _fmt(entry["latency_ms"].get("batch64_p50"), ".3f"),
+                 entry["size_bytes"], status)
+    return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
+            "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures}
+
+
+REQUIRED_VARIANTS = FP32_VARIANTS  # a required gate failing on these fails the family
+# The default margin of the baseline gate (``PipelineConfig.baseline_margin``): fp32 must be at
+# least this much (relative) more accurate than the best baseline. A model equal to its anchor
+# "beat" it by float32 rounding (MAE 2.3043603969 vs 2.3043604084), and rounding noise of a
+# variant is of the order of the accuracy budget (1%), so a strict "<" is no gate.
+BASELINE_MARGIN = 0.01
+
+
+def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: dict,
+                   accuracy_budget: float, baseline_name: str = "seasonal naive",
+                   baseline_margin: float = BASELINE_MARGIN, baseline_test: dict | None = None) -> list[str]:
+    """Complete every variant entry with its gates, ``reasons``, ``eligible`` and speedups.
+
+    The one place the gates are decided, for the pipeline and the benchmark alike. An entry
+    comes with what was measured: ``holdout`` (None when the variant did not run), ``latency_ms``,
+    and the gates measured on the way (``runs_on_cpu``, ``parity``). Added here:
+    ``accuracy_vs_fp32`` (holdout MAE within ``accuracy_budget`` of fp32's) and
+    ``beats_seasonal_naive``, one verdict per family: fp32's holdout MAE must be below the best
+    baseline's by ``baseline_margin`` (relative), and every other variant carries fp32's verdict,
+    so a variant of a family whose fp32 failed is never eligible however its own rounding noise
+    lands. ``baseline_test`` (the paired test of fp32 against the baseline, when measured) is
+    recorded in the gate for the reader. Returns the failures that fail the family: fp32 and
+    fp32-opt must run and match PyTorch, and fp32 must beat the baseline.
+    """
+    fp32 = next((e for e in entries if e["name"] == "fp32"), None)
+    fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
+    verdict = baseline_verdict(fp32_mae, baseline_mae, baseline_margin, baseline_test)
+    failures = []
+    if fp32 is None:
+        failures.append("fp32: no fp32 variant to validate")
+    for entry in entries:
+        gates, holdout = entry["gates"], entry.get("holdout")
+        if holdout:
+            if fp32_mae:
+                loss = holdout["mae"] / fp32_mae - 1.0
+                gates["accuracy_vs_fp32"] = gate(loss <= accuracy_budget, loss, accuracy_budget)
+            else:
+                gates["accuracy_vs_fp32"] = gate(False, "fp32 has no holdout figures", accuracy_budget)
+            gates["beats_seasonal_naive"] = dict(verdict)
+        entry["reasons"] = [_reason(name, g) for name, g in gates.items() if not g["passed"]]
+        entry["eligible"] = bool(holdout) and not entry["reasons"]
+        latency = entry.get("latency_ms") or {}
+        entry["speedup_vs_torch"] = {key: torch_latency[key] / latency[key]
+                                     for key in ("batch1_p50", "batch64_p50")
+                                     if latency.get(key) and torch_latency.get(key)}
+        if entry["name"] not in REQUIRED_VARIANTS:
+            continue
+        name = entry["name"]
+        if "runs_on_cpu" in gates and not gates["runs_on_cpu"]["passed"]:
+            failures.append(f"{name} does not run with ONNX Runtime's CPU provider: {gates['runs_on_cpu']['value']}")
+            continue
+        if "parity" in gates and not gates["parity"]["passed"]:
+            diff = entry.get("parity_max_abs_diff")
+            failures.append(f"{name} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
+                            f"{_fmt(gates['parity']['value'], '.3g')} > 1 (max abs diff {_fmt(diff, '.3g')})")
+        if name == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
+            failures.append(f"fp32 holdout MAE {_fmt(holdout['mae'])} does not beat the best baseline "
+                            f"({baseline_name}) {_fmt(baseline_mae)} by the {_fmt(100 * baseline_margin, '.3g')}% "
+                            f"margin (needs below {_fmt(verdict['threshold'])})")
+    return failures
+
+
+def baseline_verdict(fp32_mae: float | None, baseline_mae: float, margin: float, test: dict | None = None) -> dict:
+    """The family's ``beats_seasonal_naive`` gate, decided on its fp32 holdout MAE.
+
+    ``threshold`` is the MAE to stay below: the baseline's less ``margin`` of it, so a model
+    equal to the baseline (or within rounding of it) fails. ``value`` is fp32's MAE.
+    """
+    threshold = baseline_mae * (1.0 - margin)
+    if fp32_mae is None:
+        out = gate(False, "fp32 has no holdout figures", threshold)
+    else:
+        out = gate(fp32_mae < threshold, fp32_mae, threshold)
+    out.update(judged_on="fp32", baseline_mae=baseline_mae, margin=margin)
+    if fp32_mae is not None and baseline_mae:
+        out["mae_ratio"] = fp32_mae / baseline_mae
+    if test:
+        out["paired_test"] = {k: test.get(k) for k in ("mean_diff", "p_value", "significant", "origins")}
+    return out
+
+
+def _reason(name: str, g: dict) -> str:
+    via = " (fp32's verdict: one per family)" if name == "beats_seasonal_naive" and g.get("judged_on") else ""
+    return f"{name}: {_fmt(g['value'])} vs threshold {_fmt(g['threshold'])}{via}"
+
+
+def _fmt(value, spec: str = ".4g") -> str:
+    """A figure for a log line; 'n/a' where nothing was measured."""
+    if value is None:
+        return "n/a"
+    return format(value, spec) if isinstance(value, int | float) else str(value)
+
+
+def _validate_one(cfg, spec: dict, path: Path, reference, series, holdout: Holdout, shapes, latency_inputs,
+                  run_root: Path) -> dict:
+    import onnx
+
+    from onnxcast.base.contract import opset_of
+
+    name = spec["name"]
+    entry = {"name": name, "onnx_path": str(path.relative_to(run_root)), "sha256": sha256_file(path),
+             "size_bytes": path.stat().st_size, "opset": None,
+             "note": spec.get("note", ""), "parity_max_abs_diff": None, "parity_shapes": [],
+             "holdout": None, "latency_ms": {}, "gates": {}}
+    try:
+        entry["opset"] = opset_of(onnx.load(path, load_external_data=False))
+        session = onnx_session(path, cfg.threads)
+        session.run(["forecast"], {"history": latency_inputs[1]})
+    except Exception as exc:  # onnx and ORT raise their own exception types per failure kind
+        # e.g. fp16 kernels missing on a CPU build, or a file that is no ONNX model at all:
+        # the variant cannot be validated here, and judge_variants decides what that fails
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        entry["gates"]["runs_on_cpu"] = gate(False, first, "runs with CPUExecutionProvider")
+        return entry
+    parity = check_parity(reference, session, series.values, shapes, cfg.parity_rtol, cfg.parity_atol, cfg.seed)
+    entry["parity_max_abs_diff"] = parity["max_abs_diff"]
+    entry["parity_shapes"] = parity["shapes"]
+    if name in FP32_VARIANTS:
+        entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
+    entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
+    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
+                                          cfg.latency_repeats)
+    return entry

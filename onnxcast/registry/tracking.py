@@ -1,0 +1,611 @@
+"""MLflow tracking and registry for pipeline runs (docs/architecture.md#mlflow-conventions).
+
+One experiment per model name; a parent run per pipeline run and a child run per model
+family; the winning family registered as one model version (ONNX flavor, with its other
+variants, the PyTorch state dict, model.json and report.json as files of that version)
+under the alias ``challenger``. ``champion`` moves only after a promotion, and every
+alias move is also written as a tag, because MLflow keeps no history (mlflow#2169).
+
+Every write is keyed on a *run key* (the DAG run: ``dag_id/run_id``) and looked up before
+it is made, so a retried task reuses the runs and the model version of its first try.
+mlflow is imported inside functions: Airflow operators import this module at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from onnxcast.base.errors import OnnxcastError
+from onnxcast.base.files import sha256_file
+from onnxcast.pipeline.layout import RunLayout
+
+log = logging.getLogger(__name__)
+
+CHALLENGER = "challenger"
+CHAMPION = "champion"
+RUN_KEY_TAG = "onnxcast.run_key"
+ROLE_TAG = "onnxcast.role"
+FAMILY_TAG = "onnxcast.family"
+REPORT_SHA_TAG = "onnxcast.report_sha256"
+MODEL_ARTIFACT = "model"
+PYTORCH_FILES = ("model.pt", "model.json")
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
+
+
+class TrackingError(OnnxcastError):
+    """MLflow refused an operation, or holds no run, model version or alias asked for."""
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """The MLflow runs of one pipeline run."""
+
+    experiment_id: str
+    parent_run_id: str
+    family_run_ids: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RegisteredVersion:
+    """A registered model version; ``created`` is False when a retry found it already there."""
+
+    name: str
+    version: str
+    run_id: str
+    model_uri: str
+    family: str
+    created: bool
+
+    def as_xcom(self) -> dict:
+        return asdict(self)
+
+
+# --- where MLflow is ----------------------------------------------------------------------
+
+def onnxcast_home() -> Path:
+    return Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve()
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI``, else the embedded SQLite store under ``ONNXCAST_HOME``."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{onnxcast_home() / 'mlflow' / 'mlflow.db'}"
+
+
+def client_for(tracking_uri: str | None = None):
+    """An MlflowClient on ``tracking_uri`` (registry on the same URI), set as the fluent default too."""
+    import mlflow
+
+    uri = tracking_uri or default_tracking_uri()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    users_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    # mlflow also exports the URI as MLFLOW_TRACKING_URI (for subprocesses); restore the
+    # user's own setting, or the next default_tracking_uri() would return this one
+    if users_uri is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = users_uri
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def ensure_experiment(client, name: str) -> str:
+    """The id of experiment ``name``, created on first use (local artifacts beside a SQLite store)."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    uri = client.tracking_uri
+    location = None
+    if uri.startswith("sqlite:///"):  # no server to manage artifacts: keep them next to the DB
+        location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException:  # a concurrent task created it first
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def run_url(tracking_uri: str | None, experiment_id: str, run_id: str, ui_url: str | None = None) -> str:
+    """The MLflow UI page of a run: the server itself over HTTP, else ``ui_url`` (``mlflow ui``)."""
+    uri = tracking_uri or default_tracking_uri()
+    base = ui_url or (uri if uri.startswith(("http://", "https://")) else
+                      os.environ.get("ONNXCAST_MLFLOW_UI_URL", DEFAULT_UI_URL))
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+# --- logging a pipeline run ---------------------------------------------------------------
+
+def ensure_run(*, model_name: str, run_key: str, family: str | None = None, role: str | None = None,
+               tracking_uri: str | None = None, ui_url: str | None = None,
+               tags: dict[str, str] | None = None) -> dict:
+    """The MLflow run of ``run_key`` (the parent run, or the child run of ``family``),
+    created on first use: ``{"experiment_id", "run_id", "url"}``. Tasks call it to link to
+    their run before there is anything to log."""
+    client = client_for(tracking_uri)
+    experiment_id = ensure_experiment(client, model_name)
+    base = {RUN_KEY_TAG: run_key, **(tags or {})}
+    parent = _find_or_create_run(client, experiment_id, run_key, "pipeline", None,
+                                 {**base, ROLE_TAG: "pipeline"}, f"pipeline {run_key}")
+    run_id = parent
+    if family:
+        role = role or "family"
+        run_id = _find_or_create_run(client, experiment_id, run_key, role, family,
+                                     {**base, ROLE_TAG: role, FAMILY_TAG: family, "mlflow.parentRunId": parent},
+                                     family)
+    return {"experiment_id": experiment_id, "run_id": run_id, "parent_run_id": parent,
+            "url": run_url(client.tracking_uri, experiment_id, run_id, ui_url)}
+
+
+def end_open_runs(run_key: str, status: str, *, family: str | None = None, parent: bool = True,
+                  model_name: str | None = None, tracking_uri: str | None = None) -> list[str]:
+    """Mark the RUNNING runs of ``run_key`` ``status`` (FAILED or KILLED): the child run of
+    ``family`` and, with ``parent``, the pipeline run. A failed or killed task calls it so
+    that no run is left RUNNING; a retry takes its run over again (ensure_run). Returns the
+    run ids it ended."""
+    if status not in ("FAILED", "KILLED"):
+        raise ValueError(f"status must be FAILED or KILLED, got {status!r}")
+    client = client_for(tracking_uri)
+    if model_name:
+        experiment = client.get_experiment_by_name(model_name)
+        experiments = [experiment.experiment_id] if experiment is not None else []
+    else:
+        experiments = [e.experiment_id for e in client.search_experiments(max_results=1000)]
+    if not experiments:
+        return []
+    roles = []
+    if family:
+        roles.append(f"tags.`{FAMILY_TAG}` = '{_quote(family)}'")
+    if parent:
+        roles.append(f"tags.`{ROLE_TAG}` = 'pipeline'")
+    ended = []
+    for role in roles:
+        query = f"tags.`{RUN_KEY_TAG}` = '{_quote(run_key)}' and attributes.status = 'RUNNING' and {role}"
+        for run in client.search_runs(experiments, filter_string=query, max_results=100):
+            client.set_terminated(run.info.run_id, status)
+            ended.append(run.info.run_id)
+    return ended
+
+
+def log_failed_data_check(quality_dir: str | Path, *, model_name: str, run_key: str, error: str,
+                          tracking_uri: str | None = None, ui_url: str | None = None) -> dict:
+    """Record a run stopped by the data-quality gate: the GX report (HTML + JSON) as artifacts
+    of the pipeline run, the error as a tag, the run marked FAILED. Nothing is registered."""
+    run = ensure_run(model_name=model_name, run_key=run_key, tracking_uri=tracking_uri, ui_url=ui_url)
+    client = client_for(tracking_uri)
+    quality_dir = Path(quality_dir)
+    if quality_dir.is_dir():
+        client.log_artifacts(run["run_id"], str(quality_dir), "quality")
+    client.set_tag(run["run_id"], "onnxcast.status", "data-check-failed")
+    client.set_tag(run["run_id"], "onnxcast.error", error[:4900])
+    client.set_terminated(run["run_id"], "FAILED")
+    return run
+
+
+def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, families: list[str],
+                     tracking_uri: str | None = None, tags: dict[str, str] | None = None,
+                     extra_families: list[str] = ()) -> TrackedRun:
+    """Log a finished run directory: parent run (params, report, plot, quality report) and a
+    child run per family (per-variant metrics, validation.json, ONNX files, state dict).
+
+    ``extra_families`` are evaluated but not candidates (the fetched champion); they are
+    logged as child runs too so the comparison is visible. Reuses the runs of ``run_key``.
+    """
+    from onnxcast.base.files import read_json
+    from onnxcast.pipeline.config import PipelineConfig
+
+    layout = RunLayout(run_dir)
+    cfg = PipelineConfig.load(layout.config)
+    report_path = layout.report if layout.report.exists() else layout.failed_report
+    report = read_json(report_path)
+    client = client_for(tracking_uri)
+    experiment_id = ensure_experiment(client, model_name)
+    base_tags = {RUN_KEY_TAG: run_key, **(tags or {})}
+    parent = ensure_run(model_name=model_name, run_key=run_key, tracking_uri=tracking_uri, tags=tags)["run_id"]
+    client.log_batch(parent, params=_params(_flatten(cfg.to_dict())))
+    baselines = report["baselines"]
+    metrics = {f"baseline.seasonal_naive.{k}": v for k, v in _scalars(baselines["seasonal_naive"]).items()}
+    for name, row in (baselines.get("candidates") or {}).items():  # naive and each seasonal naive
+        metrics.update({f"baseline.{name}.{k}": v for k, v in _scalars(row).items()})
+    if report.get("reference"):  # the statistical reference on the same origins
+        metrics.update({f"reference.{k}": v for k, v in _scalars(report["reference"]).items()})
+    for model in report.get("models", []):
+        for name, test in (model.get("fp32_vs") or {}).items():
+            metrics.update({f"{model['family']}.fp32_vs_{name}.{k}": v for k, v in _scalars(test).items()})
+    _log_metrics(client, parent, metrics)
+    if baselines.get("best"):
+        client.set_tag(parent, "onnxcast.baseline", baselines["best"])
+    if report.get("reference"):
+        client.set_tag(parent, "onnxcast.reference", report["reference"]["model"])
+    for key in ("rows", "sha256", "start", "end", "freq"):
+        client.set_tag(parent, f"onnxcast.dataset.{key}", str(report["dataset"].get(key)))
+    client.set_tag(parent, "onnxcast.status", report.get("status", "passed"))
+    for channel, choice in (report.get("selected") or {}).items():
+        client.set_tag(parent, f"onnxcast.selected.{channel}", f"{choice['family']}/{choice['variant']}")
+    client.log_artifact(parent, str(report_path))
+    if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
+        client.log_table(parent, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
+    if layout.quality.is_dir():
+        client.log_artifacts(parent, str(layout.quality), "quality")
+    selected = (report.get("selected") or {}).get("edge", {}).get("family")
+    if selected:
+        plot = plot_forecast(layout.root, selected, layout.plots / "forecast_vs_actual.png")
+        client.log_artifact(parent, str(plot), "plots")
+
+    children = {}
+    for family in [*families, *extra_families]:
+        role = "champion-evaluation" if family in extra_families else "family"
+        child = _find_or_create_run(client, experiment_id, run_key, role, family,
+                                    {**base_tags, ROLE_TAG: role, FAMILY_TAG: family,
+                                     "mlflow.parentRunId": parent}, f"{family}")
+        _log_family(client, child, layout, family)
+        client.set_terminated(child, "FINISHED")
+        children[family] = child
+    client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
+    log.info("logged run %s to MLflow experiment %s (parent run %s)", run_key, model_name, parent)
+    return TrackedRun(experiment_id, parent, children)
+
+
+def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str, run_key: str,
+                   tracking_uri: str | None = None) -> RegisteredVersion:
+    """Register the report's selected family as one model version with alias ``challenger``.
+
+    A version already registered for ``run_key`` is returned instead of a new one, so a
+    retried task never adds a duplicate version.
+    """
+    import mlflow
+    from mlflow.models import infer_signature
+    from mlflow.types import Schema, TensorSpec
+
+    from onnxcast.base.files import read_json
+
+    layout = RunLayout(run_dir)
+    report = read_json(layout.report)
+    family = report["selected"]["edge"]["family"]
+    client = client_for(tracking_uri)
+    existing = find_version(client, model_name, run_key)
+    if existing is not None:
+        log.info("model version %s of %s already registered for %s: nothing to do", existing.version,
+                 model_name, run_key)
+        client.set_registered_model_alias(model_name, CHALLENGER, existing.version)
+        return RegisteredVersion(model_name, str(existing.version), existing.run_id, f"models:/{model_name}/{existing.version}",
+                                 family, created=False)
+
+    import numpy as np
+    import onnx
+
+    family_dir = layout.family(family)
+    onnx_dir = layout.onnx_dir(family)
+    example = _holdout_example(layout)
+    session = _session(layout.onnx(family))
+    output = session.run(["forecast"], {"history": example})[0]
+    inferred = infer_signature({"history": example}, {"forecast": output})
+    # the contract: batch and time are dynamic (infer_signature fixes time at the example's)
+    signature = type(inferred)(
+        inputs=Schema([TensorSpec(np.dtype("float32"), (-1, -1, example.shape[2]), "history")]),
+        outputs=Schema([TensorSpec(np.dtype("float32"), (-1, output.shape[1]), "forecast")]),
+        params=inferred.params)
+    # every variant (fp32 too, byte for byte: the flavor re-serializes its own copy)
+    extra_files = [str(p) for p in sorted(onnx_dir.glob("*.onnx"))]
+    extra_files += [str(family_dir / name) for name in PYTORCH_FILES]
+    extra_files += [str(layout.validation(family)), str(layout.report)]
+    report_sha = sha256_file(layout.report)
+    child = tracked.family_run_ids[family]
+    with mlflow.start_run(run_id=child, nested=mlflow.active_run() is not None):
+        info = mlflow.onnx.log_model(
+            onnx.load(str(layout.onnx(family))), name=MODEL_ARTIFACT, signature=signature,
+            input_example={"history": example}, save_as_external_data=False,
+            onnx_execution_providers=["CPUExecutionProvider"], extra_files=extra_files,
+            metadata={"onnxcast_family": family, "onnxcast_run_key": run_key})
+    client.set_terminated(child, "FINISHED")
+    tags = {RUN_KEY_TAG: run_key, FAMILY_TAG: family, REPORT_SHA_TAG: report_sha,
+            "onnxcast.parent_run_id": tracked.parent_run_id,
+            "onnxcast.fp32_holdout_mae": str(_family_entry(report, family)["fp32_holdout_mae"]),
+            "onnxcast.selected": json.dumps(report["selected"], sort_keys=True)}
+    _ensure_registered_model(client, model_name)
+    version = mlflow.register_model(info.model_uri, model_name, tags=tags)
+    client.set_registered_model_alias(model_name, CHALLENGER, version.version)
+    client.set_tag(tracked.parent_run_id, "onnxcast.model_version", version.version)
+    log.info("registered %s version %s (%s) with alias %s", model_name, version.version, family, CHALLENGER)
+    return RegisteredVersion(model_name, str(version.version), child, f"models:/{model_name}/{version.version}",
+                             family, created=True)
+
+
+def find_version(client, model_name: str, run_key: str):
+    """The model version registered for ``run_key``, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.search_model_versions(
+            f"name = '{_quote(model_name)}' and tags.`{RUN_KEY_TAG}` = '{_quote(run_key)}'")
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def resolve_version(model_name: str, ref: str, tracking_uri: str | None = None):
+    """The ModelVersion for ``ref``: a version number or an alias; TrackingError naming what is missing."""
+    from mlflow.exceptions import MlflowException
+
+    client = client_for(tracking_uri)
+    ref = str(ref).strip()
+    try:
+        if ref.isdigit():
+            return client.get_model_version(model_name, ref)
+        return client.get_model_version_by_alias(model_name, ref)
+    except MlflowException as exc:
+        what = f"version {ref}" if ref.isdigit() else f"alias {ref!r}"
+        raise TrackingError(f"models:/{model_name}: no {what} in the registry at "
+                            f"{redact_uri(client.tracking_uri)} ({exc.error_code})") from None
+
+
+def alias_version(model_name: str, alias: str, tracking_uri: str | None = None) -> str | None:
+    """The version ``alias`` points to, or None when the model or the alias does not exist."""
+    try:
+        return str(resolve_version(model_name, alias, tracking_uri).version)
+    except TrackingError:
+        return None
+
+
+def record_decision(model_name: str, version: str, decision: dict, *, parent_run_id: str | None,
+                    tracking_uri: str | None = None) -> None:
+    """Write the champion/challenger comparison on the version (tags) and the parent run."""
+    client = client_for(tracking_uri)
+    for key, value in _flatten(decision, "onnxcast.decision").items():
+        client.set_model_version_tag(model_name, version, key, "" if value is None else str(value))
+    if parent_run_id:
+        metrics = {f"decision.{k}": float(v) for k, v in decision.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)}
+        _log_metrics(client, parent_run_id, metrics)
+        client.set_tag(parent_run_id, "onnxcast.decision.promote", str(bool(decision.get("promote"))))
+        client.log_dict(parent_run_id, decision, "champion_challenger.json")
+
+
+def set_champion(model_name: str, version: str, *, record: dict, tracking_uri: str | None = None) -> str | None:
+    """Move alias ``champion`` to ``version`` and record the move; returns the previous champion."""
+    client = client_for(tracking_uri)
+    previous = alias_version(model_name, CHAMPION, tracking_uri)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    entry = json.dumps({"version": str(version), "from_version": previous, **record}, sort_keys=True)
+    if previous != str(version):
+        client.set_registered_model_alias(model_name, CHAMPION, str(version))
+        # the registered model's tags are the alias history MLflow does not keep
+        client.set_registered_model_tag(model_name, f"onnxcast.champion.{stamp}", entry[:5000])
+    client.set_model_version_tag(model_name, str(version), "onnxcast.promoted", entry[:5000])
+    if previous and previous != str(version):
+        client.set_model_version_tag(model_name, previous, "onnxcast.replaced_by", str(version))
+    return previous
+
+
+def download_version_files(model_name: str, version: str, dest: str | Path,
+                           tracking_uri: str | None = None) -> Path:
+    """Download the files of a model version into ``dest``; returns the folder holding MLmodel."""
+    import mlflow
+
+    client_for(tracking_uri)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}",
+                                                     dst_path=str(dest)))
+    return local
+
+
+# --- the plot -----------------------------------------------------------------------------
+
+def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: str = "fp32") -> Path:
+    """Forecast (ONNX ``variant``) vs actual over the holdout, with the seasonal-naive baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.metrics import seasonal_naive
+    from onnxcast.pipeline.validate import holdout_windows, onnx_predict
+
+    layout = RunLayout(run_dir)
+    cfg = PipelineConfig.load(layout.config)
+    series = SeriesData.load(layout.data)
+    split = split_by_time(len(series.values), cfg)
+    holdout = holdout_windows(cfg, series, split)
+    from onnxcast.base.files import read_json
+
+    # origins overlap (a stride below the horizon): plot back-to-back windows only
+    keep, end = [], -1
+    for i, origin in enumerate(holdout.origins):
+        if origin >= end:
+            keep.append(i)
+            end = origin + cfg.horizon
+    holdout = replace(holdout, history=holdout.history[keep], actual=holdout.actual[keep],
+                      origins=holdout.origins[keep])
+    predicted = onnx_predict(_session(layout.onnx(family, variant)), holdout.history)
+    naive_name = read_json(layout.report)["baselines"].get("best", "seasonal_naive") \
+        if layout.report.exists() else "seasonal_naive"
+    season = int(naive_name.rsplit("_", 1)[1]) if naive_name.startswith("seasonal_naive_") else (
+        1 if naive_name == "naive" else series.season)
+    naive = seasonal_naive(series.target, holdout.origins, cfg.horizon, season)
+    steps = (holdout.origins[:, None] + np.arange(cfg.horizon)[None, :]).ravel()
+    times = series.timestamps[steps]
+    figure, axis = plt.subplots(figsize=(12, 4))
+    axis.plot(times, holdout.actual.ravel(), label="actual", color="black", linewidth=1)
+    axis.plot(times, naive.ravel(), label=naive_name.replace("_", " "), color="grey", linewidth=0.8, alpha=0.7)
+    axis.plot(times, predicted.ravel(), label=f"{family} {variant}", color="tab:blue", linewidth=1)
+    axis.set_title(f"{cfg.target_column}: holdout forecast vs actual (horizon {cfg.horizon})")
+    axis.legend(loc="upper right")
+    figure.autofmt_xdate()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def _find_or_create_run(client, experiment_id: str, run_key: str, role: str, family: str | None,
+                        tags: dict[str, str], name: str) -> str:
+    query = f"tags.`{RUN_KEY_TAG}` = '{_quote(run_key)}' and tags.`{ROLE_TAG}` = '{role}'"
+    if family:
+        query += f" and tags.`{FAMILY_TAG}` = '{_quote(family)}'"
+    found = client.search_runs([experiment_id], filter_string=query, max_results=1,
+                               order_by=["attributes.start_time ASC"])
+    if found:
+        if found[0].info.status in ("FAILED", "KILLED"):  # a retry takes its run over again
+            client.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
+    return client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
+
+
+def _ranking_table(ranking: list[dict]) -> dict[str, list]:
+    """Column-wise table of the ranking rows (nested values as JSON text)."""
+    columns = list(dict.fromkeys(key for row in ranking for key in row))
+    return {c: [row.get(c) if isinstance(row.get(c), str | int | float | bool | type(None))
+                else json.dumps(row.get(c)) for row in ranking] for c in columns}
+
+
+def _log_family(client, run_id: str, layout: RunLayout, family: str) -> None:
+    from onnxcast.base.files import read_json
+
+    family_dir = layout.family(family)
+    entry = read_json(layout.validation(family))
+    model_json = read_json(layout.model_json(family))
+    params = {f"spec.{k}": v for k, v in model_json["spec"].items()}
+    params["source"] = json.dumps(model_json.get("source", "trained")) if not isinstance(
+        model_json.get("source"), str) else model_json["source"]
+    client.log_batch(run_id, params=_params(params))
+    metrics = {}
+    for key, value in _flatten(entry["torch"], "torch").items():
+        if isinstance(value, int | float):
+            metrics[key] = value
+    for variant in entry["variants"]:
+        name = variant["name"]
+        for key, value in _scalars(variant.get("holdout") or {}).items():
+            metrics[f"{name}.holdout_{key}"] = value
+        for key, value in variant.get("latency_ms", {}).items():
+            metrics[f"{name}.latency_{key}_ms"] = value
+        metrics[f"{name}.size_bytes"] = variant["size_bytes"]
+        metrics[f"{name}.eligible"] = float(bool(variant.get("eligible")))
+        if variant.get("parity_max_abs_diff") == variant.get("parity_max_abs_diff"):  # not NaN
+            metrics[f"{name}.parity_max_abs_diff"] = variant["parity_max_abs_diff"]
+    training = model_json.get("training") or {}
+    for key in ("epochs", "best_epoch", "best_validation_loss", "seconds"):
+        if isinstance(training.get(key), int | float):
+            metrics[f"training.{key}"] = training[key]
+    _log_metrics(client, run_id, metrics)
+    client.set_tag(run_id, "onnxcast.gates_passed", str(entry["gates_passed"]))
+    client.log_artifact(run_id, str(layout.validation(family)))
+    client.log_artifacts(run_id, str(layout.onnx_dir(family)), "onnx")
+    for name in PYTORCH_FILES:
+        client.log_artifact(run_id, str(family_dir / name), "pytorch")
+
+
+def _ensure_registered_model(client, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        try:
+            client.create_registered_model(name, description="onnxcast forecaster (ONNX); aliases: "
+                                                             "challenger (last registered), champion (in rollout)")
+        except MlflowException:  # created concurrently
+            pass
+
+
+def _holdout_example(layout: RunLayout):
+    import numpy as np
+
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.validate import holdout_windows
+
+    cfg = PipelineConfig.load(layout.config)
+    series = SeriesData.load(layout.data)
+    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg))
+    return np.ascontiguousarray(holdout.history[:2], dtype=np.float32)
+
+
+def _session(path: Path):
+    from onnxcast.pipeline.validate import onnx_session
+
+    return onnx_session(path, threads=1)
+
+
+def _family_entry(report: dict, family: str) -> dict:
+    return next(m for m in report["models"] if m["family"] == family)
+
+
+def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and float(v) == float(v)]
+    for start in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[start:start + 1000])
+
+
+def _params(values: dict[str, Any]) -> list:
+    from mlflow.entities import Param
+
+    return [Param(k, str(v)[:6000]) for k, v in values.items()]
+
+
+def _scalars(values: dict) -> dict[str, float]:
+    """The numbers of a metrics dict for MLflow: an interval ``[low, high]`` becomes two metrics."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, bool):
+            out[key] = float(value)
+        elif isinstance(value, int | float):
+            out[key] = value
+        elif key.endswith("_ci95") and isinstance(value, list | tuple) and len(value) == 2:
+            out[f"{key}_low"], out[f"{key}_high"] = value
+    return out
+
+
+def _flatten(value: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, item in value.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(item, dict):
+            out.update(_flatten(item, name))
+        elif isinstance(item, list | tuple):
+            out[name] = ",".join(map(str, item))
+        else:
+            out[name] = item
+    return out
+
+
+def _quote(value: str) -> str:
+    return str(value).replace("'", "\\'")
+
+
+def redact_uri(uri: str) -> str:
+    """A tracking URI without credentials, for error messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.password or parts.username:
+        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+    return urlunsplit(parts)
+
+
