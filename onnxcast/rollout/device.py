@@ -21,14 +21,13 @@ import hashlib
 import os
 import shutil
 import stat
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from onnxcast.base.errors import ConfigError
 from onnxcast.base.untrusted import MAX_METADATA_BYTES, UntrustedInputError, read_regular_file
-from onnxcast.rollout.store import check_name, unlink_if_present, write_new
+from onnxcast.rollout.store import check_name, replace_at
 
 VERSIONS = "versions"
 CURRENT = "current"
@@ -110,12 +109,9 @@ class DeviceFolder:
     def write_atomic(self, folder: int, name: str, data: bytes) -> None:
         """Replace ``folder/name`` with ``data``: a synced temporary file, then a rename (a
         symlink at ``name`` is replaced, never written through)."""
-        tmp = f".{name}.{uuid.uuid4().hex}.tmp"
-        write_new(folder, tmp, data)
         try:
-            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            replace_at(folder, name, data)
         except OSError as exc:
-            unlink_if_present(folder, tmp)
             raise ConfigError(f"{self.path}: cannot write {name} ({exc.strerror})") from None
         os.fsync(folder)
 

@@ -68,9 +68,8 @@ from onnxcast.rollout.device import (
     DeviceFolder,
     DeviceFolderError,
     open_device_folder,
-    write_new,
 )
-from onnxcast.rollout.store import MANIFEST, MAX_POINTER_BYTES, check_name, open_store
+from onnxcast.rollout.store import MANIFEST, MAX_POINTER_BYTES, check_name, open_store, write_new
 from onnxcast.rollout.trust import DeviceTrust
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,6 @@ Imported by Airflow operators at task run time: top-level imports stay light.
 from __future__ import annotations
 
 import getpass
-import hashlib
 import json
 import os
 import socket
@@ -398,7 +397,7 @@ def plan_version(report_path: str | Path, channels: Sequence[str] | str, version
         version = check_name("version", str(report["mlflow"]["version"]))
     else:
         dataset = str((report.get("dataset") or {}).get("sha256") or "nodata")
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        digest = sha256_bytes(json.dumps(identity, sort_keys=True).encode())
         version = f"{dataset[:8]}-{digest[:12]}"
     return VersionPlan(version, ordered, chosen, wanted, report, sha256_bytes(raw))
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.base.errors import ConfigError, RefusedError
+from onnxcast.base.files import sha256_bytes
 from onnxcast.rollout.command import device_command
 
 SIGNING_KEY_ENV = "ONNXCAST_SIGNING_KEY"
@@ -317,8 +318,6 @@ def _iso(moment: datetime) -> str:
 
 
 def _keyid(value: dict) -> str:
-    import hashlib
-
     from securesystemslib.formats import encode_canonical
 
-    return hashlib.sha256(encode_canonical(value).encode()).hexdigest()
+    return sha256_bytes(encode_canonical(value).encode())

@@ -19,7 +19,6 @@ the standard library and onnxcast.base.errors (boto3 is imported when an S3 stor
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.base.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.base.files import sha256_bytes
 from onnxcast.base.s3 import S3Settings
 from onnxcast.base.untrusted import MAX_METADATA_BYTES, UntrustedInputError, file_kind, loads_json
 
@@ -76,10 +76,6 @@ def check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value) or ".." in value:
         raise ConfigError(f"invalid {kind} name {value!r}: use letters, digits, '.', '_' and '-' (max 128)")
     return value
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def dump_json(value: Any) -> bytes:
@@ -278,12 +274,7 @@ class LocalStore(RolloutStore):
                     current = self.read(key, MAX_POINTER_BYTES)
                     if (None if current is None else sha256_bytes(current)) != token:
                         raise ConflictError(f"{self.url(key)} {MOVED}; nothing changed, re-run to promote over it")
-                    tmp = f".{name}.{uuid.uuid4().hex}.tmp"
-                    try:
-                        write_new(folder, tmp, data)
-                        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-                    finally:
-                        unlink_if_present(folder, tmp)
+                    replace_at(folder, name, data)
                     os.fsync(folder)
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
@@ -292,12 +283,7 @@ class LocalStore(RolloutStore):
     def put(self, key: str, data: bytes) -> None:
         try:
             with self._folder(key, create=True) as (folder, name):
-                tmp = f".{name}.{uuid.uuid4().hex}.tmp"
-                try:
-                    write_new(folder, tmp, data)
-                    os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-                finally:
-                    unlink_if_present(folder, tmp)
+                replace_at(folder, name, data)
         except OSError as exc:
             raise StoreError(f"{self.url(key)}: cannot write ({_why(exc)})") from None
 
@@ -362,6 +348,17 @@ def write_new(folder: int, name: str, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_at(folder: int, name: str, data: bytes) -> None:
+    """Replace ``folder/name`` with ``data``: a new synced temporary file, then one rename (a
+    symlink at ``name`` is replaced, never written through); the temporary file never stays."""
+    tmp = f".{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        write_new(folder, tmp, data)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    finally:
+        unlink_if_present(folder, tmp)
 
 
 def unlink_if_present(folder: int, name: str) -> None:
