@@ -73,7 +73,7 @@ def open_store(uri: str, settings: S3Settings | None = None) -> RolloutStore:
             bucket, prefix = "", ""
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
             raise ConfigError(f"store URI {uri!r}: {bucket!r} is not a valid S3 bucket name")
-        return S3Store(bucket, prefix.strip("/"), settings or S3Settings.from_values({}))
+        return S3Store(bucket, prefix.strip("/"), settings if settings is not None else S3Settings.from_values({}))
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
     elif "://" in uri:
