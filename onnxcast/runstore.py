@@ -30,10 +30,20 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.base.files import sha256_bytes, write_bytes_atomic
+from onnxcast.base.s3 import (
+    ACCESS_DENIED,
+    NO_SUCH_BUCKET,
+    NO_SUCH_KEY,
+    S3Settings,
+    make_client,
+    s3_error_code,
+    s3_error_kind,
+    split_s3_uri,
+)
 from onnxcast.pipeline.layout import RunLayout
 
 log = logging.getLogger(__name__)
@@ -105,7 +115,7 @@ class S3Backend:
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except Exception as exc:  # noqa: BLE001 - botocore errors, classified below
-            if _s3_code(exc) in ("NoSuchKey", "404"):
+            if s3_error_kind(exc) == NO_SUCH_KEY:
                 raise FileNotFoundError(self.url(key)) from None
             raise self._error("read", key, exc) from None
 
@@ -131,26 +141,24 @@ class S3Backend:
         return f"s3://{self.bucket}/{self._key(key) if key else self.prefix}".rstrip("/")
 
     def _error(self, action: str, key: str, exc: Exception) -> RunStoreError:
-        code = _s3_code(exc)
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        code, kind = s3_error_code(exc), s3_error_kind(exc)
+        if kind == ACCESS_DENIED:
             return RunStoreError(f"{self.url(key)}: access denied ({action}, {code}); check the aws_default "
                                  "connection's credentials and the bucket policy")
-        if code == "NoSuchBucket":
+        if kind == NO_SUCH_BUCKET:
             return RunStoreError(f"{self.url(key)}: bucket {self.bucket!r} does not exist")
         return RunStoreError(f"{self.url(key)}: cannot {action} ({code or type(exc).__name__}: "
                              f"{' '.join(str(exc).split())[:200]})")
 
 
-def backend_for(url: str, *, s3_client_factory: Callable[[], Any] | None = None,
+def backend_for(url: str, *, s3_settings: S3Settings | None = None,
                 other: Callable[[str], Backend] | None = None) -> Backend:
     """The backend of a run root or run directory URL: a local path (or ``file://``),
-    ``s3://`` (the client from ``s3_client_factory``, else boto3's chain), or, for any other
+    ``s3://`` (a client for ``s3_settings``; None: boto3's chain), or, for any other
     scheme, what ``other`` makes of the URL (in Airflow: an ObjectStoragePath backend)."""
     if url.startswith("s3://"):
-        from onnxcast.base.s3 import make_client, split_s3_uri
-
         bucket, prefix = split_s3_uri(url)
-        return S3Backend(bucket, prefix, s3_client_factory() if s3_client_factory else make_client())
+        return S3Backend(bucket, prefix, make_client(s3_settings))
     if "://" not in url or url.startswith("file://"):
         return LocalBackend(url.removeprefix("file://"))
     if other is None:
@@ -278,18 +286,16 @@ class RunDir:
 class RunStore:
     """Where run directories live: ``<root>/<dag_id>/<run_id>``."""
 
-    def __init__(self, root: str, *, s3_client_factory: Callable[[], Any] | None = None,
-                 conn_id: str | None = None) -> None:
+    def __init__(self, root: str, *, s3_settings: S3Settings | None = None) -> None:
         self.root = root.rstrip("/") if "://" in root else str(Path(root).expanduser().resolve())
-        self._factory = s3_client_factory
-        self._conn_id = conn_id
+        self.s3_settings = s3_settings
 
     def run_url(self, dag_id: str, run_id: str) -> str:
         return f"{self.root}/{safe_segment(dag_id)}/{safe_segment(run_id)}"
 
     def open(self, url: str) -> RunDir:
         """The run directory at ``url`` (a URL :meth:`run_url` made, passed on through XCom)."""
-        return RunDir(url, backend_for(url, s3_client_factory=self._factory, conn_id=self._conn_id))
+        return RunDir(url, backend_for(url, s3_settings=self.s3_settings))
 
 
 def safe_segment(value: str) -> str:
@@ -309,13 +315,6 @@ def _confined(root: Path, relative: str) -> Path:
     if target == root or not target.is_relative_to(root):
         raise RunStoreError(f"run store path {relative!r} points outside {root}")
     return target
-
-
-def _s3_code(exc: Exception) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
-    return ""
 
 
 def _hostname() -> str:

@@ -22,6 +22,8 @@ from typing import Any
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
+from onnxcast.base.s3 import S3Settings, make_client
+
 
 class MlflowHook(BaseHook):
     """Where MLflow is, from the ``mlflow_default`` connection (or the embedded default)."""
@@ -81,31 +83,50 @@ class MlflowHook(BaseHook):
 
 
 class S3SettingsHook(BaseHook):
-    """S3 settings for the rollout store and fetches, from the ``aws_default`` connection."""
+    """The :class:`~onnxcast.base.s3.S3Settings` of every S3 access (input data, run store,
+    rollout store, fetches), from the ``aws_default`` connection."""
 
     conn_name_attr = "aws_conn_id"
     default_conn_name = "aws_default"
     conn_type = "aws"
     hook_name = "AWS S3 (onnxcast)"
 
-
     def __init__(self, aws_conn_id: str | None = default_conn_name) -> None:
         super().__init__()
         self.aws_conn_id = aws_conn_id
-        self._settings: dict[str, Any] | None = None
+        self._settings: S3Settings | None = None
+        self._resolved = False
 
-    def get_settings(self) -> dict[str, Any]:
-        """Keyword settings for ``onnxcast.base.s3.make_client`` / ``S3Settings`` (never logged).
+    def get_settings(self) -> S3Settings | None:
+        """The connection's settings (never logged); None (boto3's chain: the ``AWS_*``
+        environment) without a connection, in the embedded mode only.
 
         Credentials are resolved by the Amazon provider's AwsBaseHook (keys, profile, or an
         assumed role: temporary keys with a session token)."""
+        if not self._resolved:
+            self._settings = self._resolve()
+            self._resolved = True
+        return self._settings
+
+    def settings_for(self, uri: str) -> S3Settings | None:
+        """:meth:`get_settings` for an ``s3://`` URI; None for anything else (a local path)."""
+        return self.get_settings() if uri.startswith("s3://") else None
+
+    def s3_client(self):
+        """A boto3 S3 client with the connection's settings (bounded timeouts and retries)."""
+        return make_client(self.get_settings())
+
+    def open_store(self, uri: str):
+        """The rollout store at ``uri``; S3 settings apply to ``s3://`` URIs only."""
+        from onnxcast.rollout.store import open_store
+
+        return open_store(uri, self.settings_for(uri))
+
+    def _resolve(self) -> S3Settings | None:
         from onnxcast.airflow.settings import embedded
 
-        if self._settings is not None:
-            return self._settings
         if not self.aws_conn_id:
-            self._settings = {}
-            return self._settings
+            return None
         try:
             conn = self.get_connection(self.aws_conn_id)
         except AirflowNotFoundException:
@@ -115,8 +136,7 @@ class S3SettingsHook(BaseHook):
                     "role, and endpoint_url in its extra for a non-AWS store); the environment's credentials are "
                     "used in the embedded mode (ONNXCAST_MODE=embedded) only") from None
             self.log.info("No connection %r: S3 settings come from the environment", self.aws_conn_id)
-            self._settings = {}
-            return self._settings
+            return None
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
         extra = conn.extra_dejson
@@ -128,21 +148,7 @@ class S3SettingsHook(BaseHook):
         credentials = aws.get_credentials(region_name=settings["region_name"])
         settings.update(aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
                         aws_session_token=credentials.token or None)
-        self._settings = {k: v for k, v in settings.items() if v is not None}
-        return self._settings
-
-    def s3_client(self):
-        """A boto3 S3 client with the connection's settings (bounded timeouts and retries)."""
-        from onnxcast.base.s3 import S3Settings, make_client
-
-        values = {k: v for k, v in self.get_settings().items() if k not in ("sse", "sse_kms_key_id")}
-        return make_client(S3Settings.from_values(values))
-
-    def open_store(self, uri: str):
-        """The rollout store at ``uri``; S3 settings apply to ``s3://`` URIs only."""
-        from onnxcast.rollout.store import open_store
-
-        return open_store(uri, **(self.get_settings() if uri.startswith("s3://") else {}))
+        return S3Settings.from_values(settings)
 
 
 def _bound_mlflow_retries() -> None:

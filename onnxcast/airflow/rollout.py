@@ -195,7 +195,8 @@ class StageRegisteredVersionOperator(_TrackedOperator):
         with self.workspace(context, run_url, stage=False) as work:
             try:
                 staged = stage_version(self.model_name, str(self.ref), work,
-                                       tracking_uri=self.mlflow_hook.tracking_uri)
+                                       tracking_uri=self.mlflow_hook.tracking_uri,
+                                       s3_settings=self.s3_hook.get_settings())
             except (TrackingError, OnnxcastError) as exc:
                 raise AirflowFailException(str(exc)) from None
         context["ti"].xcom_push(key="run_dir", value=run_url)

@@ -123,8 +123,7 @@ class _TrackedOperator(BaseOperator):
         from onnxcast.airflow.runstore import object_storage_backend
         from onnxcast.runstore import RunDir, backend_for
 
-        factory = self.s3_hook.s3_client if url.startswith("s3://") else None
-        return RunDir(url, backend_for(url, s3_client_factory=factory,
+        return RunDir(url, backend_for(url, s3_settings=self.s3_hook.settings_for(url),
                                        other=lambda other: object_storage_backend(other, self.aws_conn_id)))
 
     @contextmanager
@@ -204,7 +203,6 @@ class CheckDataOperator(_TrackedOperator):
         return families
 
     def _check(self, context: Context, run_dir: Path, run_url: str) -> tuple[list[str], dict]:
-        from onnxcast.base.s3 import read_settings
         from onnxcast.pipeline.run import prepare_data
         from onnxcast.registry.champion import CHAMPION_FAMILY, write_plan
 
@@ -220,10 +218,9 @@ class CheckDataOperator(_TrackedOperator):
             cfg = PipelineConfig.from_dict(values)
         except ConfigError as exc:  # bad settings: retrying cannot help
             raise AirflowFailException(str(exc)) from None
-        s3 = self.s3_hook.get_settings() if str(cfg.data_uri).startswith("s3://") else None
+        s3_settings = self.s3_hook.settings_for(str(cfg.data_uri))
         try:
-            with read_settings(s3):
-                summary = prepare_data(cfg)
+            summary = prepare_data(cfg, s3_settings=s3_settings)
         except (ConfigError, DataError) as exc:  # the same bytes fail the same way: no retry
             self._record_failed_check(context, cfg, exc)
             raise AirflowFailException(" ".join(str(exc).split())) from None

@@ -3,26 +3,28 @@
 Endpoint, region and credentials come from explicit settings (an Airflow ``aws_default``
 connection resolved by the Amazon provider, see ``onnxcast.airflow.hooks``) or, when none are
 given, from boto3's own chain (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, instance role);
-never from code. One client builder (:func:`make_client`) for every S3 user, so timeouts
-and retries are the same everywhere and bounded.
+never from code. Every S3 user (input data, fetches, the run store, the rollout store) takes
+one ``S3Settings | None`` (None: boto3's chain), builds its client with :func:`make_client`
+(timeouts and retries the same everywhere and bounded), splits ``s3://`` URIs with
+:func:`split_s3_uri`, and classifies botocore errors with :func:`s3_error_code`,
+:func:`s3_status` and :func:`s3_error_kind`, wording them in its own exception type.
+
+Top-level imports: the standard library and onnxcast.base only (boto3 inside functions).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import Any
 
 from onnxcast.base.errors import ConfigError, DataError
 
 SSE_ALGORITHMS = ("AES256", "aws:kms")
-
-# Settings for reads that have no settings argument of their own (the input data of a run):
-# set around the call by whoever holds them (the data-check task), None means boto3's chain.
-_read_settings: ContextVar[dict[str, Any] | None] = ContextVar("onnxcast_s3_read_settings", default=None)
+# The kinds of S3 error the stores tell apart (s3_error_kind); any other error is reported by its code.
+ACCESS_DENIED, NO_SUCH_BUCKET, NO_SUCH_KEY = "access-denied", "no-such-bucket", "no-such-key"
+_ACCESS_DENIED_CODES = ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+_NO_SUCH_KEY_CODES = ("NoSuchKey", "404")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,6 @@ class S3Settings:
         return f"S3Settings(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r}, sse={self.sse!r})"
 
 
-
 def split_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/key/part`` -> (bucket, "key/part")."""
     if not uri.startswith("s3://"):
@@ -93,24 +94,13 @@ def make_client(settings: S3Settings | None = None):
     return session.client("s3", endpoint_url=s.endpoint_url, config=config)
 
 
-@contextmanager
-def read_settings(settings: dict[str, Any] | None) -> Iterator[None]:
-    """Use ``settings`` (S3Settings keywords) for :func:`get_object_bytes` inside the block."""
-    token = _read_settings.set(settings or None)
-    try:
-        yield
-    finally:
-        _read_settings.reset(token)
-
-
-def get_object_bytes(uri: str, limit: int) -> bytes:
+def get_object_bytes(uri: str, limit: int, settings: S3Settings | None = None) -> bytes:
     """The object's bytes, refused (DataError) past ``limit``: by its length before the
     download, and by what arrives, since the length is only what the server says."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split_s3_uri(uri)
-    settings = _read_settings.get()
-    client = make_client(S3Settings.from_values(settings) if settings else None)
+    client = make_client(settings)
     try:
         response = client.get_object(Bucket=bucket, Key=key)
         size = response.get("ContentLength")
@@ -123,7 +113,46 @@ def get_object_bytes(uri: str, limit: int) -> bytes:
             raise DataError(f"{uri} is over the limit of {limit:,} bytes for a data file")
         return data
     except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "error")
-        raise DataError(f"{uri}: cannot read from S3 ({code})") from None
+        raise DataError(f"{uri}: cannot read from S3 ({s3_error_code(exc) or 'error'})") from None
     except BotoCoreError as exc:
         raise DataError(f"{uri}: cannot reach S3 ({exc})") from None
+
+
+# --- the one map of botocore errors: each caller words its own exception from these ------
+
+def s3_error_code(exc: BaseException) -> str:
+    """The S3 error code of a botocore ClientError (``NoSuchKey``, ``AccessDenied``, ``404``
+    for a bodiless answer), else its HTTP status as text; "" for an error without an S3
+    response (a BotoCoreError: connection refused, timeout)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return ""
+    code = (response.get("Error") or {}).get("Code") or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return str(code) if code else ""
+
+
+def s3_error_message(exc: BaseException) -> str:
+    """The message S3 sent with the error ("" if none)."""
+    response = getattr(exc, "response", None)
+    return str((response.get("Error") or {}).get("Message") or "") if isinstance(response, dict) else ""
+
+
+def s3_status(exc: BaseException) -> int:
+    """The HTTP status of a botocore ClientError (0 when there is none)."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return 0
+    return int((response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
+
+
+def s3_error_kind(exc: BaseException) -> str | None:
+    """:data:`NO_SUCH_KEY`, :data:`NO_SUCH_BUCKET` or :data:`ACCESS_DENIED` (HTTP 403, or a
+    code that means bad or missing rights or credentials), else None."""
+    code = s3_error_code(exc)
+    if code in _NO_SUCH_KEY_CODES:
+        return NO_SUCH_KEY
+    if code == "NoSuchBucket":
+        return NO_SUCH_BUCKET
+    if s3_status(exc) == 403 or code in _ACCESS_DENIED_CODES:
+        return ACCESS_DENIED
+    return None

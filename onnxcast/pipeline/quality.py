@@ -25,6 +25,7 @@ from typing import Any
 
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError
 from onnxcast.base.files import write_text_atomic
+from onnxcast.base.s3 import S3Settings
 from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import (
@@ -75,8 +76,9 @@ class QualityResult:
                 "json_path": self.json_path, "html_path": self.html_path}
 
 
-def check_data(cfg: PipelineConfig, out_dir: str | Path) -> QualityResult:
-    """Read and check ``cfg.data_uri``; return the regular series or raise.
+def check_data(cfg: PipelineConfig, out_dir: str | Path, *, s3_settings: S3Settings | None = None) -> QualityResult:
+    """Read and check ``cfg.data_uri`` (``s3_settings`` for an ``s3://`` URI); return the
+    regular series or raise.
 
     Raises DataError when the file cannot be read as a table (no report is written), and
     DataQualityError listing every failed check after writing the JSON and HTML reports
@@ -84,7 +86,7 @@ def check_data(cfg: PipelineConfig, out_dir: str | Path) -> QualityResult:
     """
     from onnxcast.pipeline.reading import read_table
 
-    raw = read_table(cfg.data_uri)
+    raw = read_table(cfg.data_uri, s3_settings=s3_settings)
     prepared = prepare_frame(hide_unnamed_columns(raw.frame, cfg), cfg, raw.source)
     suite = build_suite(cfg, prepared)
     with _quiet_gx():

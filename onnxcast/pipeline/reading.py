@@ -34,6 +34,7 @@ from pathlib import Path
 
 from onnxcast.base.errors import DataError
 from onnxcast.base.files import sha256_bytes
+from onnxcast.base.s3 import S3Settings
 from onnxcast.base.untrusted import UntrustedInputError, quote, read_regular_file
 
 MAX_TABLE_BYTES = 2 * 1024**3  # after decompression; a bigger series belongs in Parquet on S3
@@ -65,19 +66,20 @@ class RawTable:
     n_bytes: int
 
 
-def read_table(uri: str) -> RawTable:
-    """Read CSV or Parquet bytes from ``uri`` and parse them; raise DataError naming the file."""
-    data = read_bytes(uri)
+def read_table(uri: str, *, s3_settings: S3Settings | None = None) -> RawTable:
+    """Read CSV or Parquet bytes from ``uri`` and parse them; raise DataError naming the file.
+    ``s3_settings``: for an ``s3://`` URI (None: boto3's chain, the ``AWS_*`` environment)."""
+    data = read_bytes(uri, s3_settings=s3_settings)
     digest = sha256_bytes(data)
     frame = parse_table(data, uri)
     return RawTable(frame=frame, source=uri, sha256=digest, n_bytes=len(data))
 
 
-def read_bytes(uri: str) -> bytes:
+def read_bytes(uri: str, *, s3_settings: S3Settings | None = None) -> bytes:
     if uri.startswith("s3://"):
         from onnxcast.base.s3 import get_object_bytes
 
-        return get_object_bytes(uri, max_data_bytes())
+        return get_object_bytes(uri, max_data_bytes(), s3_settings)
     path = Path(uri.removeprefix("file://"))
     limit = max_data_bytes()
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from onnxcast import __version__
 from onnxcast.base.errors import ConfigError, DataQualityError, GateError, OnnxcastError
 from onnxcast.base.files import read_json, replacing, write_json
+from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.report import select_variants
@@ -46,15 +47,16 @@ def family_dir(cfg: PipelineConfig, family: str) -> Path:
 
 # --- steps -------------------------------------------------------------------------------
 
-def prepare_data(cfg: PipelineConfig) -> dict:
-    """Check the data, save the regular series and the split; return the dataset summary."""
+def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> dict:
+    """Check the data (read from S3 with ``s3_settings``, None: boto3's chain), save the
+    regular series and the split; return the dataset summary."""
     from onnxcast.pipeline.data import split_by_time
     from onnxcast.pipeline.quality import check_data
     from onnxcast.pipeline.validate import baselines_for
 
     layout = cfg.layout
     started = time.monotonic()
-    result = check_data(cfg, layout.quality)
+    result = check_data(cfg, layout.quality, s3_settings=s3_settings)
     series = result.series
     log.info("data checked in %.1fs: %d rows passed %d checks (%d warning(s))", time.monotonic() - started,
              len(series.values), len(result.checks), len(result.warnings))

@@ -24,6 +24,15 @@ from typing import Any
 
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.base.files import replacing
+from onnxcast.base.s3 import (
+    NO_SUCH_BUCKET,
+    NO_SUCH_KEY,
+    S3Settings,
+    make_client,
+    s3_error_code,
+    s3_error_kind,
+    split_s3_uri,
+)
 from onnxcast.base.untrusted import (
     MAX_METADATA_BYTES,
     UntrustedInputError,
@@ -74,7 +83,7 @@ def parse_source(uri: str) -> dict:
     raise FetchError(f"fetch source {uri!r}: expected models:/..., s3://bucket/prefix/ or a folder")
 
 
-def read_source_spec(uri: str, *, tracking_uri: str | None = None, s3_settings: dict | None = None) -> dict:
+def read_source_spec(uri: str, *, tracking_uri: str | None = None, s3_settings: S3Settings | None = None) -> dict:
     """The ModelSpec dict of the model at ``uri`` without loading its weights."""
     source = parse_source(uri)
     if source["kind"] == "mlflow":
@@ -90,7 +99,7 @@ def read_source_spec(uri: str, *, tracking_uri: str | None = None, s3_settings: 
 
 
 def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = None,
-                s3_settings: dict | None = None, expect: dict | None = None) -> FetchedModel:
+                s3_settings: S3Settings | None = None, expect: dict | None = None) -> FetchedModel:
     """Fetch the model at ``uri`` into ``family_dir`` (model.pt + model.json).
 
     ``expect`` maps ModelSpec fields to required values (e.g. ``{"horizon": 24}``): a model
@@ -174,7 +183,7 @@ def _download_mlflow(name: str, version: str, dest: Path, tracking_uri: str | No
     return found
 
 
-def _read_bytes(source: dict, name: str, s3_settings: dict | None) -> bytes:
+def _read_bytes(source: dict, name: str, s3_settings: S3Settings | None) -> bytes:
     uri = source["uri"]
     limit = MAX_WEIGHTS_BYTES if name == MODEL_FILE else MAX_METADATA_BYTES
     if source["kind"] == "local":
@@ -184,11 +193,9 @@ def _read_bytes(source: dict, name: str, s3_settings: dict | None) -> bytes:
         return _read_file(path, limit)
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from onnxcast.base.s3 import S3Settings, split_s3_uri
-
     bucket, prefix = split_s3_uri(uri if uri.endswith("/") else uri + "/")
     key = f"{prefix}{name}"
-    client = _s3_client(S3Settings.from_values(s3_settings or {}))
+    client = make_client(s3_settings)
     try:
         response = client.get_object(Bucket=bucket, Key=key)
         size = int(response.get("ContentLength") or 0)
@@ -199,19 +206,13 @@ def _read_bytes(source: dict, name: str, s3_settings: dict | None) -> bytes:
             raise FetchError(f"s3://{bucket}/{key}: over the limit of {limit:,} bytes for {name}")
         return data
     except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "error")
-        if code in ("NoSuchKey", "404", "NoSuchBucket"):
+        code = s3_error_code(exc) or "error"
+        if s3_error_kind(exc) in (NO_SUCH_KEY, NO_SUCH_BUCKET):
             raise FetchError(f"s3://{bucket}/{key}: not found ({code}); a fetch prefix holds {MODEL_FILE} "
                              f"and {SPEC_FILE}") from None
         raise FetchError(f"s3://{bucket}/{key}: cannot read ({code})") from None
     except BotoCoreError as exc:
         raise FetchError(f"s3://{bucket}/{key}: cannot reach S3 ({exc})") from None
-
-
-def _s3_client(settings):
-    from onnxcast.base.s3 import make_client
-
-    return make_client(settings)
 
 
 def _read_file(path: Path, limit: int) -> bytes:
@@ -308,11 +309,13 @@ class _SpecSizes:
 
 # --- a registered version as a run directory (promotion with re-checked gates) -------------
 
-def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_uri: str | None = None) -> dict:
+def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_uri: str | None = None,
+                  s3_settings: S3Settings | None = None) -> dict:
     """Lay out registered version ``ref`` (number or alias) of ``model_name`` in ``run_dir`` as
     the run that produced it: its data window again (the report's settings, trained_until
-    included), model.pt/model.json, every ONNX variant checked against the report's sha256.
-    Validation then re-checks the gates on this run directory before promotion."""
+    included; read from S3 with ``s3_settings``), model.pt/model.json, every ONNX variant
+    checked against the report's sha256. Validation then re-checks the gates on this run
+    directory before promotion."""
     from onnxcast.base.errors import VerificationError
     from onnxcast.base.files import sha256_file, write_json
     from onnxcast.pipeline.config import PipelineConfig
@@ -346,7 +349,7 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
                    for v in entry["variants"]]
         cfg = PipelineConfig.from_dict({**report["config"], "out_dir": str(run_dir)})
         run_dir.mkdir(parents=True, exist_ok=True)
-        summary = prepare_data(cfg)
+        summary = prepare_data(cfg, s3_settings=s3_settings)
         if summary["dataset"]["sha256"] != report["dataset"]["sha256"]:
             raise VerificationError(f"{cfg.data_uri}: data up to {cfg.trained_until} now has sha256 "
                                     f"{summary['dataset']['sha256'][:12]}, version {number} was validated on "

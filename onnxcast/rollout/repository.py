@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from onnxcast.base.errors import ConflictError, StoreError, VerificationError
 from onnxcast.rollout.store import RolloutStore, S3Store, check_name, open_store
@@ -55,11 +55,11 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
     if pointer.value is None:
         raise StoreError(f"{store.url(store.channel_key(model, channel))}: no such channel for model {model!r}")
     number = max(1, len(pointer.value.get("history", [])))
-    settings = asdict(store.settings) if isinstance(store, S3Store) else {}
+    settings = store.settings if isinstance(store, S3Store) else None
     # The pull verifies into a scratch device folder removed at the end: its name says so,
     # since the pull logs where it "installed" the model (it was read as the repository's place).
     with tempfile.TemporaryDirectory(prefix="onnxcast-temporary-verify-") as device:
-        pulled = pull(store.uri, model, channel, device, trust=trust, **settings)
+        pulled = pull(store.uri, model, channel, device, trust=trust, settings=settings)
         if pulled.version != pointer.value.get("version"):
             raise ConflictError(f"{store.url(store.channel_key(model, channel))} moved while publishing the model "
                                 "repository; re-run")

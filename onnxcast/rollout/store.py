@@ -34,7 +34,18 @@ from typing import Any
 
 from onnxcast.base.errors import ConfigError, ConflictError, StoreError, VerificationError
 from onnxcast.base.files import sha256_bytes
-from onnxcast.base.s3 import S3Settings
+from onnxcast.base.s3 import (
+    ACCESS_DENIED,
+    NO_SUCH_BUCKET,
+    NO_SUCH_KEY,
+    S3Settings,
+    make_client,
+    s3_error_code,
+    s3_error_kind,
+    s3_error_message,
+    s3_status,
+    split_s3_uri,
+)
 from onnxcast.base.untrusted import MAX_METADATA_BYTES, UntrustedInputError, file_kind, loads_json
 
 MANIFEST = "manifest.json"
@@ -47,26 +58,28 @@ MAX_POINTER_BYTES = 1 << 20
 MAX_MANIFEST_BYTES = MAX_METADATA_BYTES
 
 
-def open_store(uri: str, **settings: Any) -> RolloutStore:
+def open_store(uri: str, settings: S3Settings | None = None) -> RolloutStore:
     """A store for ``uri``: a directory path (or ``file://`` URI) or ``s3://bucket/prefix``.
 
-    S3 ``settings`` are the fields of :class:`S3Settings`; unset ones come from the
-    environment (``AWS_*`` as boto3 reads them, ``ONNXCAST_STORE_SSE``,
-    ``ONNXCAST_STORE_SSE_KMS_KEY_ID``). A local store takes no settings.
+    ``settings`` apply to an S3 store; None means the environment (``AWS_*`` as boto3 reads
+    them, ``ONNXCAST_STORE_SSE``, ``ONNXCAST_STORE_SSE_KMS_KEY_ID``). A local store takes none.
     """
     if not isinstance(uri, str) or not uri.strip():
         raise ConfigError(f"store URI is empty: {uri!r}")
     if uri.startswith("s3://"):
-        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        try:
+            bucket, prefix = split_s3_uri(uri)
+        except ValueError:  # no bucket
+            bucket, prefix = "", ""
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
             raise ConfigError(f"store URI {uri!r}: {bucket!r} is not a valid S3 bucket name")
-        return S3Store(bucket, prefix.strip("/"), S3Settings.from_values(settings))
+        return S3Store(bucket, prefix.strip("/"), settings if settings is not None else S3Settings.from_values({}))
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
     elif "://" in uri:
         raise ConfigError(f"unsupported store URI {uri!r}: expected a directory path or s3://bucket/prefix")
-    if settings:
-        raise ConfigError(f"a local store takes no settings, got {sorted(settings)}")
+    if settings is not None:
+        raise ConfigError(f"a local store takes no settings, got {settings!r}")
     return LocalStore(Path(uri))
 
 
@@ -392,7 +405,7 @@ class S3Store(RolloutStore):
         """The boto3 S3 client, built on first use (boto3 clients are thread-safe)."""
         with self._client_lock:
             if self._client is None:
-                self._client = self._make_client()
+                self._client = make_client(self.settings)
             return self._client
 
     def read(self, key: str, max_bytes: int | None = None) -> bytes | None:
@@ -406,7 +419,7 @@ class S3Store(RolloutStore):
             self._put(key, data, IfNoneMatch="*")
             return True
         except ClientError as exc:
-            if _status(exc) in (409, 412):  # exists (412) or a concurrent create (409)
+            if s3_status(exc) in (409, 412):  # exists (412) or a concurrent create (409)
                 return False
             raise self._error(exc, "PutObject", key) from None
 
@@ -422,7 +435,7 @@ class S3Store(RolloutStore):
         try:
             return self._put(key, data, **condition)["ETag"]
         except ClientError as exc:
-            if _status(exc) not in (404, 409, 412):
+            if s3_status(exc) not in (404, 409, 412):
                 raise self._error(exc, "PutObject", key) from None
         # A retried put whose first attempt landed also fails its condition: check for our bytes.
         now = self._get(key, MAX_POINTER_BYTES)
@@ -486,10 +499,9 @@ class S3Store(RolloutStore):
             body.close()
             return data, response["ETag"]
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "404"):
+            if s3_error_kind(exc) == NO_SUCH_KEY:
                 return None
-            if code == "InvalidRange":  # a ranged GET of an empty object
+            if s3_error_code(exc) == "InvalidRange":  # a ranged GET of an empty object
                 return b"", ""
             raise self._error(exc, "GetObject", key) from None
         except FlexibleChecksumError as exc:
@@ -512,21 +524,11 @@ class S3Store(RolloutStore):
             raise StoreError(f"{self.url(key)}: cannot write to S3 ({exc})") from None
 
     def _error(self, exc, action: str, key: str) -> StoreError:
-        error = exc.response.get("Error", {})
-        code, message = error.get("Code", "error"), error.get("Message", "")
-        if _status(exc) == 403:
+        code, message, kind = s3_error_code(exc) or "error", s3_error_message(exc), s3_error_kind(exc)
+        if kind == ACCESS_DENIED:
             return StoreError(f"{self.url(key)}: access denied ({action} 403 {code}); "
                               "check the credentials, the IAM policy and the bucket policy")
-        if code == "NoSuchBucket":
+        if kind == NO_SUCH_BUCKET:
             return StoreError(f"{self.url(key)}: bucket {self.bucket!r} does not exist")
         detail = f"{code}: {message}" if message else code
         return StoreError(f"{self.url(key)}: {action} failed ({detail})")
-
-    def _make_client(self):
-        from onnxcast.base.s3 import make_client
-
-        return make_client(self.settings)
-
-
-def _status(exc) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from run_fixtures import tiny_lstm_run, tiny_lstm_run_copy  # noqa: F401  (fixtures)
 
+from onnxcast.base.s3 import S3Settings
+
 pytestmark = pytest.mark.slow
 
 
@@ -108,7 +110,7 @@ class TestFromS3:
 
         self.upload(s3_bucket, s3_env, tiny_lstm_run, "models/v1")
         fetched = fetch_model(f"s3://{s3_bucket}/models/v1/", tmp_path / "lstm",
-                              s3_settings={"endpoint_url": s3_env})
+                              s3_settings=S3Settings(endpoint_url=s3_env))
         assert fetched.source == {"kind": "s3", "uri": f"s3://{s3_bucket}/models/v1/"}
         assert same_weights(tmp_path / "lstm/model.pt", tiny_lstm_run / "models/lstm/model.pt")
 
@@ -116,7 +118,7 @@ class TestFromS3:
         from onnxcast.registry.fetch import FetchError, fetch_model
 
         with pytest.raises(FetchError, match=rf"s3://{s3_bucket}/nothing/model.pt: not found"):
-            fetch_model(f"s3://{s3_bucket}/nothing", tmp_path / "m", s3_settings={"endpoint_url": s3_env})
+            fetch_model(f"s3://{s3_bucket}/nothing", tmp_path / "m", s3_settings=S3Settings(endpoint_url=s3_env))
 
     def test_pickled_code_is_refused(self, s3_bucket, s3_env, tiny_lstm_run, tmp_path):  # noqa: F811
         from onnxcast.registry.fetch import FetchError, fetch_model
@@ -129,7 +131,7 @@ class TestFromS3:
         pickle.dump(Payload(), buffer)
         self.upload(s3_bucket, s3_env, tiny_lstm_run, "evil", weights=buffer.getvalue())
         with pytest.raises(FetchError, match="weights_only=True"):
-            fetch_model(f"s3://{s3_bucket}/evil/", tmp_path / "m", s3_settings={"endpoint_url": s3_env})
+            fetch_model(f"s3://{s3_bucket}/evil/", tmp_path / "m", s3_settings=S3Settings(endpoint_url=s3_env))
         assert not (tmp_path / "m" / "model.pt").exists()
 
 

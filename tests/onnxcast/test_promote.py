@@ -10,6 +10,7 @@ import pytest
 
 from onnxcast import cli
 from onnxcast.base.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.base.s3 import S3Settings
 from onnxcast.rollout.promote import ReportError, promote, rollback, verify_version
 from onnxcast.rollout.store import LocalStore, open_store
 
@@ -126,7 +127,7 @@ class TestPromote:
 
         uri = f"s3://{s3_bucket}/rollout"
         promote(make_run("a"), uri, "m", "edge", version="1")
-        store = open_store(uri, max_attempts=2)
+        store = open_store(uri, S3Settings.from_values({"max_attempts": 2}))
         calls = []
 
         def down(request, **_):

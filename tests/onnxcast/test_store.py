@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from onnxcast.base.errors import ConfigError, ConflictError, StoreError, VerificationError
+from onnxcast.base.s3 import S3Settings
 from onnxcast.rollout.store import LocalStore, S3Store, check_name, open_store
 
 
@@ -40,10 +41,11 @@ class TestOpenStore:
     ])
     def test_bad_s3_settings(self, settings, message):
         with pytest.raises(ConfigError, match=message):
-            open_store("s3://bucket/x", **settings)
+            open_store("s3://bucket/x", S3Settings.from_values(settings))
 
     def test_settings_never_print_credentials(self):
-        store = open_store("s3://bucket/x", aws_access_key_id="AKIDSECRET", aws_secret_access_key="SHHH")
+        store = open_store("s3://bucket/x", S3Settings.from_values({"aws_access_key_id": "AKIDSECRET",
+                                                             "aws_secret_access_key": "SHHH"}))
         assert "SHHH" not in repr(store.settings) and "AKIDSECRET" not in repr(store.settings)
 
     def test_sse_from_environment(self, monkeypatch):
@@ -114,20 +116,20 @@ class TestS3:
         assert head["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(data).digest()).decode()
 
     def test_kms_encryption_setting(self, s3_bucket):
-        store = open_store(f"s3://{s3_bucket}/p", sse="aws:kms", sse_kms_key_id="alias/rollout")
+        store = open_store(f"s3://{s3_bucket}/p", S3Settings.from_values({"sse": "aws:kms", "sse_kms_key_id": "alias/rollout"}))
         store.replace_pointer("m/channels/edge.json", {"version": "1"}, None)
         head = store.client.head_object(Bucket=s3_bucket, Key="p/m/channels/edge.json")
         assert head["ServerSideEncryption"] == "aws:kms"
         assert head["SSEKMSKeyId"].endswith("alias/rollout")
 
     def test_throttling_and_5xx_are_retried(self, s3_bucket):
-        store = open_store(f"s3://{s3_bucket}/p", max_attempts=3)
+        store = open_store(f"s3://{s3_bucket}/p", S3Settings.from_values({"max_attempts": 3}))
         sent = _inject(store, [(503, "SlowDown"), (500, "InternalError")])
         assert store.create("m/versions/1/a.onnx", b"x") is True
         assert len(sent) == 3 and store.read("m/versions/1/a.onnx") == b"x"
 
     def test_403_is_not_retried(self, s3_bucket):
-        store = open_store(f"s3://{s3_bucket}/p", max_attempts=5)
+        store = open_store(f"s3://{s3_bucket}/p", S3Settings.from_values({"max_attempts": 5}))
         sent = _inject(store, [(403, "AccessDenied")])
         with pytest.raises(StoreError, match=r"access denied \(PutObject 403 AccessDenied\)"):
             store.create("m/versions/1/a.onnx", b"x")
@@ -136,7 +138,7 @@ class TestS3:
     def test_retried_write_that_had_landed_is_not_a_conflict(self, s3_bucket):
         # The first attempt reaches S3 but its answer is lost (a 500 instead); the retry then
         # fails its condition (412). Both primitives recognise their own bytes.
-        store = open_store(f"s3://{s3_bucket}/p", max_attempts=3)
+        store = open_store(f"s3://{s3_bucket}/p", S3Settings.from_values({"max_attempts": 3}))
         _inject(store, [(500, "InternalError")], send_first=True)
         assert store.create("m/versions/1/a.onnx", b"x") is False  # "already there", same bytes
         token = store.replace_pointer("m/channels/edge.json", {"version": "1"}, None)
@@ -162,7 +164,7 @@ class TestS3:
     def test_missing_bucket_and_unreachable_endpoint(self, s3_env):
         with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
             open_store("s3://no-such-bucket/p").create("m/versions/1/a.onnx", b"x")
-        store = open_store("s3://bucket/p", endpoint_url="http://127.0.0.1:9", max_attempts=1)
+        store = open_store("s3://bucket/p", S3Settings.from_values({"endpoint_url": "http://127.0.0.1:9", "max_attempts": 1}))
         with pytest.raises(StoreError, match="cannot read from S3"):
             store.read_pointer("m/channels/edge.json")
 

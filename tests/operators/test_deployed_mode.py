@@ -80,8 +80,8 @@ def test_aws_default_is_resolved_by_the_amazon_provider(deployed, aws_connection
     from onnxcast.airflow.hooks import S3SettingsHook
 
     settings = S3SettingsHook().get_settings()
-    assert settings["endpoint_url"] == aws_connection and settings["region_name"] == "us-east-1"
-    assert settings["aws_access_key_id"] == "testing"
+    assert settings.endpoint_url == aws_connection and settings.region_name == "us-east-1"
+    assert settings.aws_access_key_id == "testing"
 
 
 @pytest.mark.slow
@@ -139,6 +139,6 @@ def test_aws_default_can_assume_a_role(deployed, aws_connection, monkeypatch):
 
     hook = S3SettingsHook()
     settings = hook.get_settings()
-    assert settings["aws_access_key_id"] != "testing"  # the role's temporary keys, not the connection's
-    assert settings["aws_session_token"]
+    assert settings.aws_access_key_id != "testing"  # the role's temporary keys, not the connection's
+    assert settings.aws_session_token
     hook.s3_client().list_buckets()  # the temporary keys work against the S3 endpoint
