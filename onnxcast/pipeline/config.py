@@ -40,7 +40,7 @@ MODEL_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 DATA, FORECAST, TRAINING, EXPORT = "data", "forecast", "models and training", "export and validation"
 
 
-def setting(default: Any = dataclasses.MISSING, *, help: str, cli: str | None = None,  # noqa: A002
+def setting(default: Any = dataclasses.MISSING, *, help: str, cli: str | None = None,
             group: str | None = None, metavar: str | None = None, dag: str | bool = False,
             description: str | None = None, dag_default: Any = dataclasses.MISSING,
             low: float | None = None, high: float | None = None, low_open: bool = False,
@@ -55,8 +55,7 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, cli: str | None = 
     (``*_open``: excluded): the range of a number, checked by :func:`check_ranges`. ``choices``:
     the values a list setting takes a non-empty subset of (``labels``: their names in the form,
     in its order). ``pattern``: what the form accepts for a name."""
-    metadata = {"help": help, "cli": cli, "group": group, "metavar": metavar,
-                "dag": dag,
+    metadata = {"help": help, "cli": cli, "group": group, "metavar": metavar, "dag": dag,
                 "description": description, "dag_default": dag_default, "low": low, "high": high,
                 "low_open": low_open, "high_open": high_open, "choices": tuple(choices), "labels": labels,
                 "pattern": pattern}
