@@ -20,6 +20,7 @@ from onnxcast.airflow.operators import (
     StageRegisteredVersionOperator,
     ValidateModelOperator,
 )
+from onnxcast.airflow.params import pipeline_param
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 RUN_DIR = "{{ ti.xcom_pull(task_ids='stage_version', key='run_dir') }}"
@@ -35,8 +36,7 @@ with DAG(
     render_template_as_native_obj=True,
     default_args={"owner": "onnxcast", "retries": 0},
     params={
-        "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
-                            description="Registered model name"),
+        "model_name": pipeline_param("model_name", description="Registered model name"),
         "version": Param("challenger", type="string", minLength=1,
                          description="Version number or alias (challenger, champion, ...) to promote"),
         "channels": Param(["edge", "cloud"], type="array", minItems=1,

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from airflow.sdk import DAG, Param
 
 from onnxcast.airflow.operators import RefreshChannelsOperator
+from onnxcast.airflow.params import pipeline_param
 
 with DAG(
     dag_id="onnxcast_refresh",
@@ -26,8 +27,7 @@ with DAG(
     render_template_as_native_obj=True,
     default_args={"owner": "onnxcast", "retries": 2},
     params={
-        "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
-                            description="Model in the rollout store"),
+        "model_name": pipeline_param("model_name", description="Model in the rollout store"),
         "channels": Param(["edge", "cloud"], type="array", minItems=1,
                           items={"type": "string", "enum": ["edge", "cloud"]}, description="Channels to re-sign"),
         "store_uri": Param(None, type=["null", "string"],

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from airflow.sdk import DAG, Asset, Param
 
 from onnxcast.airflow.operators import RollbackChannelOperator
+from onnxcast.airflow.params import pipeline_param
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 
@@ -27,8 +28,7 @@ with DAG(
     render_template_as_native_obj=True,
     default_args={"owner": "onnxcast", "retries": 0},
     params={
-        "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
-                            description="Model in the rollout store"),
+        "model_name": pipeline_param("model_name", description="Model in the rollout store"),
         "channel": Param("edge", type="string", enum=["edge", "cloud"], description="Channel to move back"),
         "to_version": Param(None, type=["null", "string"],
                             description="Version to move to; empty: the version it was promoted from"),

@@ -40,11 +40,11 @@ from onnxcast.airflow.operators import (
     TrainOrFetchModelOperator,
     ValidateModelOperator,
 )
+from onnxcast.airflow.params import pipeline_params, pipeline_templates
 from onnxcast.airflow.serving import ServingReadySensor
 from onnxcast.airflow.steps import end_mlflow_runs
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
-FAMILIES = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer"}
 CHANNELS = {"edge": "edge (devices)", "cloud": "cloud (onnxcast serve)"}
 # Weekly, Sunday 00:00 UTC. Unpausing must not start a run at once: the trigger form unpauses
 # the DAG before it submits (its "unpause on trigger" box is on by default and Airflow 3.3.2 has
@@ -70,29 +70,11 @@ with DAG(
     default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=1),
                   "on_failure_callback": end_mlflow_runs, "on_retry_callback": end_mlflow_runs},
     params={
-        "data_uri": Param("example", type="string", minLength=1,
-                          description="CSV or Parquet: local path, s3:// URI, or 'example' (Victoria electricity demand)"),
-        "time_column": Param("ds", type="string", description="Timestamp column"),
-        "target_column": Param("y", type="string", description="Column to forecast"),
-        "feature_columns": Param([], type=["null", "array"], items={"type": "string"},
-                                 description="Extra numeric input columns (the target is always an input)"),
-        "freq": Param(None, type=["null", "string"],
-                      description="pandas frequency (h, 30min, D, W-SUN, MS); empty: inferred from the timestamps"),
-        "horizon": Param(24, type="integer", minimum=1, description="Steps to forecast"),
-        "lookback": Param(168, type="integer", minimum=2, description="History steps the model is trained on"),
-        # examples: the form shows an array with examples as a multi-select of those values
-        # (a typo cannot be typed); items.enum is what the API validates
-        "families": Param(list(FAMILIES), type="array", minItems=1, uniqueItems=True,
-                          items={"type": "string", "enum": list(FAMILIES)}, examples=list(FAMILIES),
-                          values_display=FAMILIES,
-                          description="Model families trained in parallel (one mapped task each)"),
-        "max_epochs": Param(30, type="integer", minimum=1, description="Training epochs at most (early stopping)"),
+        **pipeline_params(),  # data_uri ... model_name: from their declaration in PipelineConfig
         "channels": Param(list(CHANNELS), type="array", minItems=1, uniqueItems=True,
                           items={"type": "string", "enum": list(CHANNELS)}, examples=list(CHANNELS),
                           values_display=CHANNELS,
                           description="Rollout channels to promote to when the challenger wins"),
-        "model_name": Param("onnxcast-forecaster", type="string", pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
-                            description="Registered model name, MLflow experiment and rollout store folder"),
         "fetch_from": Param(None, type=["null", "string"],
                             description="Start from an existing model instead of training: models:/name@alias, "
                                         "models:/name/version or s3://bucket/prefix/ (model.pt + model.json)"),
@@ -103,8 +85,6 @@ with DAG(
                           description="Run store, where the tasks of this run hand files to each other: "
                                       "s3://bucket/prefix; empty: the deployment's ONNXCAST_RUN_ROOT "
                                       "(embedded mode: $ONNXCAST_HOME/runs)"),
-        "trained_until": Param(None, type=["null", "string"],
-                               description="Ignore data after this timestamp; empty: the run's data interval end"),
         "compare_with_champion": Param(True, type="boolean",
                                        description="Evaluate the registered champion on this run's holdout and "
                                                    "promote only a challenger that beats it"),
@@ -120,22 +100,10 @@ with DAG(
 ) as dag:
     check = CheckDataOperator(
         task_id="check_data",
-        settings={
-            "data_uri": "{{ params.data_uri }}",
-            "time_column": "{{ params.time_column }}",
-            "target_column": "{{ params.target_column }}",
-            "feature_columns": "{{ params.feature_columns }}",
-            "freq": "{{ params.freq }}",
-            "horizon": "{{ params.horizon }}",
-            "lookback": "{{ params.lookback }}",
-            "models": "{{ params.families }}",
-            "max_epochs": "{{ params.max_epochs }}",
-            "model_name": "{{ params.model_name }}",
-        },
+        settings=pipeline_templates(),
         extra_settings="{{ params.extra_settings }}",
         fetch_from="{{ params.fetch_from }}",
         run_root="{{ params.run_root }}",
-        trained_until="{{ params.trained_until }}",
         compare_with_champion="{{ params.compare_with_champion }}",
     )
     families = check.output

@@ -11,10 +11,11 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from onnxcast import __version__
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
-from onnxcast.pipeline.config import MODEL_FAMILIES, PipelineConfig, QualitySettings
+from onnxcast.pipeline.config import PipelineConfig, Setting, data_source, settings
 from onnxcast.rollout.cli import add_edge_commands, add_keys_commands, store_arguments
 
 log = logging.getLogger("onnxcast")
@@ -64,55 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("pipeline", help="check data, train, export, optimize and validate",
                             description="Run the whole pipeline and write DIR/report.json and the ONNX files.",
                             formatter_class=_DefaultsHelp)
-    d = PipelineConfig  # defaults come from the settings class: one source of truth
-    data = p.add_argument_group("data")
-    data.add_argument("--data", required=True,
-                      help="CSV or Parquet file: local path or s3:// URI ('example' for the built-in data)")
-    data.add_argument("--time-column", default=d.time_column, help="column of timestamps (ISO 8601)")
-    data.add_argument("--target-column", default=d.target_column, help="column to forecast")
-    data.add_argument("--feature-columns", default="", help="comma-separated extra numeric input columns")
-    data.add_argument("--freq", default=None,
-                      help="pandas frequency alias (h, 30min, D, W-SUN, MS); inferred from the timestamps if omitted")
-    data.add_argument("--trained-until", default=None, help="ignore rows after this ISO timestamp")
-    data.add_argument("--fill-gaps", type=int, default=0, metavar="STEPS",
-                      help="repair: interpolate gaps up to STEPS long (0: refuse any gap)")
-    data.add_argument("--drop-duplicates", action="store_true",
-                      help="repair: keep the last row of duplicate timestamps")
-    data.add_argument("--max-missing-fraction", type=float, default=QualitySettings.max_missing_fraction,
-                      help="data check: largest share of missing target values")
-    task = p.add_argument_group("forecast")
-    task.add_argument("--horizon", type=int, default=d.horizon, help="steps to forecast")
-    task.add_argument("--lookback", type=int, default=d.lookback, help="history steps the models are trained on")
-    task.add_argument("--season", type=int, default=None,
-                      help="seasonal-naive period in steps; derived from the frequency if omitted")
-    model = p.add_argument_group("models and training")
-    model.add_argument("--models", default=",".join(d.models),
-                       help="comma-separated families: " + ", ".join(MODEL_FAMILIES))
-    model.add_argument("--max-epochs", type=int, default=d.max_epochs, help="training epochs at most")
-    model.add_argument("--max-minutes", type=float, default=d.max_minutes, help="training minutes per family at most")
-    model.add_argument("--patience", type=int, default=d.patience,
-                       help="stop after this many epochs without a better validation loss")
-    model.add_argument("--batch-size", type=int, default=d.batch_size, help="training windows per step")
-    model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="AdamW learning rate")
-    model.add_argument("--hidden-size", type=int, default=d.hidden_size, help="LSTM hidden units (N-HiTS: MLP width 8x this)")
-    model.add_argument("--num-layers", type=int, default=d.num_layers, help="LSTM and Transformer layers")
-    model.add_argument("--d-model", type=int, default=d.d_model, help="Transformer width")
-    model.add_argument("--n-heads", type=int, default=d.n_heads,
-                       help="Transformer attention heads (must divide --d-model)")
-    model.add_argument("--seed", type=int, default=d.seed, help="random seed (training is repeatable)")
-    check = p.add_argument_group("export and validation")
-    check.add_argument("--opset", type=int, default=None, help="convert the export to this ONNX opset")
-    check.add_argument("--accuracy-budget", type=float, default=d.accuracy_budget,
-                       help="largest relative holdout-MAE loss of int8/fp16 vs fp32 for a variant to be chosen")
-    check.add_argument("--baseline-margin", type=float, default=d.baseline_margin,
-                       help="how much lower (relative) a family's fp32 holdout MAE must be than the best "
-                            "baseline's for the family to be eligible (0.01: 1%% lower)")
-    check.add_argument("--latency-repeats", type=int, default=d.latency_repeats,
-                       help="timed runs per batch size for the latency figures")
-    check.add_argument("--threads", type=int, default=d.threads,
-                       help="threads per step (training, validation, latency figures); 1 keeps parallel "
-                            "workers from thrashing")
-    p.add_argument("--out", required=True, help="output folder for report.json and the ONNX files")
+    add_settings_arguments(p)
     p.set_defaults(handler=run_pipeline_command)
 
     add_release_commands(commands)
@@ -132,27 +85,53 @@ class _DefaultsHelp(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def add_settings_arguments(parser: argparse.ArgumentParser, cls: type = PipelineConfig) -> None:
+    """One option per setting of ``cls`` that has one (``cli`` of onnxcast.pipeline.config.setting),
+    group by group (in the order the groups first appear), those without a group last."""
+    groups: dict[str | None, list[Setting]] = {}
+    for s in settings(cls):
+        if s.cli:
+            groups.setdefault(s.group, []).append(s)
+    for title, members in sorted(groups.items(), key=lambda item: item[0] is None):
+        target = parser.add_argument_group(title) if title else parser
+        for s in members:
+            _add_setting(target, s)
+
+
+def _add_setting(parser: argparse.ArgumentParser | argparse._ArgumentGroup, s: Setting) -> None:
+    text = s.help.replace("%", "%%")
+    if s.kind is bool:
+        if s.default is not False:
+            raise TypeError(f"{s.name}: a command-line switch turns a setting on; its default must be False")
+        parser.add_argument(s.cli, action="store_true", help=text)
+        return
+    options: dict[str, Any] = {"required": True} if s.required else {
+        "default": ",".join(s.default) if s.kind is tuple else s.default}
+    if s.kind in (int, float):
+        options["type"] = s.kind
+    if s.metavar:
+        options["metavar"] = s.metavar
+    parser.add_argument(s.cli, help=text, **options)
+
+
+def settings_from_args(args: argparse.Namespace, cls: type = PipelineConfig) -> dict[str, Any]:
+    """The settings the options of :func:`add_settings_arguments` parsed, as
+    :meth:`PipelineConfig.from_dict` takes them (``{"quality": {...}}`` for the nested ones)."""
+    values: dict[str, Any] = {}
+    for s in settings(cls):
+        if s.cli:
+            *parent, name = s.name.split(".")
+            into = values.setdefault(parent[0], {}) if parent else values
+            into[name] = getattr(args, s.cli.lstrip("-").replace("-", "_"))
+    return values
+
+
 def run_pipeline_command(args: argparse.Namespace) -> int:
     from onnxcast.pipeline.run import run_pipeline
 
-    data = args.data
-    if data == "example":
-        from onnxcast.pipeline.data import example_data_path
-
-        data = example_data_path()
-    cfg = PipelineConfig.from_dict({
-        "data_uri": data, "out_dir": args.out, "time_column": args.time_column,
-        "target_column": args.target_column, "feature_columns": args.feature_columns,
-        "freq": args.freq, "horizon": args.horizon, "lookback": args.lookback, "season": args.season,
-        "models": args.models, "max_epochs": args.max_epochs, "max_minutes": args.max_minutes,
-        "hidden_size": args.hidden_size, "num_layers": args.num_layers, "seed": args.seed,
-        "patience": args.patience, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
-        "d_model": args.d_model, "n_heads": args.n_heads, "latency_repeats": args.latency_repeats,
-        "threads": args.threads, "opset": args.opset, "trained_until": args.trained_until,
-        "accuracy_budget": args.accuracy_budget, "baseline_margin": args.baseline_margin,
-        "quality": QualitySettings(fill_gaps_max_steps=args.fill_gaps, drop_duplicate_timestamps=args.drop_duplicates,
-                                   max_missing_fraction=args.max_missing_fraction),
-    })
+    values = settings_from_args(args)
+    values["data_uri"] = data_source(values["data_uri"])
+    cfg = PipelineConfig.from_dict(values)
     report = run_pipeline(cfg)
     print(summarize_report(report, args.out))
     return 0

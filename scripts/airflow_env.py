@@ -13,16 +13,18 @@ import os
 import sys
 from pathlib import Path
 
+from onnxcast.base.files import onnxcast_home
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def configure(home: str | Path | None = None) -> dict[str, str]:
     """Set the environment variables for Airflow and onnxcast; returns what it set."""
-    onnxcast_home = Path(home or os.environ.get("ONNXCAST_HOME") or REPO / ".onnxcast").resolve()
-    airflow_home = onnxcast_home / "airflow"
+    home = onnxcast_home(home, default=REPO / ".onnxcast")
+    airflow_home = home / "airflow"
     airflow_home.mkdir(parents=True, exist_ok=True)
     values = {
-        "ONNXCAST_HOME": str(onnxcast_home),
+        "ONNXCAST_HOME": str(home),
         "ONNXCAST_REPO": str(REPO),
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW_CONFIG": str(REPO / "airflow.cfg"),

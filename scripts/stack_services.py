@@ -21,6 +21,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from onnxcast.base.files import onnxcast_home
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the virtualenv's bin: airflow, mlflow, weed, onnxcast
 
@@ -53,8 +55,7 @@ class StackLayout:
 
     @classmethod
     def for_home(cls, home: str | Path | None = None) -> StackLayout:
-        onnxcast_home = Path(home or os.environ.get("ONNXCAST_HOME") or REPO / ".onnxcast")
-        return cls(onnxcast_home.resolve() / "stack")
+        return cls(onnxcast_home(home, default=REPO / ".onnxcast") / "stack")
 
     secrets = property(lambda self: self.root / "secrets")
     logs = property(lambda self: self.root / "logs")

@@ -1,7 +1,8 @@
 """onnxcast as an Airflow provider: operators, hooks, the "MLflow run" extra link and the
 ``mlflow`` connection type, registered through the ``apache_airflow_provider`` entry point
 (pyproject.toml), so ``pip install onnxcast`` is all a deployment needs: no PYTHONPATH, no
-plugins folder. DAG files import the operators from :mod:`onnxcast.airflow.operators`.
+plugins folder. DAG files import the operators from :mod:`onnxcast.airflow.operators`, the
+params of the pipeline settings from :mod:`onnxcast.airflow.params`.
 
 This module stays import-light: Airflow's providers manager imports it to read
 :func:`get_provider_info` in every component.

@@ -22,6 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from onnxcast.airflow.steps import _TrackedOperator, as_bool, load_config, readable, run_key
 from onnxcast.base.errors import ConfigError, GateError, OnnxcastError
+from onnxcast.base.files import onnxcast_home
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -35,7 +36,7 @@ def default_store_uri() -> str:
 
 
 def development_keys_dir() -> Path:
-    return Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve() / "keys"
+    return onnxcast_home() / "keys"
 
 
 def _actor(context: Context) -> str:

@@ -19,9 +19,10 @@ it, instead of silently writing to the disk of whichever worker ran the task.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from airflow.sdk.exceptions import AirflowFailException
+
+from onnxcast.base.files import onnxcast_home
 
 EMBEDDED = "embedded"
 DEPLOYED = "deployed"
@@ -45,10 +46,6 @@ def mode() -> str:
 
 def embedded() -> bool:
     return mode() == EMBEDDED
-
-
-def onnxcast_home() -> Path:
-    return Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve()
 
 
 def _given(value) -> str | None:

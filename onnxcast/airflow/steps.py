@@ -30,7 +30,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
 from onnxcast.airflow.links import MlflowRunLink, persist_mlflow_run_url
 from onnxcast.base.errors import ConfigError, DataError
-from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.config import PipelineConfig, data_source
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -208,10 +208,8 @@ class CheckDataOperator(_TrackedOperator):
 
         extra = _extra_settings(self.extra_settings)
         values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
-        if values.get("data_uri") == "example":
-            from onnxcast.pipeline.data import example_data_path
-
-            values["data_uri"] = example_data_path()
+        if "data_uri" in values:
+            values["data_uri"] = data_source(values["data_uri"])
         values["out_dir"] = str(run_dir)
         values["trained_until"] = self.trained_until or values.get("trained_until") or _interval_end(context)
         try:

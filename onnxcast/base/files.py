@@ -20,6 +20,13 @@ from typing import Any
 _CHUNK = 1 << 20
 
 
+def onnxcast_home(home: str | Path | None = None, default: str | Path = ".onnxcast") -> Path:
+    """The folder of onnxcast's local state (MLflow's SQLite store, keys, runs, the embedded
+    rollout store): ``home``, else ``$ONNXCAST_HOME``, else ``default`` (the working directory's
+    ``.onnxcast``; the repository's scripts pass the repository's)."""
+    return Path(home or os.environ.get("ONNXCAST_HOME") or default).resolve()
+
+
 @contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; on success it replaces ``path`` in one

@@ -1,14 +1,24 @@
-"""Pipeline settings: one typed dataclass, validated once where settings enter (CLI, operator params)."""
+"""Pipeline settings: one typed dataclass, validated once where settings enter (CLI, operator params).
+
+Every setting is declared once, here, as a field of :class:`PipelineConfig` (or of
+:class:`QualitySettings`) made by :func:`setting`: its name, type, default, range, choices and
+help text. The ``onnxcast pipeline`` options (onnxcast.cli) and the training DAG's trigger-form
+params (onnxcast.airflow.params) are generated from :func:`settings`, and the range checks from
+:func:`ranges`: adding a setting is one field here. Standard library only (DAG files import it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from onnxcast.base.errors import ConfigError
 from onnxcast.pipeline.layout import RunLayout
@@ -17,24 +27,65 @@ from onnxcast.pipeline.layout import RunLayout
 # accurate than the Transformer on hourly, half-hourly and weekly data, DLinear on weekly data
 # only (docs/performance.md#model-families)
 MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
+# the trigger form's names of the families, in its order (the window families first)
+FAMILY_LABELS = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer"}
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
+# data_uri "example": the built-in example data (resolved by data_source)
+EXAMPLE_DATA = "example"
+# the rollout store's names (onnxcast.rollout.store.NAME_PATTERN): checked in the trigger form
+MODEL_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+# the groups of `onnxcast pipeline --help`
+DATA, FORECAST, TRAINING, EXPORT = "data", "forecast", "models and training", "export and validation"
+
+
+def setting(default: Any = dataclasses.MISSING, *, help: str, cli: str | None = None,
+            group: str | None = None, metavar: str | None = None, dag: str | bool = False,
+            description: str | None = None, dag_default: Any = dataclasses.MISSING,
+            low: float | None = None, high: float | None = None, low_open: bool = False,
+            high_open: bool = False, choices: tuple[str, ...] = (), labels: dict[str, str] | None = None,
+            pattern: str | None = None) -> Any:
+    """A settings field: its default and everything the CLI, the DAG and the checks need.
+
+    ``help``: what the setting does (the CLI's help; the DAG's ``description`` unless given).
+    ``cli``: the ``onnxcast pipeline`` option (in ``group``), none when not on the command line.
+    ``dag``: a param of the training DAG (``True``: under the setting's name, or the param's
+    name); ``dag_default``: the form's default when it is not the setting's. ``low``/``high``
+    (``*_open``: excluded): the range of a number, checked by :func:`check_ranges`. ``choices``:
+    the values a list setting takes a non-empty subset of (``labels``: their names in the form,
+    in its order). ``pattern``: what the form accepts for a name."""
+    metadata = {"help": help, "cli": cli, "group": group, "metavar": metavar, "dag": dag,
+                "description": description, "dag_default": dag_default, "low": low, "high": high,
+                "low_open": low_open, "high_open": high_open, "choices": tuple(choices), "labels": labels,
+                "pattern": pattern}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class QualitySettings:
     """Thresholds of the data-quality gate (see onnxcast.pipeline.quality)."""
 
-    max_missing_fraction: float = 0.01
-    max_gap_fraction: float = 0.01  # share of expected timestamps that may be absent
-    outlier_mad_threshold: float = 12.0  # robust z-score beyond which a value is an outlier
-    max_outlier_fraction: float = 0.001
-    min_holdout_windows: int = 2
-    fill_gaps_max_steps: int = 0  # repair on request: interpolate gaps up to this many steps
-    drop_duplicate_timestamps: bool = False  # repair on request: keep the last of duplicate rows
+    fill_gaps_max_steps: int = setting(
+        0, help="repair: interpolate gaps up to STEPS long (0: refuse any gap)", cli="--fill-gaps", group=DATA,
+        metavar="STEPS", low=0, high=1_000_000)
+    drop_duplicate_timestamps: bool = setting(
+        False, help="repair: keep the last row of duplicate timestamps", cli="--drop-duplicates", group=DATA)
+    max_missing_fraction: float = setting(
+        0.01, help="data check: largest share of missing target values", cli="--max-missing-fraction",
+        group=DATA, low=0.0, high=1.0, high_open=True)
+    max_gap_fraction: float = setting(
+        0.01, help="data check: largest share of expected timestamps that may be absent", low=0.0, high=1.0,
+        high_open=True)
+    outlier_mad_threshold: float = setting(
+        12.0, help="data check: robust z-score beyond which a value is an outlier", low=0.0, low_open=True)
+    max_outlier_fraction: float = setting(
+        0.001, help="data check: largest share of outliers", low=0.0, high=1.0, high_open=True)
+    min_holdout_windows: int = setting(
+        2, help="data check: forecast windows the holdout must hold at least", low=1, high=10_000)
 
     def __post_init__(self) -> None:
-        problems = check_ranges(self, QUALITY_RANGES, prefix="quality.")
+        problems = check_ranges(self, ranges(type(self)), prefix="quality.")
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
 
@@ -43,54 +94,97 @@ class QualitySettings:
 class PipelineConfig:
     """Everything one pipeline run needs. Defaults train the example data in minutes on 2 cores."""
 
-    data_uri: str
-    out_dir: str
-    time_column: str = "ds"
-    target_column: str = "y"
-    feature_columns: tuple[str, ...] = ()
-    freq: str | None = None  # pandas offset alias; inferred from the timestamps when None
-    horizon: int = 24
-    lookback: int = 168
-    models: tuple[str, ...] = MODEL_FAMILIES
-    season: int | None = None  # seasonal-naive period; derived from freq when None
-    validation_fraction: float = 0.15
-    holdout_fraction: float = 0.15
-    trained_until: str | None = None  # ignore rows after this timestamp (DAG: data interval end)
+    data_uri: str = setting(
+        help="CSV or Parquet file: local path or s3:// URI ('example' for the built-in data)", cli="--data",
+        group=DATA, dag=True, dag_default=EXAMPLE_DATA,
+        description="CSV or Parquet: local path, s3:// URI, or 'example' (Victoria electricity demand)")
+    out_dir: str = setting(help="output folder for report.json and the ONNX files", cli="--out")
+    time_column: str = setting("ds", help="column of timestamps (ISO 8601)", cli="--time-column", group=DATA,
+                               dag=True, description="Timestamp column")
+    target_column: str = setting("y", help="column to forecast", cli="--target-column", group=DATA, dag=True)
+    feature_columns: tuple[str, ...] = setting(
+        (), help="comma-separated extra numeric input columns", cli="--feature-columns", group=DATA, dag=True,
+        description="Extra numeric input columns (the target is always an input)")
+    freq: str | None = setting(
+        None, help="pandas frequency alias (h, 30min, D, W-SUN, MS); inferred from the timestamps if omitted",
+        cli="--freq", group=DATA, dag=True,
+        description="pandas frequency (h, 30min, D, W-SUN, MS); empty: inferred from the timestamps")
+    # DAG: the run's data interval end when empty (onnxcast.airflow.steps.CheckDataOperator)
+    trained_until: str | None = setting(
+        None, help="ignore rows after this ISO timestamp", cli="--trained-until", group=DATA, dag=True,
+        description="Ignore data after this timestamp; empty: the run's data interval end")
+    horizon: int = setting(24, help="steps to forecast", cli="--horizon", group=FORECAST, dag=True,
+                           low=1, high=10_000)
+    lookback: int = setting(168, help="history steps the models are trained on", cli="--lookback",
+                            group=FORECAST, dag=True, description="History steps the model is trained on",
+                            low=2, high=100_000)
+    models: tuple[str, ...] = setting(
+        MODEL_FAMILIES, help="comma-separated families: " + ", ".join(MODEL_FAMILIES), cli="--models",
+        group=TRAINING, dag="families", choices=MODEL_FAMILIES, labels=FAMILY_LABELS,
+        dag_default=tuple(FAMILY_LABELS),
+        description="Model families trained in parallel (one mapped task each)")
+    season: int | None = setting(
+        None, help="seasonal-naive period in steps; derived from the frequency if omitted", cli="--season",
+        group=FORECAST, low=1, high=100_000)
+    validation_fraction: float = setting(0.15, help="share of the rows for validation (early stopping)",
+                                         low=0.0, high=0.5, low_open=True, high_open=True)
+    holdout_fraction: float = setting(0.15, help="share of the rows for the holdout (the judged forecasts)",
+                                      low=0.0, high=0.5, low_open=True, high_open=True)
     # training
-    max_epochs: int = 30
-    max_minutes: float = 10.0
-    patience: int = 5
-    batch_size: int = 64
-    learning_rate: float = 2e-3
-    hidden_size: int = 64
-    num_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    seed: int = 42
+    max_epochs: int = setting(30, help="training epochs at most", cli="--max-epochs", group=TRAINING,
+                              dag=True, description="Training epochs at most (early stopping)",
+                              low=1, high=100_000)
+    max_minutes: float = setting(10.0, help="training minutes per family at most", cli="--max-minutes",
+                                 group=TRAINING, low=0.0, high=7 * 24 * 60, low_open=True)
+    patience: int = setting(5, help="stop after this many epochs without a better validation loss",
+                            cli="--patience", group=TRAINING, low=1, high=100_000)
+    batch_size: int = setting(64, help="training windows per step", cli="--batch-size", group=TRAINING,
+                              low=1, high=1_000_000)
+    learning_rate: float = setting(2e-3, help="AdamW learning rate", cli="--learning-rate", group=TRAINING,
+                                   low=0.0, high=10.0, low_open=True)
+    # widths beyond 4,096 train nothing on a CPU worker; the estimate in model_size_problems
+    # bounds what these ranges still allow in combination (N-HiTS is 8x hidden_size wide)
+    hidden_size: int = setting(64, help="LSTM hidden units (N-HiTS: MLP width 8x this)", cli="--hidden-size",
+                               group=TRAINING, low=1, high=4096)
+    num_layers: int = setting(2, help="LSTM and Transformer layers", cli="--num-layers", group=TRAINING,
+                              low=1, high=64)
+    d_model: int = setting(64, help="Transformer width", cli="--d-model", group=TRAINING, low=1, high=4096)
+    n_heads: int = setting(4, help="Transformer attention heads (must divide --d-model)", cli="--n-heads",
+                           group=TRAINING, low=1, high=1024)
+    seed: int = setting(42, help="random seed (training is repeatable)", cli="--seed", group=TRAINING,
+                        low=0, high=2**32 - 1)
     # export / optimize / validate
-    opset: int | None = None  # convert the exported graph to this opset when set
-    threads: int = 1  # torch and ORT intra-op threads in every step (parallel workers share cores)
-    accuracy_budget: float = 0.01  # allowed relative holdout-MAE loss of a variant vs fp32
-    # fp32 must beat the best baseline's holdout MAE by this share of it (onnxcast.pipeline.validate):
-    # a model equal to its seasonal-naive anchor "beat" it by float32 rounding
-    baseline_margin: float = 0.01
-    parity_rtol: float = 1e-3
-    parity_atol: float = 1e-4
-    latency_repeats: int = 30
-    model_name: str = "onnxcast-forecaster"
+    opset: int | None = setting(None, help="convert the export to this ONNX opset", cli="--opset",
+                                group=EXPORT, low=14, high=30)
+    accuracy_budget: float = setting(
+        0.01, help="largest relative holdout-MAE loss of int8/fp16 vs fp32 for a variant to be chosen",
+        cli="--accuracy-budget", group=EXPORT, low=0.0, high=1.0)
+    # a model equal to its seasonal-naive anchor "beat" it by float32 rounding (onnxcast.pipeline.validate)
+    baseline_margin: float = setting(
+        0.01, help="how much lower (relative) a family's fp32 holdout MAE must be than the best baseline's "
+                   "for the family to be eligible (0.01: 1% lower)",
+        cli="--baseline-margin", group=EXPORT, low=0.0, high=1.0, high_open=True)
+    parity_rtol: float = setting(1e-3, help="relative tolerance of ONNX vs torch outputs", low=0.0, high=1.0)
+    parity_atol: float = setting(1e-4, help="absolute tolerance of ONNX vs torch outputs", low=0.0)
+    latency_repeats: int = setting(30, help="timed runs per batch size for the latency figures",
+                                   cli="--latency-repeats", group=EXPORT, low=1, high=100_000)
+    threads: int = setting(
+        1, help="threads per step (training, validation, latency figures); 1 keeps parallel workers from "
+                "thrashing", cli="--threads", group=EXPORT, low=1, high=1024)
+    model_name: str = setting(
+        "onnxcast-forecaster", help="registered model name, MLflow experiment and rollout store folder",
+        dag=True, pattern=MODEL_NAME_PATTERN)
     quality: QualitySettings = field(default_factory=QualitySettings)
 
     def __post_init__(self) -> None:
-        problems = check_ranges(self, RANGES)
+        problems = check_ranges(self, ranges(type(self)))
         if not self.data_uri:
             problems.append("data_uri is empty")
         if not isinstance(self.quality, QualitySettings):
             problems.append(f"quality must be QualitySettings or a mapping, got {type(self.quality).__name__}")
         if problems:  # the checks below compare numbers: stop at the first wrong type or range
             raise ConfigError("invalid settings: " + "; ".join(problems))
-        unknown = [m for m in self.models if m not in MODEL_FAMILIES]
-        if unknown or not self.models:
-            problems.append(f"models must be a non-empty subset of {list(MODEL_FAMILIES)}, got {list(self.models)}")
+        problems += check_choices(self)
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.target_column in self.feature_columns:
@@ -155,45 +249,112 @@ class PipelineConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-# --- ranges of the numeric settings ---------------------------------------------------------
-# name: (type, low, high, low_open, high_open); None = unbounded. One table, so no numeric
-# setting can slip through unchecked (tests/onnxcast/test_config.py walks every field).
+# --- the settings as the CLI and the DAG show them ---------------------------------------------
 
-RANGES: dict[str, tuple[type, float | None, float | None, bool, bool]] = {
-    "horizon": (int, 1, 10_000, False, False),
-    "lookback": (int, 2, 100_000, False, False),
-    "season": (int, 1, 100_000, False, False),  # None allowed: derived from freq
-    "validation_fraction": (float, 0.0, 0.5, True, True),
-    "holdout_fraction": (float, 0.0, 0.5, True, True),
-    "max_epochs": (int, 1, 100_000, False, False),
-    "max_minutes": (float, 0.0, 7 * 24 * 60, True, False),
-    "patience": (int, 1, 100_000, False, False),
-    "batch_size": (int, 1, 1_000_000, False, False),
-    "learning_rate": (float, 0.0, 10.0, True, False),
-    # widths beyond 4,096 train nothing on a CPU worker; the estimate in model_size_problems
-    # bounds what these ranges still allow in combination (N-HiTS is 8x hidden_size wide)
-    "hidden_size": (int, 1, 4096, False, False),
-    "num_layers": (int, 1, 64, False, False),
-    "d_model": (int, 1, 4096, False, False),
-    "n_heads": (int, 1, 1024, False, False),
-    "seed": (int, 0, 2**32 - 1, False, False),
-    "opset": (int, 14, 30, False, False),  # None allowed: the exporter's default
-    "threads": (int, 1, 1024, False, False),
-    "accuracy_budget": (float, 0.0, 1.0, False, False),
-    "baseline_margin": (float, 0.0, 1.0, False, True),
-    "parity_rtol": (float, 0.0, 1.0, False, False),
-    "parity_atol": (float, 0.0, None, False, False),
-    "latency_repeats": (int, 1, 100_000, False, False),
-}
-QUALITY_RANGES: dict[str, tuple[type, float | None, float | None, bool, bool]] = {
-    "max_missing_fraction": (float, 0.0, 1.0, False, True),
-    "max_gap_fraction": (float, 0.0, 1.0, False, True),
-    "outlier_mad_threshold": (float, 0.0, None, True, False),
-    "max_outlier_fraction": (float, 0.0, 1.0, False, True),
-    "min_holdout_windows": (int, 1, 10_000, False, False),
-    "fill_gaps_max_steps": (int, 0, 1_000_000, False, False),
-    "drop_duplicate_timestamps": (bool, None, None, False, False),
-}
+
+class Setting(NamedTuple):
+    """One setting, read from its field (see :func:`setting`)."""
+
+    name: str  # quality.<name> for a QualitySettings field
+    kind: type  # str, int, float, bool or tuple (a list of strings)
+    nullable: bool  # None is a value (derived, inferred or the library's default)
+    default: Any  # dataclasses.MISSING: required
+    help: str
+    cli: str | None
+    group: str | None
+    metavar: str | None
+    dag: str | None  # the training DAG's param
+    description: str  # the DAG's
+    dag_default: Any  # the form's default
+    low: float | None
+    high: float | None
+    low_open: bool
+    high_open: bool
+    choices: tuple[str, ...]
+    labels: dict[str, str] | None
+    pattern: str | None
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+
+@functools.cache
+def settings(cls: type = PipelineConfig) -> tuple[Setting, ...]:
+    """Every setting of ``cls`` in declaration order, those of a nested settings class (quality)
+    as ``<field>.<name>`` where the field is."""
+    hints = typing.get_type_hints(cls)
+    out: list[Setting] = []
+    for f in dataclasses.fields(cls):
+        kind, nullable = _kind(hints[f.name])
+        if dataclasses.is_dataclass(kind):
+            out += [s._replace(name=f"{f.name}.{s.name}") for s in settings(kind)]
+            continue
+        m = f.metadata
+        if "help" not in m:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with setting()")
+        default = f.default
+        dag = f.name if m["dag"] is True else m["dag"] or None
+        description = m["description"] or m["help"][:1].upper() + m["help"][1:]
+        dag_default = default if m["dag_default"] is dataclasses.MISSING else m["dag_default"]
+        out.append(Setting(f.name, kind, nullable, default, m["help"], m["cli"], m["group"], m["metavar"], dag,
+                           description, dag_default, m["low"], m["high"], m["low_open"], m["high_open"],
+                           m["choices"], m["labels"], m["pattern"]))
+    return tuple(out)
+
+
+def _kind(hint: Any) -> tuple[type, bool]:
+    """(the type, whether None is allowed) of an annotation: ``int | None`` is (int, True)."""
+    nullable = False
+    if isinstance(hint, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        nullable, hint = len(args) < len(typing.get_args(hint)), args[0]
+    return typing.get_origin(hint) or hint, nullable
+
+
+def data_source(uri: str) -> str:
+    """Where the data of ``uri`` is: the built-in example data for ``example``, else ``uri``."""
+    if uri == EXAMPLE_DATA:
+        from onnxcast.pipeline.data import example_data_path
+
+        return example_data_path()
+    return uri
+
+
+def check_choices(cfg: Any) -> list[str]:
+    """One problem per list setting that is not a non-empty subset of its choices."""
+    problems = []
+    for s in settings(type(cfg)):
+        if s.choices and "." not in s.name:
+            value = getattr(cfg, s.name)
+            if not value or any(v not in s.choices for v in value):
+                problems.append(f"{s.name} must be a non-empty subset of {list(s.choices)}, got {list(value)}")
+    return problems
+
+
+# --- ranges of the numeric settings ---------------------------------------------------------
+# From the fields (low, high of setting()), so no numeric setting can slip through unchecked
+# (tests/onnxcast/test_config.py walks every field).
+
+
+class Range(NamedTuple):
+    kind: type
+    low: float | None
+    high: float | None
+    low_open: bool
+    high_open: bool
+    nullable: bool = False
+
+
+@functools.cache
+def ranges(cls: type) -> dict[str, Range]:
+    """name: the range of each number (and bool) setting of ``cls`` itself (not nested ones)."""
+    return {s.name: Range(s.kind, s.low, s.high, s.low_open, s.high_open, s.nullable)
+            for s in settings(cls) if "." not in s.name and s.kind in (int, float, bool)}
+
+
+RANGES = ranges(PipelineConfig)
+QUALITY_RANGES = ranges(QualitySettings)
 
 
 # --- model size, estimated before anything is allocated ---------------------------------------
@@ -293,13 +454,13 @@ def _largest_fitting(family: str, cfg: PipelineConfig, name: str) -> int:
     return low
 
 
-def check_ranges(settings: Any, ranges: dict, prefix: str = "") -> list[str]:
+def check_ranges(values: Any, table: dict[str, Range], prefix: str = "") -> list[str]:
     """One problem per setting of the wrong type or outside its range (NaN and inf included)."""
     problems = []
-    for name, (kind, low, high, low_open, high_open) in ranges.items():
-        value = getattr(settings, name)
+    for name, (kind, low, high, low_open, high_open, nullable) in table.items():
+        value = getattr(values, name)
         label = f"{prefix}{name}"
-        if value is None and name in ("season", "opset"):
+        if value is None and nullable:
             continue
         if kind is bool:
             if not isinstance(value, bool):

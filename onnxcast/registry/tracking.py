@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.base.errors import OnnxcastError
-from onnxcast.base.files import sha256_file
+from onnxcast.base.files import onnxcast_home, sha256_file
 from onnxcast.pipeline.layout import RunLayout
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,6 @@ class RegisteredVersion:
 
 
 # --- where MLflow is ----------------------------------------------------------------------
-
-def onnxcast_home() -> Path:
-    return Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast").resolve()
-
 
 def default_tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else the embedded SQLite store under ``ONNXCAST_HOME``."""

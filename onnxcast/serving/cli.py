@@ -50,13 +50,13 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from onnxcast.base.files import onnxcast_home
     from onnxcast.rollout.store import check_name
     from onnxcast.serving.app import TOKEN_ENV, ServeSettings, serve
 
     check_name("model", args.model)
     check_name("channel", args.channel)
-    home = Path(os.environ.get("ONNXCAST_HOME") or ".onnxcast")
-    dest = Path(args.dest) if args.dest else home / "serve" / f"{args.model}-{args.channel}"
+    dest = Path(args.dest) if args.dest else onnxcast_home() / "serve" / f"{args.model}-{args.channel}"
     settings = ServeSettings(store=args.store, model=args.model, channel=args.channel, dest=dest.absolute(),
                              host=args.host, port=args.port, poll_interval=args.poll_interval,
                              max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms,
