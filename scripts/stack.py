@@ -33,7 +33,10 @@ from stack_services import BUCKETS, WORKERS, Secrets, StackLayout, StackSettings
 TRAINING_DAG = "onnxcast_training"
 CENTRAL = ("seaweedfs", "mlflow", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
            "airflow-triggerer")
-SERVICES = (*CENTRAL, *(f"airflow-worker-{w.rsplit('-', 1)[-1]}" for w in WORKERS))
+WORKER_SERVICES = {f"airflow-worker-{w.rsplit('-', 1)[-1]}": w for w in WORKERS}  # service -> hostname
+SERVICES = (*CENTRAL, *WORKER_SERVICES)
+# The services that can be stopped and started on their own (fault drills).
+RESTARTABLE = ("seaweedfs", "mlflow", *WORKER_SERVICES)
 # Bounded waits (seconds) per step, measured with room to spare on 2 busy cores.
 TIMEOUTS = {"seaweedfs": 120, "mlflow": 180, "airflow-db-migrate": 600, "airflow-api-server": 300,
             "components": 300, "workers": 300, "dag": 300}
@@ -127,7 +130,6 @@ def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unp
 def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettings, *, unpause: bool,
                       fresh: bool = False) -> dict:
     base = _base_env(layout)
-    start = _starter(layout)
 
     _step(f"PostgreSQL {settings.postgres_host}:{settings.postgres_port}: databases "
           f"{settings.airflow_db}, {settings.mlflow_db}, {settings.mlflow_auth_db}")
@@ -140,42 +142,33 @@ def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettin
         raise StackError(str(exc)) from None
 
     _step(f"SeaweedFS S3 on {settings.url('seaweedfs.s3.port')}")
-    identities = services.write_seaweedfs_config(layout, vault)
-    weed = start("seaweedfs", services.seaweedfs_command(layout, settings, identities), base, layout.seaweedfs)
+    weed = _start_restartable(layout, vault, settings, "seaweedfs")
+    _wait_answering(weed, vault, settings)
     admin_s3 = services.s3_client(settings, services.s3_keys(vault, "admin"))
-    processes.wait_until(weed, lambda: admin_s3.list_buckets() is not None, timeout=TIMEOUTS["seaweedfs"],
-                         what="serving S3")
-    _retry(lambda: services.ensure_buckets(admin_s3), what="creating the buckets", service=weed)
+    # a just-started server may refuse for a moment
+    processes.wait_until(weed, lambda: services.ensure_buckets(admin_s3) is None, timeout=20,
+                         what="done creating the buckets", interval=2)
 
     _step("release key")
     _ensure_release_key(layout, base)
 
     _step(f"MLflow on {settings.url('mlflow')}")
-    mlflow = start("mlflow", services.mlflow_command(settings), services.mlflow_env(base, layout, vault, settings),
-                   layout.mlflow)
+    mlflow = _start_restartable(layout, vault, settings, "mlflow")
 
     central = services.airflow_env(base, layout, vault, settings, airflow_home=layout.airflow,
                                    onnxcast_home=layout.home, log_folder=layout.airflow / "logs")
     _step("airflow db migrate")
     _migrate(layout, central)
-    processes.wait_until(mlflow, lambda: _http_status(f"{settings.url('mlflow')}/health") == 200,
-                         timeout=TIMEOUTS["mlflow"], what="answering /health")
+    _wait_answering(mlflow, vault, settings)
     services.ensure_mlflow_users(settings, vault)
 
     _step(f"Airflow on {settings.url('airflow-api')} and workers {', '.join(WORKERS)}")
-    api = start("airflow-api-server", services.airflow_command("api-server"), central, layout.airflow)
-    central_components = [start(f"airflow-{c}", services.airflow_command(*args), central, layout.airflow)
+    api = _start(layout, "airflow-api-server", services.airflow_command("api-server"), central, layout.airflow)
+    central_components = [_start(layout, f"airflow-{c}", services.airflow_command(*args), central, layout.airflow)
                           for c, args in (("scheduler", ["scheduler"]), ("dag-processor", ["dag-processor"]),
                                           ("triggerer", ["triggerer", "--skip-serve-logs"]))]
-    workers = {}
-    for hostname in WORKERS:
-        folder = layout.worker(hostname)
-        env = services.airflow_env(base, layout, vault, settings, airflow_home=folder / "airflow",
-                                   onnxcast_home=folder / "home", log_folder=folder / "airflow" / "logs")
-        env.update({"TMPDIR": str(folder / "tmp"), "ONNXCAST_WORKER_HOSTNAME": hostname,
-                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.ports[f"log-server.{hostname}"])})
-        workers[hostname] = start(f"airflow-worker-{hostname.rsplit('-', 1)[-1]}",
-                                  services.worker_command(layout, hostname), env, folder)
+    workers = {hostname: _start_restartable(layout, vault, settings, name)
+               for name, hostname in WORKER_SERVICES.items()}
 
     api_url = settings.url("airflow-api")
     processes.wait_until(api, lambda: _http_status(f"{api_url}/api/v2/monitor/health") == 200,
@@ -184,9 +177,8 @@ def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettin
         key = component.name.removeprefix("airflow-").replace("-", "_")
         processes.wait_until(component, lambda key=key: _component_healthy(api_url, key),
                              timeout=TIMEOUTS["components"], what="healthy in /api/v2/monitor/health")
-    for hostname, worker in workers.items():
-        processes.wait_until(worker, lambda h=hostname: f"celery@{h}" in _celery_ping(settings),
-                             timeout=TIMEOUTS["workers"], what="answering a Celery ping", interval=2)
+    for worker in workers.values():
+        _wait_answering(worker, vault, settings)
 
     passwords = json.loads(vault.path("airflow-passwords.json").read_text())
     token = _airflow_token(api_url, "admin", passwords["admin"])
@@ -233,13 +225,11 @@ def _start_everything(layout: StackLayout, vault: Secrets, settings: StackSettin
     }
 
 
-def _starter(layout: StackLayout):
-    def start(name: str, command: list[str], env: dict[str, str], cwd: Path) -> processes.ServiceProcess:
-        if command[0] != "unshare":
-            command = services.contained(layout, command)
-        return processes.start(name, command, env=env, cwd=cwd, log=layout.logs / f"{name}.log", run_dir=layout.run)
-
-    return start
+def _start(layout: StackLayout, name: str, command: list[str], env: dict[str, str],
+           cwd: Path) -> processes.ServiceProcess:
+    if command[0] != "unshare":
+        command = services.contained(layout, command)
+    return processes.start(name, command, env=env, cwd=cwd, log=layout.logs / f"{name}.log", run_dir=layout.run)
 
 
 def _base_env(layout: StackLayout) -> dict[str, str]:
@@ -300,24 +290,11 @@ def _migrate(layout: StackLayout, env: dict[str, str]) -> None:
         raise StackError(f"airflow db migrate failed (exit {result.returncode}); see {log}\n{processes.tail(log)}")
 
 
-def _retry(action, *, what: str, service: processes.ServiceProcess, attempts: int = 10) -> None:
-    for attempt in range(attempts):
-        try:
-            action()
-            return
-        except Exception as exc:  # noqa: BLE001 - a just-started server may refuse for a moment
-            if attempt == attempts - 1:
-                raise StackError(f"{service.name}: {what} failed: {exc}; see {service.log}") from None
-            time.sleep(2)
-
-
 def _step(message: str) -> None:
     print(f"-- {message}", flush=True)
 
 
 # --- one service: stop, start (fault drills) ---------------------------------------------------
-
-RESTARTABLE = ("seaweedfs", "mlflow", *(f"airflow-worker-{w.rsplit('-', 1)[-1]}" for w in WORKERS))
 
 
 def stop_service(layout: StackLayout, name: str, *, kill: bool = False) -> None:
@@ -343,33 +320,46 @@ def start_service(layout: StackLayout, name: str) -> processes.ServiceProcess:
         raise StackError(f"no stack in {layout.root}: `stack.py up` first")
     vault = Secrets(layout.secrets)
     settings = StackSettings.load(layout)
-    base = _base_env(layout)
-    start = _starter(layout)
-    if name == "seaweedfs":
-        identities = services.write_seaweedfs_config(layout, vault)
-        started = start(name, services.seaweedfs_command(layout, settings, identities), base, layout.seaweedfs)
-        admin_s3 = services.s3_client(settings, services.s3_keys(vault, "admin"))
-        processes.wait_until(started, lambda: admin_s3.list_buckets() is not None, timeout=TIMEOUTS["seaweedfs"],
-                             what="serving S3")
-    elif name == "mlflow":
-        started = start(name, services.mlflow_command(settings),
-                        services.mlflow_env(base, layout, vault, settings), layout.mlflow)
-        processes.wait_until(started, lambda: _http_status(f"{settings.url('mlflow')}/health") == 200,
-                             timeout=TIMEOUTS["mlflow"], what="answering /health")
-    else:
-        hostname = next(w for w in WORKERS if name == f"airflow-worker-{w.rsplit('-', 1)[-1]}")
-        folder = layout.worker(hostname)
-        # the same environment as in _start_everything
-        env = services.airflow_env(base, layout, vault, settings, airflow_home=folder / "airflow",
-                                   onnxcast_home=folder / "home", log_folder=folder / "airflow" / "logs")
-        env.update({"TMPDIR": str(folder / "tmp"), "ONNXCAST_WORKER_HOSTNAME": hostname,
-                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.ports[f"log-server.{hostname}"])})
-        started = start(name, services.worker_command(layout, hostname), env, folder)
-        processes.wait_until(started, lambda: f"celery@{hostname}" in _celery_ping(settings),
-                             timeout=TIMEOUTS["workers"], what="answering a Celery ping", interval=2)
+    started = _start_restartable(layout, vault, settings, name)
+    _wait_answering(started, vault, settings)
     _record_pid(layout, started)
     print(f"started {name} (process group {started.pid})")
     return started
+
+
+def _start_restartable(layout: StackLayout, vault: Secrets, settings: StackSettings,
+                       name: str) -> processes.ServiceProcess:
+    """Start seaweedfs, mlflow or a worker host: the same command, environment and folder for
+    ``up`` and for ``start-service``."""
+    base = _base_env(layout)
+    if name == "seaweedfs":
+        identities = services.write_seaweedfs_config(layout, vault)
+        return _start(layout, name, services.seaweedfs_command(layout, settings, identities), base, layout.seaweedfs)
+    if name == "mlflow":
+        env = services.mlflow_env(base, layout, vault, settings)
+        return _start(layout, name, services.mlflow_command(settings), env, layout.mlflow)
+    hostname = WORKER_SERVICES[name]
+    folder = layout.worker(hostname)
+    env = services.airflow_env(base, layout, vault, settings, airflow_home=folder / "airflow",
+                               onnxcast_home=folder / "home", log_folder=folder / "airflow" / "logs")
+    env.update({"TMPDIR": str(folder / "tmp"), "ONNXCAST_WORKER_HOSTNAME": hostname,
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(settings.ports[f"log-server.{hostname}"])})
+    return _start(layout, name, services.worker_command(layout, hostname), env, folder)
+
+
+def _wait_answering(service: processes.ServiceProcess, vault: Secrets, settings: StackSettings) -> None:
+    """Wait until a just-started seaweedfs, mlflow or worker host answers."""
+    if service.name == "seaweedfs":
+        admin_s3 = services.s3_client(settings, services.s3_keys(vault, "admin"))
+        processes.wait_until(service, lambda: admin_s3.list_buckets() is not None, timeout=TIMEOUTS["seaweedfs"],
+                             what="serving S3")
+    elif service.name == "mlflow":
+        processes.wait_until(service, lambda: _http_status(f"{settings.url('mlflow')}/health") == 200,
+                             timeout=TIMEOUTS["mlflow"], what="answering /health")
+    else:
+        celery_name = f"celery@{WORKER_SERVICES[service.name]}"
+        processes.wait_until(service, lambda: celery_name in _celery_ping(settings), timeout=TIMEOUTS["workers"],
+                             what="answering a Celery ping", interval=2)
 
 
 def _record_pid(layout: StackLayout, started: processes.ServiceProcess) -> None:

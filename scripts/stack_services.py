@@ -593,7 +593,7 @@ def airflow_command(*args: str) -> list[str]:
 def contained(layout: StackLayout, command: list[str], *, hostname: str | None = None,
               hide: tuple[Path, ...] = ()) -> list[str]:
     """``command`` as the main process of its own PID namespace (and mount namespace with its own
-    /proc), under a small init that passes SIGTERM on to every process inside. When that init
+    proc file system, ``--mount-proc``), under a small init that passes SIGTERM on to every process inside. When that init
     ends, or is killed, the kernel kills everything left in the namespace: a task process that
     moved to a process group of its own (Airflow's supervisor does) cannot outlive its service.
 

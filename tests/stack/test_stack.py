@@ -10,6 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from mlflow_http import move_champion, register_version
@@ -190,15 +191,12 @@ def _namespace_init(unshare_pid: int) -> int:
 
 def _stack_process_ids(stack: dict) -> set[int]:
     """Every process under the stack's services (their namespaces' processes included)."""
-    roots = {p["pid"] for p in live(stack)["processes"].values()}
-    parents = stack_processes.parents()
     found = set()
-    for pid in parents:
-        node = pid
-        while node in parents and node not in roots and node > 1:
-            node = parents[node]
-        if node in roots:
-            found.add(pid)
+    for root in {p["pid"] for p in live(stack)["processes"].values()}:
+        try:
+            found |= {root, *(p.pid for p in psutil.Process(root).children(recursive=True))}
+        except psutil.NoSuchProcess:
+            continue
     return found
 
 
