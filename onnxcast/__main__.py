@@ -1,8 +1,8 @@
 """``python -m onnxcast``: the full command, or the device command on a device install.
 
-The device distribution (onnxcast-edge) ships the source tree but neither the serving and
-Airflow subpackages nor the training CLI's dependencies, so ``onnxcast.cli`` cannot run
-there: the device commands run instead, as ``onnxcast-edge`` would.
+The device distribution (onnxcast-edge) ships only onnxcast.base and the device's rollout
+modules, so ``onnxcast.cli`` is not there: the device commands run instead, as
+``onnxcast-edge`` would.
 """
 
 import sys

@@ -204,10 +204,6 @@ def _print_error(exc: BaseException) -> None:
     print(f"error: {message}", file=sys.stderr)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # --- release commands: promote, rollback, refresh ------------------------------------------
 
 def add_release_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -285,3 +281,7 @@ def _signing_arguments(parser: argparse.ArgumentParser) -> None:
                              "default $ONNXCAST_SIGNING_KEY)")
     parser.add_argument("--expires-days", type=float,
                         help="days the channel pointer stays valid (default $ONNXCAST_POINTER_EXPIRES_DAYS or 30)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
