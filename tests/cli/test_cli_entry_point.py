@@ -30,6 +30,16 @@ def test_version_through_the_console_script():
     assert result.stdout.strip() == f"onnxcast {__version__}"
 
 
+@pytest.mark.parametrize("module", ["onnxcast", "onnxcast.cli"])
+def test_version_through_python_m(module):
+    """``python -m onnxcast`` and ``python -m onnxcast.cli`` run the whole command (the second
+    once stopped at a NameError: its ``__main__`` block ran before the release commands existed)."""
+    result = subprocess.run([sys.executable, "-m", module, "promote", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--report" in result.stdout
+
+
 def _commands(parser: argparse.ArgumentParser, path=()):
     """Every leaf subcommand of the real parser, with its parser."""
     subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
