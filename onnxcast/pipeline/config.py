@@ -334,7 +334,7 @@ def check_choices(cfg: Any) -> list[str]:
 
 # --- ranges of the numeric settings ---------------------------------------------------------
 # From the fields (low, high of setting()), so no numeric setting can slip through unchecked
-# (tests/onnxcast/test_config.py walks every field).
+# (tests/onnxcast/pipeline/test_config.py walks every field).
 
 
 class Range(NamedTuple):

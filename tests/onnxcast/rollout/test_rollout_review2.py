@@ -21,7 +21,7 @@ from onnxcast.rollout.promote import promote
 from onnxcast.rollout.signing import generate_key, load_signer, sign_envelope
 from onnxcast.rollout.store import dump_json
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 
 

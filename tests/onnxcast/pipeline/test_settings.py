@@ -27,7 +27,7 @@ from onnxcast.pipeline.config import (
     settings,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @dataclasses.dataclass(frozen=True)

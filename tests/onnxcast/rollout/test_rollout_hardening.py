@@ -23,7 +23,7 @@ from onnxcast.rollout.promote import promote
 from onnxcast.rollout.signing import generate_key
 from onnxcast.rollout.store import open_store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 EDGE = "m/channels/edge.json"
 # 100,000 nested arrays in 200 KB: json.loads raised RecursionError on it.
