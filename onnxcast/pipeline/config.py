@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.layout import RunLayout
 
 # nhits and dlinear: window families (onnxcast.pipeline.models), trained in seconds; N-HiTS was more
@@ -242,7 +243,7 @@ class PipelineConfig:
             raise ConfigError(f"invalid settings: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, path: str | Path) -> PipelineConfig:

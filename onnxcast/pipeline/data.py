@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxcast.base.errors import DataError
+from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.config import PipelineConfig
 
 EXAMPLE_DATA = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
@@ -44,7 +45,7 @@ class SeriesData:
                  timestamps=self.timestamps.astype("datetime64[ns]").astype("int64"))
         meta = {"columns": list(self.columns), "freq": self.freq, "season": self.season,
                 "source": self.source, "sha256": self.sha256}
-        (directory / "series.json").write_text(json.dumps(meta, indent=2))
+        write_text_atomic(directory / "series.json", json.dumps(meta, indent=2))
 
     @classmethod
     def load(cls, directory: str | Path) -> SeriesData:
