@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 
 from onnxcast.base.errors import ConflictError, StoreError, VerificationError
-from onnxcast.rollout.store import RolloutStore, S3Store, check_name, open_store
+from onnxcast.rollout.store import RolloutStore, S3Store, check_name, dump_json, open_store
 
 log = logging.getLogger(__name__)
 REPOSITORY = "_model_repository"
@@ -78,7 +78,7 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
     index = json.loads(store.read(index_key) or b"{}")
     index[str(number)] = {"version": pulled.version, "sha256": pointer.value.get("sha256"),
                           "artifact": pointer.value.get("artifact"), "at": pointer.value.get("updated_at")}
-    store.put(index_key, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+    store.put(index_key, dump_json(index))
     log.info("model repository: %s version %s (channel %s) is Triton version %d at %s", model, pulled.version,
              channel, number, store.url(base))
     return RepositoryResult(model, channel, pulled.version, number, changed, store.url(base))
