@@ -36,7 +36,7 @@ from onnxcast.rollout.signing import (
     verify_next_root,
     verify_self_signed,
 )
-from onnxcast.rollout.store import MAX_POINTER_BYTES, dump_json  # noqa: F401  (MAX_POINTER_BYTES: its old home: imported from here before)
+from onnxcast.rollout.store import dump_json
 
 TRUST_DIR = "trust"
 ROOT_FILE = "root.json"
