@@ -18,7 +18,7 @@ from onnxcast.base.errors import DataError
 from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.config import PipelineConfig
 
-EXAMPLE_DATA = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
+EXAMPLE_CSV = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
 
 
 @dataclass
@@ -86,7 +86,7 @@ def example_data_path() -> str:
     """Path of the Victoria electricity demand CSV shipped inside the statsmodels wheel."""
     import statsmodels
 
-    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_DATA
+    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_CSV
     if not path.exists():
         raise DataError(f"example data not found at {path}; is statsmodels installed?")
     return str(path)
