@@ -55,11 +55,11 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
     if pointer.value is None:
         raise StoreError(f"{store.url(store.channel_key(model, channel))}: no such channel for model {model!r}")
     number = max(1, len(pointer.value.get("history", [])))
-    settings = store.settings if isinstance(store, S3Store) else None
+    s3_settings = store.settings if isinstance(store, S3Store) else None
     # The pull verifies into a scratch device folder removed at the end: its name says so,
     # since the pull logs where it "installed" the model (it was read as the repository's place).
     with tempfile.TemporaryDirectory(prefix="onnxcast-temporary-verify-") as device:
-        pulled = pull(store.uri, model, channel, device, trust=trust, settings=settings)
+        pulled = pull(store.uri, model, channel, device, trust=trust, s3_settings=s3_settings)
         if pulled.version != pointer.value.get("version"):
             raise ConflictError(f"{store.url(store.channel_key(model, channel))} moved while publishing the model "
                                 "repository; re-run")
