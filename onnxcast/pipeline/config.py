@@ -32,6 +32,8 @@ MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
 FAMILY_LABELS = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer"}
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
+# the trigger form's names of the rollout channels, in CHANNELS' order
+CHANNEL_LABELS = {"edge": "edge (devices)", "cloud": "cloud (onnxcast serve)"}
 # data_uri "example": the built-in example data (resolved by data_source)
 EXAMPLE_DATA = "example"
 # the rollout store's names (onnxcast.rollout.store.NAME_PATTERN): checked in the trigger form
