@@ -21,6 +21,7 @@ from onnxcast.airflow.operators import (
     ValidateModelOperator,
 )
 from onnxcast.airflow.params import pipeline_param
+from onnxcast.pipeline.config import CHANNELS
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 RUN_DIR = "{{ ti.xcom_pull(task_ids='stage_version', key='run_dir') }}"
@@ -39,8 +40,8 @@ with DAG(
         "model_name": pipeline_param("model_name", description="Registered model name"),
         "version": Param("challenger", type="string", minLength=1,
                          description="Version number or alias (challenger, champion, ...) to promote"),
-        "channels": Param(["edge", "cloud"], type="array", minItems=1,
-                          items={"type": "string", "enum": ["edge", "cloud"]}, description="Channels to move"),
+        "channels": Param(list(CHANNELS), type="array", minItems=1,
+                          items={"type": "string", "enum": list(CHANNELS)}, description="Channels to move"),
         "store_uri": Param(None, type=["null", "string"],
                            description="Rollout store: s3://bucket/prefix or a folder; empty: the deployment's "
                                        "ONNXCAST_STORE_URI (embedded mode: $ONNXCAST_HOME/rollout)"),

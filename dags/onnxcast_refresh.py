@@ -15,6 +15,7 @@ from airflow.sdk import DAG, Param
 
 from onnxcast.airflow.operators import RefreshChannelsOperator
 from onnxcast.airflow.params import pipeline_param
+from onnxcast.pipeline.config import CHANNELS
 
 with DAG(
     dag_id="onnxcast_refresh",
@@ -28,8 +29,8 @@ with DAG(
     default_args={"owner": "onnxcast", "retries": 2},
     params={
         "model_name": pipeline_param("model_name", description="Model in the rollout store"),
-        "channels": Param(["edge", "cloud"], type="array", minItems=1,
-                          items={"type": "string", "enum": ["edge", "cloud"]}, description="Channels to re-sign"),
+        "channels": Param(list(CHANNELS), type="array", minItems=1,
+                          items={"type": "string", "enum": list(CHANNELS)}, description="Channels to re-sign"),
         "store_uri": Param(None, type=["null", "string"],
                            description="Rollout store: s3://bucket/prefix or a folder; empty: $ONNXCAST_HOME/rollout"),
         "expires_days": Param(30, type="number", minimum=1, maximum=365,

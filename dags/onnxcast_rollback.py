@@ -14,6 +14,7 @@ from airflow.sdk import DAG, Asset, Param
 
 from onnxcast.airflow.operators import RollbackChannelOperator
 from onnxcast.airflow.params import pipeline_param
+from onnxcast.pipeline.config import CHANNELS
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 
@@ -29,7 +30,7 @@ with DAG(
     default_args={"owner": "onnxcast", "retries": 0},
     params={
         "model_name": pipeline_param("model_name", description="Model in the rollout store"),
-        "channel": Param("edge", type="string", enum=["edge", "cloud"], description="Channel to move back"),
+        "channel": Param("edge", type="string", enum=list(CHANNELS), description="Channel to move back"),
         "to_version": Param(None, type=["null", "string"],
                             description="Version to move to; empty: the version it was promoted from"),
         "reason": Param(type="string", minLength=1, description="Why: recorded in the channel history"),

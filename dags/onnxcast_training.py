@@ -43,9 +43,9 @@ from onnxcast.airflow.operators import (
 from onnxcast.airflow.params import pipeline_params, pipeline_templates
 from onnxcast.airflow.serving import ServingReadySensor
 from onnxcast.airflow.steps import end_mlflow_runs
+from onnxcast.pipeline.config import CHANNEL_LABELS, CHANNELS
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
-CHANNELS = {"edge": "edge (devices)", "cloud": "cloud (onnxcast serve)"}
 # Weekly, Sunday 00:00 UTC. Unpausing must not start a run at once: the trigger form unpauses
 # the DAG before it submits (its "unpause on trigger" box is on by default and Airflow 3.3.2 has
 # no setting for it), so a submission the API then rejected left a paused-at-creation DAG
@@ -73,7 +73,7 @@ with DAG(
         **pipeline_params(),  # data_uri ... model_name: from their declaration in PipelineConfig
         "channels": Param(list(CHANNELS), type="array", minItems=1, uniqueItems=True,
                           items={"type": "string", "enum": list(CHANNELS)}, examples=list(CHANNELS),
-                          values_display=CHANNELS,
+                          values_display=CHANNEL_LABELS,
                           description="Rollout channels to promote to when the challenger wins"),
         "fetch_from": Param(None, type=["null", "string"],
                             description="Start from an existing model instead of training: models:/name@alias, "

@@ -284,18 +284,22 @@ class RunDir:
 
 
 class RunStore:
-    """Where run directories live: ``<root>/<dag_id>/<run_id>``."""
+    """Where run directories live: ``<root>/<dag_id>/<run_id>``. ``s3_settings`` and
+    ``other`` go to :func:`backend_for` when a run directory is opened (``other``: the
+    backend for a URL of another scheme, in Airflow an ObjectStoragePath one)."""
 
-    def __init__(self, root: str, *, s3_settings: S3Settings | None = None) -> None:
+    def __init__(self, root: str, *, s3_settings: S3Settings | None = None,
+                 other: Callable[[str], Backend] | None = None) -> None:
         self.root = root.rstrip("/") if "://" in root else str(Path(root).expanduser().resolve())
         self.s3_settings = s3_settings
+        self.other = other
 
     def run_url(self, dag_id: str, run_id: str) -> str:
         return f"{self.root}/{safe_segment(dag_id)}/{safe_segment(run_id)}"
 
     def open(self, url: str) -> RunDir:
         """The run directory at ``url`` (a URL :meth:`run_url` made, passed on through XCom)."""
-        return RunDir(url, backend_for(url, s3_settings=self.s3_settings))
+        return RunDir(url, backend_for(url, s3_settings=self.s3_settings, other=self.other))
 
 
 def safe_segment(value: str) -> str:

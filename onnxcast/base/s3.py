@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from onnxcast.base.errors import ConfigError, DataError
 
@@ -94,28 +94,51 @@ def make_client(settings: S3Settings | None = None):
     return session.client("s3", endpoint_url=s.endpoint_url, config=config)
 
 
-def get_object_bytes(uri: str, limit: int, settings: S3Settings | None = None) -> bytes:
-    """The object's bytes, refused (DataError) past ``limit``: by its length before the
-    download, and by what arrives, since the length is only what the server says."""
+class ReadWords(NamedTuple):
+    """How :func:`get_object_bytes` words its refusals: ``str.format`` templates over ``uri``,
+    ``limit``, ``size`` (the length the server gave), ``code`` (:func:`s3_error_code`) and
+    ``exc`` (a BotoCoreError). ``missing``: for a missing key or bucket (None: ``failed``)."""
+
+    too_large: str
+    over: str
+    failed: str
+    unreachable: str = "{uri}: cannot reach S3 ({exc})"
+    missing: str | None = None
+
+
+DATA_FILE_WORDS = ReadWords(
+    too_large="{uri} is {size:,} bytes, over the limit of {limit:,} bytes for a data file "
+              "(set ONNXCAST_MAX_DATA_BYTES to read larger files)",
+    over="{uri} is over the limit of {limit:,} bytes for a data file",
+    failed="{uri}: cannot read from S3 ({code})",
+)
+
+
+def get_object_bytes(uri: str, limit: int, s3_settings: S3Settings | None = None, *,
+                     error: type[Exception] = DataError, words: ReadWords = DATA_FILE_WORDS) -> bytes:
+    """The object's bytes, refused (``error``, worded by ``words``) past ``limit``: by its
+    length before the download, and by what arrives, since the length is only what the
+    server says."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = split_s3_uri(uri)
-    client = make_client(settings)
+    client = make_client(s3_settings)
     try:
         response = client.get_object(Bucket=bucket, Key=key)
         size = response.get("ContentLength")
         if isinstance(size, int) and size > limit:
             response["Body"].close()
-            raise DataError(f"{uri} is {size:,} bytes, over the limit of {limit:,} bytes for a data file "
-                            "(set ONNXCAST_MAX_DATA_BYTES to read larger files)")
+            raise error(words.too_large.format(uri=uri, size=size, limit=limit))
         data = response["Body"].read(limit + 1)
         if len(data) > limit:
-            raise DataError(f"{uri} is over the limit of {limit:,} bytes for a data file")
+            raise error(words.over.format(uri=uri, limit=limit))
         return data
     except ClientError as exc:
-        raise DataError(f"{uri}: cannot read from S3 ({s3_error_code(exc) or 'error'})") from None
+        code = s3_error_code(exc) or "error"
+        missing = words.missing is not None and s3_error_kind(exc) in (NO_SUCH_KEY, NO_SUCH_BUCKET)
+        raise error((words.missing if missing else words.failed).format(uri=uri, code=code)) from None
     except BotoCoreError as exc:
-        raise DataError(f"{uri}: cannot reach S3 ({exc})") from None
+        raise error(words.unreachable.format(uri=uri, exc=exc)) from None
 
 
 # --- the one map of botocore errors: each caller words its own exception from these ------

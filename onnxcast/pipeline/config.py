@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.layout import RunLayout
 
 # nhits and dlinear: window families (onnxcast.pipeline.models), trained in seconds; N-HiTS was more
@@ -31,6 +32,8 @@ MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
 FAMILY_LABELS = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer"}
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
+# the trigger form's names of the rollout channels, in CHANNELS' order
+CHANNEL_LABELS = {"edge": "edge (devices)", "cloud": "cloud (onnxcast serve)"}
 # data_uri "example": the built-in example data (resolved by data_source)
 EXAMPLE_DATA = "example"
 # the rollout store's names (onnxcast.rollout.store.NAME_PATTERN): checked in the trigger form
@@ -242,7 +245,7 @@ class PipelineConfig:
             raise ConfigError(f"invalid settings: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, path: str | Path) -> PipelineConfig:

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from onnxcast.base.errors import DataError
+from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.config import PipelineConfig
 
-EXAMPLE_DATA = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
+EXAMPLE_CSV = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
 
 
 @dataclass
@@ -44,7 +45,7 @@ class SeriesData:
                  timestamps=self.timestamps.astype("datetime64[ns]").astype("int64"))
         meta = {"columns": list(self.columns), "freq": self.freq, "season": self.season,
                 "source": self.source, "sha256": self.sha256}
-        (directory / "series.json").write_text(json.dumps(meta, indent=2))
+        write_text_atomic(directory / "series.json", json.dumps(meta, indent=2))
 
     @classmethod
     def load(cls, directory: str | Path) -> SeriesData:
@@ -85,7 +86,7 @@ def example_data_path() -> str:
     """Path of the Victoria electricity demand CSV shipped inside the statsmodels wheel."""
     import statsmodels
 
-    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_DATA
+    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_CSV
     if not path.exists():
         raise DataError(f"example data not found at {path}; is statsmodels installed?")
     return str(path)

@@ -24,15 +24,7 @@ from typing import Any
 
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.base.files import replacing
-from onnxcast.base.s3 import (
-    NO_SUCH_BUCKET,
-    NO_SUCH_KEY,
-    S3Settings,
-    make_client,
-    s3_error_code,
-    s3_error_kind,
-    split_s3_uri,
-)
+from onnxcast.base.s3 import ReadWords, S3Settings, get_object_bytes, split_s3_uri
 from onnxcast.base.untrusted import (
     MAX_METADATA_BYTES,
     UntrustedInputError,
@@ -191,28 +183,12 @@ def _read_bytes(source: dict, name: str, s3_settings: S3Settings | None) -> byte
         if not path.exists():
             raise FetchError(f"{path}: not found (a fetch folder holds {MODEL_FILE} and {SPEC_FILE})")
         return _read_file(path, limit)
-    from botocore.exceptions import BotoCoreError, ClientError
-
     bucket, prefix = split_s3_uri(uri if uri.endswith("/") else uri + "/")
-    key = f"{prefix}{name}"
-    client = make_client(s3_settings)
-    try:
-        response = client.get_object(Bucket=bucket, Key=key)
-        size = int(response.get("ContentLength") or 0)
-        if size > limit:
-            raise FetchError(f"s3://{bucket}/{key}: {size:,} bytes, over the limit of {limit:,} for {name}")
-        data = response["Body"].read(limit + 1)
-        if len(data) > limit:
-            raise FetchError(f"s3://{bucket}/{key}: over the limit of {limit:,} bytes for {name}")
-        return data
-    except ClientError as exc:
-        code = s3_error_code(exc) or "error"
-        if s3_error_kind(exc) in (NO_SUCH_KEY, NO_SUCH_BUCKET):
-            raise FetchError(f"s3://{bucket}/{key}: not found ({code}); a fetch prefix holds {MODEL_FILE} "
-                             f"and {SPEC_FILE}") from None
-        raise FetchError(f"s3://{bucket}/{key}: cannot read ({code})") from None
-    except BotoCoreError as exc:
-        raise FetchError(f"s3://{bucket}/{key}: cannot reach S3 ({exc})") from None
+    words = ReadWords(too_large=f"{{uri}}: {{size:,}} bytes, over the limit of {{limit:,}} for {name}",
+                      over=f"{{uri}}: over the limit of {{limit:,}} bytes for {name}",
+                      failed="{uri}: cannot read ({code})",
+                      missing=f"{{uri}}: not found ({{code}}); a fetch prefix holds {MODEL_FILE} and {SPEC_FILE}")
+    return get_object_bytes(f"s3://{bucket}/{prefix}{name}", limit, s3_settings, error=FetchError, words=words)
 
 
 def _read_file(path: Path, limit: int) -> bytes:

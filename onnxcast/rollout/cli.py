@@ -217,13 +217,9 @@ def run_keys_publish_root(args: argparse.Namespace) -> int:
 
 
 def run_keys_kms_pub(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+    from onnxcast.rollout.signing import kms_signer, write_public_key
 
-    from onnxcast.rollout.signing import kms_signer, public_key_of
-
-    out = Path(args.out)
-    out.write_text(json.dumps(public_key_of(kms_signer(args.key_id)), indent=2, sort_keys=True) + "\n")
+    out = write_public_key(args.out, kms_signer(args.key_id))
     print(f"wrote {out} (public key of KMS key {args.key_id})")
     return 0
 

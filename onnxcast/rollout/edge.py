@@ -110,7 +110,7 @@ class ModelInfo:
 
 
 def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: str | Path | None = None,
-         settings: S3Settings | None = None) -> PullResult:
+         s3_settings: S3Settings | None = None) -> PullResult:
     """Install the model ``channel`` points to under ``dest/current`` if it verifies
     against the device's trust root (``trust``, ``$ONNXCAST_TRUST`` or ``dest/trust``).
 
@@ -122,7 +122,7 @@ def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: s
     """
     check_name("model", model)
     check_name("channel", channel)
-    store = open_store(store_uri, settings)
+    store = open_store(store_uri, s3_settings)
     with open_device_folder(dest, create=True) as folder, folder.locked():
         current = _installed(folder)
         try:
@@ -171,7 +171,7 @@ def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_fi
 def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interval: float = 60.0,
           max_polls: int | None = None, on_poll: Callable[[str], None] = log.info,
           sleep: Callable[[float], None] = time.sleep, trust: str | Path | None = None,
-          settings: S3Settings | None = None) -> int:
+          s3_settings: S3Settings | None = None) -> int:
     """Poll the channel every ``interval`` seconds (``max_polls`` times, or forever) and pull
     what it names. A poll that fails keeps the current model. Returns the failed polls."""
     if not 0 <= interval <= MAX_INTERVAL_S:  # nan and inf included: time.sleep raises on them
@@ -182,7 +182,7 @@ def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interva
             sleep(interval)
         polls += 1
         try:
-            result = pull(store_uri, model, channel, dest, trust=trust, settings=settings)
+            result = pull(store_uri, model, channel, dest, trust=trust, s3_settings=s3_settings)
             on_poll(f"poll {polls}: {'installed' if result.changed else 'unchanged at'} version {result.version}")
         except RefusedError as exc:
             failures += 1

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 
 from onnxcast.base.errors import ConflictError, StoreError, VerificationError
-from onnxcast.rollout.store import RolloutStore, S3Store, check_name, open_store
+from onnxcast.rollout.store import RolloutStore, S3Store, check_name, dump_json, open_store
 
 log = logging.getLogger(__name__)
 REPOSITORY = "_model_repository"
@@ -55,11 +55,11 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
     if pointer.value is None:
         raise StoreError(f"{store.url(store.channel_key(model, channel))}: no such channel for model {model!r}")
     number = max(1, len(pointer.value.get("history", [])))
-    settings = store.settings if isinstance(store, S3Store) else None
+    s3_settings = store.settings if isinstance(store, S3Store) else None
     # The pull verifies into a scratch device folder removed at the end: its name says so,
     # since the pull logs where it "installed" the model (it was read as the repository's place).
     with tempfile.TemporaryDirectory(prefix="onnxcast-temporary-verify-") as device:
-        pulled = pull(store.uri, model, channel, device, trust=trust, settings=settings)
+        pulled = pull(store.uri, model, channel, device, trust=trust, s3_settings=s3_settings)
         if pulled.version != pointer.value.get("version"):
             raise ConflictError(f"{store.url(store.channel_key(model, channel))} moved while publishing the model "
                                 "repository; re-run")
@@ -78,7 +78,7 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
     index = json.loads(store.read(index_key) or b"{}")
     index[str(number)] = {"version": pulled.version, "sha256": pointer.value.get("sha256"),
                           "artifact": pointer.value.get("artifact"), "at": pointer.value.get("updated_at")}
-    store.put(index_key, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+    store.put(index_key, dump_json(index))
     log.info("model repository: %s version %s (channel %s) is Triton version %d at %s", model, pulled.version,
              channel, number, store.url(base))
     return RepositoryResult(model, channel, pulled.version, number, changed, store.url(base))

@@ -129,6 +129,13 @@ def read_public_key(path: str | Path):
         raise ConfigError(f"{path}: not a public key file ({type(exc).__name__})") from None
 
 
+def write_public_key(path: str | Path, signer) -> Path:
+    """Write the public key file (``signing.pub`` form) of ``signer``."""
+    path = Path(path)
+    path.write_text(json.dumps(public_key_of(signer), indent=2, sort_keys=True) + "\n")
+    return path
+
+
 def generate_key(out: str | Path, *, root_days: int = DEFAULT_ROOT_DAYS) -> dict[str, Path]:
     """A development release key: ``signing.key`` (Ed25519, PKCS#8 PEM, mode 0600),
     ``signing.pub`` and ``root.json`` (a trust root where this one key holds every role,
@@ -145,7 +152,7 @@ def generate_key(out: str | Path, *, root_days: int = DEFAULT_ROOT_DAYS) -> dict
     with os.fdopen(fd, "wb") as f:
         f.write(signer.private_bytes)
     os.chmod(private, 0o600)  # whatever the umask
-    public.write_text(json.dumps(public_key_of(signer), indent=2, sort_keys=True) + "\n")
+    write_public_key(public, signer)
     root = make_root([signer.public_key], [signer.public_key], expires_days=root_days)
     root_file.write_bytes(sign_root(root, [signer]))
     return {"private": private, "public": public, "root": root_file}

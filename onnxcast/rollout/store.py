@@ -58,10 +58,10 @@ MAX_POINTER_BYTES = 1 << 20
 MAX_MANIFEST_BYTES = MAX_METADATA_BYTES
 
 
-def open_store(uri: str, settings: S3Settings | None = None) -> RolloutStore:
+def open_store(uri: str, s3_settings: S3Settings | None = None) -> RolloutStore:
     """A store for ``uri``: a directory path (or ``file://`` URI) or ``s3://bucket/prefix``.
 
-    ``settings`` apply to an S3 store; None means the environment (``AWS_*`` as boto3 reads
+    ``s3_settings`` apply to an S3 store; None means the environment (``AWS_*`` as boto3 reads
     them, ``ONNXCAST_STORE_SSE``, ``ONNXCAST_STORE_SSE_KMS_KEY_ID``). A local store takes none.
     """
     if not isinstance(uri, str) or not uri.strip():
@@ -73,13 +73,13 @@ def open_store(uri: str, settings: S3Settings | None = None) -> RolloutStore:
             bucket, prefix = "", ""
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
             raise ConfigError(f"store URI {uri!r}: {bucket!r} is not a valid S3 bucket name")
-        return S3Store(bucket, prefix.strip("/"), settings if settings is not None else S3Settings.from_values({}))
+        return S3Store(bucket, prefix.strip("/"), s3_settings if s3_settings is not None else S3Settings.from_values({}))
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
     elif "://" in uri:
         raise ConfigError(f"unsupported store URI {uri!r}: expected a directory path or s3://bucket/prefix")
-    if settings is not None:
-        raise ConfigError(f"a local store takes no settings, got {settings!r}")
+    if s3_settings is not None:
+        raise ConfigError(f"a local store takes no settings, got {s3_settings!r}")
     return LocalStore(Path(uri))
 
 

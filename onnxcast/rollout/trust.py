@@ -15,7 +15,6 @@ expiries and signed lengths decide.
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +36,7 @@ from onnxcast.rollout.signing import (
     verify_next_root,
     verify_self_signed,
 )
-from onnxcast.rollout.store import MAX_POINTER_BYTES  # noqa: F401  (its old home: imported from here before)
+from onnxcast.rollout.store import dump_json
 
 TRUST_DIR = "trust"
 ROOT_FILE = "root.json"
@@ -145,7 +144,7 @@ class DeviceTrust:
         versions = [v for v in entry.get("versions", []) if v != pointer["version"]] + [pointer["version"]]
         channels[f"{model}/{channel}"] = {"counter": pointer["counter"], "version": pointer["version"],
                                           "expires": pointer.get("expires"), "versions": versions[-1000:]}
-        self.files.write(STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+        self.files.write(STATE_FILE, dump_json(state))
 
     def _state(self) -> dict:
         data = self.files.read(STATE_FILE)
