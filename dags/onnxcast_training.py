@@ -37,12 +37,12 @@ from onnxcast.airflow.operators import (
     OptimizeModelOperator,
     PromoteModelOperator,
     RegisterModelOperator,
+    ServingReadySensor,
     TrainOrFetchModelOperator,
     ValidateModelOperator,
+    end_mlflow_runs,
 )
 from onnxcast.airflow.params import pipeline_params, pipeline_templates
-from onnxcast.airflow.serving import ServingReadySensor
-from onnxcast.airflow.steps import end_mlflow_runs
 from onnxcast.pipeline.config import CHANNEL_LABELS, CHANNELS
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")

@@ -19,6 +19,7 @@ from onnxcast.airflow.steps import (
     OptimizeModelOperator,
     TrainOrFetchModelOperator,
     ValidateModelOperator,
+    end_mlflow_runs,
 )
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "StageRegisteredVersionOperator",
     "TrainOrFetchModelOperator",
     "ValidateModelOperator",
+    "end_mlflow_runs",
 ]

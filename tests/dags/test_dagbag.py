@@ -103,6 +103,21 @@ def test_dag_file_parses_fast_without_heavy_imports(path):
     assert result["seconds"] < MAX_PARSE_SECONDS, f"{path.name} parsed in {result['seconds']:.3f} s"
 
 
+DAG_IMPORTS = {"onnxcast.airflow.operators", "onnxcast.airflow.params", "onnxcast.pipeline.config"}
+
+
+@pytest.mark.parametrize("path", DAG_FILES, ids=[p.name for p in DAG_FILES])
+def test_dag_files_import_only_the_operators_the_params_and_the_channel_names(path):
+    """What docs/architecture.md promises of a DAG file: onnxcast through the provider's
+    operators and params (and the channel names of the stdlib-only config), nothing deeper."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert {m for m in imported if m.split(".")[0] == "onnxcast"} <= DAG_IMPORTS
+
+
 def test_provider_registers_the_link_and_the_mlflow_connection_type():
     """onnxcast is an installed Airflow provider (entry point apache_airflow_provider): Airflow
     finds its extra link, hooks and the mlflow connection form without a plugins folder."""
