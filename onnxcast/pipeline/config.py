@@ -86,6 +86,13 @@ class QualitySettings:
         0.001, help="data check: largest share of outliers", low=0.0, high=1.0, high_open=True)
     min_holdout_windows: int = setting(
         2, help="data check: forecast windows the holdout must hold at least", low=1, high=10_000)
+    # fleet mode (series_column set): a bad series is excluded, the run fails past this share
+    max_excluded_share: float = setting(
+        0.1, help="fleet data check: largest share of series that may be excluded (too short, gaps, constant, "
+                  "...) before the run fails", cli="--max-excluded-share", group=DATA, low=0.0, high=1.0)
+    min_train_steps: int | None = setting(
+        None, help="fleet data check: training steps a series needs at least (default: one season plus the "
+                   "horizon)", low=1, high=10_000_000)
 
     def __post_init__(self) -> None:
         problems = check_ranges(self, ranges(type(self)), prefix="quality.")
@@ -102,6 +109,11 @@ class PipelineConfig:
         group=DATA, dag=True, dag_default=EXAMPLE_DATA,
         description="CSV or Parquet: local path, s3:// URI, or 'example' (Victoria electricity demand)")
     out_dir: str = setting(help="output folder for report.json and the ONNX files", cli="--out")
+    # fleet mode: a long table of many series (onnxcast.pipeline.fleet_data, docs/fleet.md)
+    series_column: str | None = setting(
+        None, help="column of series ids: a long table of many series, one global model per family "
+                   "(omitted: one series)", cli="--series-column", group=DATA, dag=True,
+        description="Series id column of a long table of many series (empty: the file is one series)")
     time_column: str = setting("ds", help="column of timestamps (ISO 8601)", cli="--time-column", group=DATA,
                                dag=True, description="Timestamp column")
     target_column: str = setting("y", help="column to forecast", cli="--target-column", group=DATA, dag=True)
@@ -174,6 +186,24 @@ class PipelineConfig:
     threads: int = setting(
         1, help="threads per step (training, validation, latency figures); 1 keeps parallel workers from "
                 "thrashing", cli="--threads", group=EXPORT, low=1, high=1024)
+    # fleet mode (series_column set)
+    fleet_shards: int = setting(
+        4, help="fleet: shards of series for the per-series work (data checks, reference, evaluation), one "
+                "mapped task each in Airflow", cli="--shards", group=DATA, dag=True, low=1, high=256)
+    fleet_windows_per_epoch: int = setting(
+        20_000, help="fleet: training windows drawn per epoch, across the series", cli="--windows-per-epoch",
+        group=TRAINING, low=1, high=100_000_000)
+    fleet_validation_series: int = setting(
+        2_000, help="fleet: series sampled for the validation loss (early stopping)", low=1, high=10_000_000)
+    series_sampling_power: float = setting(
+        0.5, help="fleet: a series is drawn for training with weight (its windows)^POWER: 0 every series "
+                  "alike, 1 every window alike", low=0.0, high=1.0)
+    reference_max_series: int = setting(
+        2_000, help="fleet: the statistical reference runs on a random sample of this many series (0: all)",
+        cli="--reference-series", group=EXPORT, low=0, high=10_000_000)
+    reference_max_origins: int = setting(
+        3, help="fleet: holdout origins per series of the statistical reference (the last ones)", low=1,
+        high=10_000)
     model_name: str = setting(
         "onnxcast-forecaster", help="registered model name, MLflow experiment and rollout store folder",
         dag=True, pattern=MODEL_NAME_PATTERN)
@@ -192,6 +222,9 @@ class PipelineConfig:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.target_column in self.feature_columns:
             problems.append(f"target column {self.target_column!r} is also listed as a feature")
+        if self.series_column and self.series_column in (self.time_column, self.target_column,
+                                                         *self.feature_columns):
+            problems.append(f"series column {self.series_column!r} is also the time, target or a feature column")
         if self.time_column == self.target_column:
             problems.append(f"time column and target column are both {self.time_column!r}")
         if self.trained_until:
@@ -207,6 +240,11 @@ class PipelineConfig:
     @property
     def n_features(self) -> int:
         return 1 + len(self.feature_columns)
+
+    @property
+    def is_fleet(self) -> bool:
+        """Many series (a long table with ``series_column``), one global model per family."""
+        return bool(self.series_column)
 
     @property
     def run_dir(self) -> Path:

@@ -17,6 +17,19 @@ reads or writes a run's files asks a :class:`RunLayout` for the path::
     champion_challenger.json                      the champion/challenger decision
     staged.json                                   a registered version laid out again (promote DAG)
     plots/                                        figures logged to MLflow
+
+Fleet mode (``series_column`` set, docs/fleet.md) adds::
+
+    data/shards.json                              shards of series (check_data)
+    data/shards/<k>/rows.parquet                  the shard's raw rows (check_data)
+    data/shards/<k>/                              the shard's checked series, a FleetData (check_series)
+    quality/shards/<k>/                           the shard's per-series GX results (check_series)
+    quality/series.parquet                        one row per series, with why it was excluded (merge)
+    data/fleet/                                   every kept series, a FleetData (merge)
+    data/reference/shards/<k>.parquet             baselines and the statistical reference per series
+    data/reference/per_series.parquet             the same for every series (merged)
+    models/<family>/shards/<k>.parquet            every variant's errors per series of shard k
+    models/<family>/per_series.parquet            the same for every series (validate)
 """
 
 from __future__ import annotations
@@ -105,6 +118,46 @@ class RunLayout:
 
     def variants(self, family: str) -> Path:
         return self.onnx_dir(family) / "variants.json"
+
+    # --- fleet mode ---------------------------------------------------------------------------
+
+    @property
+    def fleet(self) -> Path:
+        return self.data / "fleet"
+
+    @property
+    def shards(self) -> Path:
+        return self.data / "shards.json"
+
+    def shard(self, shard: int) -> Path:
+        return self.data / "shards" / f"{int(shard):03d}"
+
+    def shard_rows(self, shard: int) -> Path:
+        return self.shard(shard) / "rows.parquet"
+
+    def quality_shard(self, shard: int) -> Path:
+        return self.quality / "shards" / f"{int(shard):03d}"
+
+    @property
+    def series_table(self) -> Path:
+        return self.quality / "series.parquet"
+
+    @property
+    def reference(self) -> Path:
+        return self.data / "reference"
+
+    def reference_shard(self, shard: int) -> Path:
+        return self.reference / "shards" / f"{int(shard):03d}.parquet"
+
+    @property
+    def reference_table(self) -> Path:
+        return self.reference / "per_series.parquet"
+
+    def family_shard(self, family: str, shard: int) -> Path:
+        return self.family(family) / "shards" / f"{int(shard):03d}.parquet"
+
+    def per_series(self, family: str) -> Path:
+        return self.family(family) / "per_series.parquet"
 
     def family_of(self, relative: str) -> str | None:
         """The family a run-relative path belongs to (``models/<family>/...``), else None."""

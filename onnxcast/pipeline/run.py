@@ -124,7 +124,12 @@ def _heartbeat(message: str, every: float) -> Iterator[None]:
 
 
 def train_family(cfg: PipelineConfig, family: str) -> dict:
-    """Train one model family on the saved series; save its state dict and config."""
+    """Train one model family on the saved series (one global model on a fleet); save its
+    state dict and config."""
+    if cfg.is_fleet:
+        from onnxcast.pipeline.fleet_train import train_global
+
+        return train_global(cfg, family)
     from onnxcast.pipeline.data import seasons_for_freq, windows
     from onnxcast.pipeline.evaluation import best_anchor_season
     from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
@@ -220,6 +225,10 @@ def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
 
 def validate_family(cfg: PipelineConfig, family: str) -> dict:
     """Validate every variant of ``family``; write and return its report entry."""
+    if cfg.is_fleet:
+        from onnxcast.pipeline.fleet_eval import validate_fleet_family
+
+        return validate_fleet_family(cfg, family)
     from onnxcast.pipeline.validate import validate_variants
 
     series, split = _load_data(cfg)
@@ -309,13 +318,10 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
     try:
-        _step(1, "check and split data", prepare_data, work)
-        for family in work.models:
-            _step(2, f"train {family}", train_family, work, family)
-            _step(3, f"export {family}", export_family, work, family)
-            _step(4, f"optimize {family}", optimize_family, work, family)
-            _step(5, f"validate {family}", validate_family, work, family)
-        report = _step(6, "report", assemble_report, work)
+        if work.is_fleet:
+            report = _run_fleet(work)
+        else:
+            report = _run_series(work)
     except BaseException as exc:
         _keep_diagnostics(staging, out)
         if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
@@ -324,6 +330,41 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     _publish(staging, out)
     log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, cfg.layout.report)
     return report
+
+
+def _run_series(work: PipelineConfig) -> dict:
+    """Every step of a one-series run, in order."""
+    _step(1, "check and split data", prepare_data, work)
+    for family in work.models:
+        _step(2, f"train {family}", train_family, work, family)
+        _step(3, f"export {family}", export_family, work, family)
+        _step(4, f"optimize {family}", optimize_family, work, family)
+        _step(5, f"validate {family}", validate_family, work, family)
+    return _step(6, "report", assemble_report, work)
+
+
+def _run_fleet(work: PipelineConfig) -> dict:
+    """Every step of a fleet run, in order: the per-shard steps one shard after another
+    (Airflow maps them over the workers, onnxcast.airflow.steps)."""
+    from onnxcast.pipeline import fleet_quality
+    from onnxcast.pipeline.fleet_eval import evaluate_shard, reference_shard
+
+    shards = _step(1, "check the table of series", fleet_quality.check_fleet_table, work)
+    for shard in shards:
+        fleet_quality.check_fleet_shard(work, shard)
+    _step(1, "check every series", fleet_quality.merge_fleet_checks, work)
+    for shard in shards:
+        reference_shard(work, shard)
+    for family in work.models:
+        _step(2, f"train {family} (global)", train_family, work, family)
+        _step(3, f"export {family}", export_family, work, family)
+        _step(4, f"optimize {family}", optimize_family, work, family)
+    log.info("[5/6] evaluate every series")
+    for shard in shards:
+        evaluate_shard(work, shard)
+    for family in work.models:
+        _step(5, f"validate {family}", validate_family, work, family)
+    return _step(6, "report", assemble_report, work)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,216 @@
+"""Many series in one run (fleet mode): the checked series, their split and their shards.
+
+A fleet is kept ragged, series back to back in one float32 array with offsets (a CSR
+layout), never as a padded matrix: M3 monthly series are 66 to 144 points long, and a
+10,000-series fleet of 1,000 points is 40 MB this way. Timestamps are not stored per point:
+after the data gate every series lies on the fleet's one regular grid, so its first timestamp
+and the frequency give the rest.
+
+Every series is split from its own end (the competitions' protocol: the test period of a
+series is its last points), so its holdout is its most recent data whatever its length.
+Shards group series for the per-series work that runs in parallel (data checks, the
+statistical reference, the per-series evaluation): one mapped Airflow task per shard.
+
+numpy only at import time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from onnxcast.base.errors import DataError
+from onnxcast.base.files import write_text_atomic
+
+FLEET_JSON = "fleet.json"
+ARRAYS = ("values", "offsets", "starts")
+
+
+@dataclass
+class FleetData:
+    """Checked, regular series of one frequency, back to back. ``values[:, 0]`` is the target."""
+
+    values: np.ndarray  # float32 [total_rows, n_features]; series i is values[offsets[i]:offsets[i + 1]]
+    offsets: np.ndarray  # int64 [n_series + 1]
+    starts: np.ndarray  # int64 [n_series]: first timestamp, ns since the epoch, UTC
+    ids: tuple[str, ...]  # series ids, sorted, unique
+    columns: tuple[str, ...]  # target first, then features
+    freq: str
+    season: int
+    source: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        if self.offsets.shape != (n + 1,) or self.starts.shape != (n,):
+            raise ValueError(f"fleet of {n} series with {len(self.offsets)} offsets and {len(self.starts)} starts")
+        if n and (self.offsets[0] != 0 or self.offsets[-1] != len(self.values)):
+            raise ValueError("offsets do not cover the values")
+
+    @property
+    def n_series(self) -> int:
+        return len(self.ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.values.shape[1])
+
+    def series(self, i: int) -> np.ndarray:
+        """Series ``i``, a view ``[length, n_features]``."""
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def target(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1], 0]
+
+    def timestamps(self, i: int) -> np.ndarray:
+        """The timestamps of series ``i`` (datetime64[ns], UTC, naive)."""
+        import pandas as pd
+
+        index = pd.date_range(pd.Timestamp(int(self.starts[i]), unit="ns"), periods=int(self.lengths[i]),
+                              freq=self.freq)
+        return index.to_numpy().astype("datetime64[ns]")
+
+    def end(self, i: int) -> np.datetime64:
+        return self.timestamps(i)[-1]
+
+    def index_of(self) -> dict[str, int]:
+        return {sid: i for i, sid in enumerate(self.ids)}
+
+    def subset(self, index) -> FleetData:
+        """The series at ``index`` (sorted positions), copied."""
+        index = np.sort(np.asarray(index, dtype=np.int64))
+        lengths = self.lengths[index]
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        parts = [self.values[self.offsets[i] : self.offsets[i + 1]] for i in index]
+        values = np.concatenate(parts) if parts else np.zeros((0, self.values.shape[1]), np.float32)
+        return FleetData(values=np.ascontiguousarray(values, dtype=np.float32), offsets=offsets,
+                         starts=self.starts[index].copy(), ids=tuple(self.ids[i] for i in index),
+                         columns=self.columns, freq=self.freq, season=self.season, source=self.source,
+                         sha256=self.sha256)
+
+    def save(self, directory: str | Path) -> None:
+        """``values.npy``, ``offsets.npy``, ``starts.npy`` (memory-mappable) and ``fleet.json``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in ARRAYS:
+            tmp = directory / f".{name}.npy.tmp"
+            with open(tmp, "wb") as handle:
+                np.save(handle, getattr(self, name), allow_pickle=False)
+            tmp.replace(directory / f"{name}.npy")
+        meta = {"ids": list(self.ids), "columns": list(self.columns), "freq": self.freq, "season": self.season,
+                "source": self.source, "sha256": self.sha256, "n_series": self.n_series,
+                "rows": int(len(self.values))}
+        write_text_atomic(directory / FLEET_JSON, json.dumps(meta))
+
+    @classmethod
+    def load(cls, directory: str | Path, *, mmap: bool = False) -> FleetData:
+        directory = Path(directory)
+        try:
+            meta = json.loads((directory / FLEET_JSON).read_text())
+            arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+                      for name in ARRAYS}
+        except (OSError, ValueError) as error:
+            raise DataError(f"{directory}: not a saved fleet ({error})") from None
+        return cls(values=arrays["values"], offsets=np.asarray(arrays["offsets"], dtype=np.int64),
+                   starts=np.asarray(arrays["starts"], dtype=np.int64), ids=tuple(meta["ids"]),
+                   columns=tuple(meta["columns"]), freq=meta["freq"], season=int(meta["season"]),
+                   source=meta["source"], sha256=meta["sha256"])
+
+    @classmethod
+    def concat(cls, parts: list[FleetData]) -> FleetData:
+        """The series of every part, sorted by id (the shards of one fleet)."""
+        parts = [p for p in parts if p.n_series]
+        if not parts:
+            raise DataError("no series left in the fleet")
+        first = parts[0]
+        ids = [sid for p in parts for sid in p.ids]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a series id is in more than one part")
+        values = np.concatenate([np.asarray(p.values) for p in parts])
+        offsets = np.concatenate([[0]] + [p.offsets[1:] + base for p, base in
+                                          zip(parts, np.cumsum([0] + [len(p.values) for p in parts[:-1]]),
+                                              strict=True)]).astype(np.int64)
+        starts = np.concatenate([p.starts for p in parts])
+        merged = cls(values=values, offsets=offsets, starts=starts, ids=tuple(ids), columns=first.columns,
+                     freq=first.freq, season=first.season, source=first.source, sha256=first.sha256)
+        order = np.argsort(np.asarray(ids, dtype=object), kind="stable")
+        return merged if np.all(order == np.arange(len(ids))) else merged.subset_in_order(order)
+
+    def subset_in_order(self, order) -> FleetData:
+        """The series in the order ``order`` (a permutation), copied."""
+        order = np.asarray(order, dtype=np.int64)
+        lengths = self.lengths[order]
+        offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate([self.values[self.offsets[i] : self.offsets[i + 1]] for i in order])
+        return FleetData(values=values, offsets=offsets, starts=self.starts[order].copy(),
+                         ids=tuple(self.ids[i] for i in order), columns=self.columns, freq=self.freq,
+                         season=self.season, source=self.source, sha256=self.sha256)
+
+
+@dataclass(frozen=True)
+class FleetSplit:
+    """Every series split from its own end: train ``[0, train_end)``, validation
+    ``[train_end, validation_end)``, holdout ``[validation_end, length)``, per series."""
+
+    lengths: np.ndarray  # int64 [n_series]
+    train_end: np.ndarray  # int64 [n_series]
+    validation_end: np.ndarray  # int64 [n_series]
+    holdout_steps: int
+    validation_steps: int
+
+    def as_dict(self) -> dict:
+        def spread(a: np.ndarray) -> dict:
+            return {"min": int(a.min()), "median": float(np.median(a)), "max": int(a.max())}
+
+        return {"per_series": True, "holdout_steps": self.holdout_steps, "validation_steps": self.validation_steps,
+                "rows": int(self.lengths.sum()), "train_rows": int(self.train_end.sum()),
+                "validation_rows": int((self.validation_end - self.train_end).sum()),
+                "holdout_rows": int((self.lengths - self.validation_end).sum()),
+                "lengths": spread(self.lengths), "train_steps": spread(self.train_end)}
+
+
+def fleet_steps(cfg) -> tuple[int, int]:
+    """(holdout steps, validation steps) of every series: ``min_holdout_windows`` horizons held
+    out (1: exactly the competitions' test period), one horizon of validation."""
+    return cfg.horizon * cfg.quality.min_holdout_windows, cfg.horizon
+
+
+def split_fleet(lengths: np.ndarray, cfg) -> FleetSplit:
+    """The end-aligned split of series of ``lengths``; a series may end up with a short (or
+    empty) training segment: the data gate excludes those (``train_too_short``)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    holdout, validation = fleet_steps(cfg)
+    validation_end = lengths - holdout
+    return FleetSplit(lengths=lengths, train_end=validation_end - validation, validation_end=validation_end,
+                      holdout_steps=holdout, validation_steps=validation)
+
+
+def min_train_steps(cfg, season: int) -> int:
+    """Training steps a series needs: ``quality.min_train_steps``, else a season plus the horizon
+    (one training window with a season of real history; shorter histories are edge-padded)."""
+    if cfg.quality.min_train_steps is not None:
+        return int(cfg.quality.min_train_steps)
+    return max(season, 2) + cfg.horizon
+
+
+def assign_shards(lengths: np.ndarray, n_shards: int) -> list[np.ndarray]:
+    """Series positions per shard, balanced on rows (longest first onto the lightest shard);
+    deterministic; every shard sorted; never more shards than series, never fewer than one."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = max(1, min(int(n_shards), len(lengths)))
+    load = np.zeros(n, dtype=np.int64)
+    members: list[list[int]] = [[] for _ in range(n)]
+    for i in np.argsort(-lengths, kind="stable"):
+        k = int(np.argmin(load))
+        members[k].append(int(i))
+        load[k] += lengths[i]
+    return [np.array(sorted(m), dtype=np.int64) for m in members]
