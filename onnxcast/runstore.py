@@ -210,11 +210,14 @@ class RunDir:
             return None
 
     def stage(self, scratch: str | Path, *, families: Iterable[str] | None = None,
-              require: Iterable[str] = ()) -> Staged:
+              require: Iterable[str] = (), paths: Iterable[str] | None = None) -> Staged:
         """Download the committed files into ``scratch``, each checked against its marker.
 
         ``families``: only these families' ``models/<family>/`` files (None: every family).
         ``require``: steps that must have committed (else IncompleteRunError naming them).
+        ``paths``: only files under these run-relative prefixes (None: every file), matched
+        whole segment by segment (:func:`under_prefix`): a shard task of a fleet stages its
+        own shard's files, not the other shards' (design: docs/design/fleet.md 5.3).
         A file listed by several markers comes from the newest one.
         """
         scratch = Path(scratch).resolve()
@@ -225,6 +228,7 @@ class RunDir:
             raise IncompleteRunError(f"{self.url}: step(s) {', '.join(missing)} have not committed; did they "
                                      f"succeed? (committed: {', '.join(sorted(filter(None, done))) or 'none'})")
         wanted = None if families is None else set(families)
+        prefixes = None if paths is None else [_checked_prefix(p) for p in paths]
         files: dict[str, dict] = {}
         for marker in markers:
             for relative, meta in marker["files"].items():
@@ -234,6 +238,8 @@ class RunDir:
         for relative, meta in sorted(files.items()):
             family = layout.family_of(relative)
             if wanted is not None and family is not None and family not in wanted:
+                continue
+            if prefixes is not None and not any(under_prefix(relative, p) for p in prefixes):
                 continue
             target = _confined(scratch, relative)
             try:
@@ -305,6 +311,23 @@ class RunStore:
 def safe_segment(value: str) -> str:
     """A DAG or run id as one path segment (run ids may hold ``:`` and ``+``)."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", value)
+
+
+def under_prefix(relative: str, prefix: str) -> bool:
+    """Whether the run-relative file ``relative`` is ``prefix`` or lies under it, segment by
+    segment: ``data/shards/001`` holds ``data/shards/001/rows.parquet`` but not
+    ``data/shards/0010/...``; a ``*`` segment matches any one segment (``models/*/onnx``)."""
+    wanted = [part for part in prefix.split("/") if part]
+    parts = relative.split("/")
+    if len(parts) < len(wanted):
+        return False
+    return all(w == "*" or w == p for w, p in zip(wanted, parts, strict=False))
+
+
+def _checked_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str) or not prefix.strip("/") or prefix.startswith("/") or ".." in prefix.split("/"):
+        raise RunStoreError(f"run store prefix {prefix!r} is not a relative path inside the run directory")
+    return prefix
 
 
 def _marker_key(step: str) -> str:

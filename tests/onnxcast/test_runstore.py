@@ -68,6 +68,33 @@ def test_stage_keeps_only_the_families_asked_for(tmp_path):
     assert not (target / "models/lstm").exists()
 
 
+def test_a_shard_task_stages_only_its_own_shard(tmp_path):
+    """Fleet runs (design 5.3): the prefixes are whole segments, so shard 001 does not pull
+    shard 010's files, nor a file whose name merely starts like a folder asked for."""
+    run = local_run(tmp_path)
+    source = tmp_path / "source"
+    for relative in ("config.json", "data/shards.json", "data/shards/001/rows.parquet",
+                     "data/shards/010/rows.parquet", "data/shards/002/rows.parquet",
+                     "data/reference/shards/001.parquet", "data/reference/shards/002.parquet",
+                     "models/nhits/onnx/fp32.onnx", "models/nhits/model.pt", "models/lstm/onnx/int8.onnx"):
+        write(source, relative, relative)
+    run.publish("fixture", source)
+    target = tmp_path / "target"
+    staged = run.stage(target, paths=["config.json", "data/shards.json", "data/shards/001",
+                                      "data/reference/shards/001.parquet", "models/*/onnx/"])
+    assert sorted(staged.files) == ["config.json", "data/reference/shards/001.parquet", "data/shards.json",
+                                    "data/shards/001/rows.parquet", "models/lstm/onnx/int8.onnx",
+                                    "models/nhits/onnx/fp32.onnx"]
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == sorted(staged.files)
+    assert run.stage(tmp_path / "all").files.keys() == run.stage(tmp_path / "none", paths=None).files.keys()
+
+
+@pytest.mark.parametrize("bad", ["", "/", "/etc", "../other", "data/../../x"])
+def test_a_stage_prefix_outside_the_run_is_refused(tmp_path, bad):
+    with pytest.raises(RunStoreError, match="not a relative path inside the run directory"):
+        local_run(tmp_path).stage(tmp_path / "target", paths=[bad])
+
+
 def test_files_without_a_commit_marker_are_never_read(tmp_path):
     """A try that died after uploading some files but before its marker: nothing of it counts."""
     run = local_run(tmp_path)
