@@ -8,13 +8,19 @@ as the `challenger` and promotes it to the rollout channels **only if it beats t
 
 | step | task | what it does |
 |---|---|---|
-| 1 | `check_data` | data-quality gate, time split, run directory, plan (families + champion) |
+| 1 | `check_data` | data-quality gate (a fleet: the table checks and the shards of series), time split, run directory, plan (families + champion) |
+| 1 | `check_series` / `merge_data` | a fleet: the per-series checks, one mapped task per shard, then the run's verdict on the excluded series |
 | 2 | `train_or_fetch` | one mapped task per family (the champion is fetched, never retrained) |
-| 3 | `export` / `optimize` / `validate` | ONNX fp32, fp32-opt, int8, fp16; parity, accuracy, latency |
+| 2 | `reference` | a fleet: baselines and statsforecast per series, one task per shard, in parallel with training |
+| 3 | `export` / `optimize` / `evaluate` / `validate` | ONNX fp32, fp32-opt, int8, fp16; a fleet: every series evaluated, one task per shard; parity, accuracy, latency |
 | 4 | `register` | report.json, MLflow runs, model version with alias `challenger` |
 | 5 | `champion_challenger` | compares holdout MAE of challenger and champion |
 | 6 | `promote` | rollout store version + channel pointers, alias `champion` (skipped if the champion wins) |
 | 7 | `wait_until_serving` | with the *serving_url* param: deferrable wait until `onnxcast serve` answers with the promoted version |
+
+With *series_column* set the data is a long table of many series (a fleet, one global model
+per family); the per-series work is mapped over *fleet_shards* shards, so it runs on every
+worker. With one series each shard task runs once and does nothing.
 
 The training window ends at the run's data interval end (or *trained_until*), so clearing
 a past run reproduces it. Every task links to its MLflow run ("MLflow run" button).
@@ -33,9 +39,13 @@ from airflow.sdk import DAG, Asset, CronTriggerTimetable, Param
 from onnxcast.airflow.operators import (
     ChampionChallengerOperator,
     CheckDataOperator,
+    CheckSeriesOperator,
+    EvaluateShardOperator,
     ExportModelOperator,
+    MergeDataOperator,
     OptimizeModelOperator,
     PromoteModelOperator,
+    ReferenceShardOperator,
     RegisterModelOperator,
     ServingReadySensor,
     TrainOrFetchModelOperator,
@@ -106,12 +116,19 @@ with DAG(
         run_root="{{ params.run_root }}",
         compare_with_champion="{{ params.compare_with_champion }}",
     )
-    families = check.output
+    shards = check.output  # [0] for one series: one no-op task per shard step, nothing skipped
+    # bounded fan-out: on a big deployment at most 8 shards of one step at a time
+    per_shard = {"run_dir": RUN_DIR, "map_index_template": "shard {{ task.shard }}", "max_active_tis_per_dag": 8}
+    check_series = CheckSeriesOperator.partial(task_id="check_series", **per_shard).expand(shard=shards)
+    merge = MergeDataOperator(task_id="merge_data", run_dir=RUN_DIR, shards=shards)
+    families = merge.output
     per_family = {"run_dir": RUN_DIR, "map_index_template": "{{ task.family }}"}
     train = TrainOrFetchModelOperator.partial(task_id="train_or_fetch", max_active_tis_per_dag=2,
                                               **per_family).expand(family=families)
     export = ExportModelOperator.partial(task_id="export", **per_family).expand(family=families)
     optimize = OptimizeModelOperator.partial(task_id="optimize", **per_family).expand(family=families)
+    reference = ReferenceShardOperator.partial(task_id="reference", **per_shard).expand(shard=shards)
+    evaluate = EvaluateShardOperator.partial(task_id="evaluate", **per_shard).expand(shard=shards)
     validate = ValidateModelOperator.partial(task_id="validate", **per_family).expand(family=families)
     register = RegisterModelOperator(task_id="register", run_dir=RUN_DIR, retries=2)
     decide = ChampionChallengerOperator(
@@ -137,4 +154,6 @@ with DAG(
         channels="{{ (ti.xcom_pull(task_ids='promote') or {}).get('channels') }}",
         trigger_rule="none_failed",  # a skipped promotion: nothing to wait for, the run stays green
     )
-    train >> export >> optimize >> validate >> register >> decide >> promote >> serving
+    check_series >> merge >> reference  # the reference runs while the families train
+    train >> export >> optimize >> evaluate >> validate >> register >> decide >> promote >> serving
+    reference >> evaluate

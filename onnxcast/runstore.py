@@ -209,6 +209,11 @@ class RunDir:
         except FileNotFoundError:
             return None
 
+    def files(self) -> dict[str, str]:
+        """Every committed file of the run: run-relative path -> the step that committed it
+        (the newest, when several did). What a task consults to choose ``paths`` to stage."""
+        return {relative: meta["step"] for relative, meta in _files_of(self.markers()).items()}
+
     def stage(self, scratch: str | Path, *, families: Iterable[str] | None = None,
               require: Iterable[str] = (), paths: Iterable[str] | None = None) -> Staged:
         """Download the committed files into ``scratch``, each checked against its marker.
@@ -229,10 +234,7 @@ class RunDir:
                                      f"succeed? (committed: {', '.join(sorted(filter(None, done))) or 'none'})")
         wanted = None if families is None else set(families)
         prefixes = None if paths is None else [_checked_prefix(p) for p in paths]
-        files: dict[str, dict] = {}
-        for marker in markers:
-            for relative, meta in marker["files"].items():
-                files[relative] = {**meta, "step": marker.get("step")}
+        files = _files_of(markers)
         staged = Staged(scratch)
         layout = RunLayout(scratch)
         for relative, meta in sorted(files.items()):
@@ -311,6 +313,15 @@ class RunStore:
 def safe_segment(value: str) -> str:
     """A DAG or run id as one path segment (run ids may hold ``:`` and ``+``)."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", value)
+
+
+def _files_of(markers: list[dict]) -> dict[str, dict]:
+    """path -> its marker entry plus ``step``, the newest marker winning (markers oldest first)."""
+    files: dict[str, dict] = {}
+    for marker in markers:
+        for relative, meta in marker["files"].items():
+            files[relative] = {**meta, "step": marker.get("step")}
+    return files
 
 
 def under_prefix(relative: str, prefix: str) -> bool:

@@ -15,8 +15,12 @@ from onnxcast.airflow.rollout import (
 from onnxcast.airflow.serving import ServingReadySensor
 from onnxcast.airflow.steps import (
     CheckDataOperator,
+    CheckSeriesOperator,
+    EvaluateShardOperator,
     ExportModelOperator,
+    MergeDataOperator,
     OptimizeModelOperator,
+    ReferenceShardOperator,
     TrainOrFetchModelOperator,
     ValidateModelOperator,
     end_mlflow_runs,
@@ -25,10 +29,14 @@ from onnxcast.airflow.steps import (
 __all__ = [
     "ChampionChallengerOperator",
     "CheckDataOperator",
+    "CheckSeriesOperator",
+    "EvaluateShardOperator",
     "ExportModelOperator",
+    "MergeDataOperator",
     "MlflowRunLink",
     "OptimizeModelOperator",
     "PromoteModelOperator",
+    "ReferenceShardOperator",
     "RefreshChannelsOperator",
     "RegisterModelOperator",
     "RollbackChannelOperator",

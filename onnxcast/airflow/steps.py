@@ -8,6 +8,14 @@ the committed files it needs into local scratch, works there, and publishes its 
 with a commit marker last (:meth:`_TrackedOperator.workspace`), so a retry, or a second
 attempt on another host, never sees half a step. XComs stay small.
 
+A fleet run (``series_column`` set: many series, docs/fleet.md) adds steps mapped over
+SHARDS of series, so that the per-series work runs on every worker (docs/design/fleet.md
+section 5): ``check_series[shard]`` after the table check, ``merge_data`` (the run's
+verdict on the excluded series), ``reference[shard]`` in parallel with training and
+``evaluate[shard]`` after it. A shard task stages only its own shard's files. A one-series
+run has one shard, whose tasks commit an empty step: mapping over an empty list would skip
+every task downstream.
+
 A failed or killed task marks its MLflow runs FAILED or KILLED (its retry takes them over
 again), so no run is left RUNNING.
 """
@@ -17,7 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import cached_property
@@ -31,6 +39,7 @@ from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
 from onnxcast.airflow.links import MlflowRunLink, persist_mlflow_run_url
 from onnxcast.base.errors import ConfigError, DataError
 from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.layout import RunLayout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -39,6 +48,11 @@ if TYPE_CHECKING:
 
 RUN_DIR_KEY = "run_dir"
 SUMMARY_KEY = "summary"
+FAMILIES_KEY = "families"
+# run-relative paths of the files every step may need (one layout: onnxcast.pipeline.layout)
+CONFIG = RunLayout("").config.as_posix()
+PLAN = RunLayout("").plan.as_posix()
+SHARDS = RunLayout("").shards.as_posix()  # committed by check_data in fleet mode only
 
 
 def default_run_root() -> str:
@@ -129,16 +143,21 @@ class _TrackedOperator(BaseOperator):
     @contextmanager
     def workspace(self, context: Context, run_dir: str, *, families: Sequence[str] | None = None,
                   require: Sequence[str] = (), stage: bool = True, step: str | None = None,
+                  paths: Sequence[str] | Callable[[RunDir], Sequence[str] | None] | None = None,
                   ) -> Iterator[Path]:
         """A local scratch folder holding the run's committed files (``families`` only, when
-        given); on success what the block changed is published as this task's step. The
-        folder is removed either way: nothing of a failed try is ever published."""
+        given; only those under ``paths`` when given, or under what ``paths(run)`` chooses
+        from the committed files); on success what the block changed is published as this
+        task's step. The folder is removed either way: nothing of a failed try is ever
+        published."""
         from onnxcast.runstore import RunStoreError
 
         run = self.open_run(run_dir)
         scratch = Path(tempfile.mkdtemp(prefix=f"onnxcast-{self.task_id}-"))
         try:
-            staged = run.stage(scratch, families=families, require=require) if stage else None
+            if callable(paths):
+                paths = paths(run)
+            staged = run.stage(scratch, families=families, require=require, paths=paths) if stage else None
             yield scratch
             ti = context["ti"]
             run.publish(step or self.step_name(), scratch, staged,
@@ -161,9 +180,27 @@ class _TrackedOperator(BaseOperator):
         persist_mlflow_run_url(context, run["url"])
         return run
 
+    def fail_data_check(self, context: Context, cfg: PipelineConfig, exc: Exception) -> AirflowFailException:
+        """Log the GX report of a failed data check to the run's MLflow run, link the task to
+        it, and return the error that fails the task without a retry (the same bytes fail the
+        same way)."""
+        from onnxcast.registry.tracking import log_failed_data_check
+
+        failures = getattr(exc, "failures", [str(exc)])
+        self.log.error("data check failed for %s:\n  - %s", cfg.data_uri, "\n  - ".join(failures))
+        run = log_failed_data_check(Path(cfg.out_dir) / "quality", model_name=cfg.model_name,
+                                    run_key=run_key(context), error=str(exc),
+                                    tracking_uri=self.mlflow_hook.tracking_uri, ui_url=self.mlflow_hook.ui_url)
+        persist_mlflow_run_url(context, run["url"])
+        return AirflowFailException(" ".join(str(exc).split()))
+
 
 class CheckDataOperator(_TrackedOperator):
-    """Check and split the data into a fresh run directory; plan the families to evaluate.
+    """Check the data into a fresh run directory; plan the families to evaluate.
+
+    One series: check and split it (the whole data gate). A fleet (``series_column``): the
+    table-level checks only, and the series assigned to shards; the per-series checks are
+    the mapped ``check_series`` tasks (:class:`CheckSeriesOperator`).
 
     The training window ends at ``trained_until`` when given, else at the run's data
     interval end, so a rerun of a past run sees the same rows. When ``fetch_from`` is set
@@ -171,8 +208,10 @@ class CheckDataOperator(_TrackedOperator):
     and the registry has a ``champion`` that forecasts the same horizon from the same
     features, it is evaluated alongside as the family ``champion``.
 
-    XCom: the family names (return value: the mapping input of the family steps), and
-    under the keys ``run_dir`` and ``summary`` the run directory and data facts.
+    XCom: the shard numbers (return value: the mapping input of the shard steps; ``[0]``
+    for one series, never empty), and under the keys ``run_dir``, ``summary`` and
+    ``families`` the run directory, data facts and the planned families
+    (:class:`MergeDataOperator` returns those, the mapping input of the family steps).
     """
 
     template_fields: Sequence[str] = ("settings", "extra_settings", "run_root", "fetch_from", "trained_until",
@@ -190,22 +229,34 @@ class CheckDataOperator(_TrackedOperator):
         self.trained_until = trained_until
         self.compare_with_champion = compare_with_champion
 
-    def execute(self, context: Context) -> list[str]:
+    def execute(self, context: Context) -> list[int]:
         from onnxcast.airflow.settings import run_root
         from onnxcast.runstore import RunStore
 
         store = RunStore(run_root(self.run_root))
         run_url = store.run_url(context["dag_run"].dag_id, context["run_id"])
         with self.workspace(context, run_url, stage=False, require=()) as work:
-            families, summary = self._check(context, work, run_url)
+            shards, families, summary = self._check(context, work, run_url)
         context["ti"].xcom_push(key=RUN_DIR_KEY, value=run_url)
         context["ti"].xcom_push(key=SUMMARY_KEY, value=summary)
-        return families
+        context["ti"].xcom_push(key=FAMILIES_KEY, value=families)
+        return shards
 
-    def _check(self, context: Context, run_dir: Path, run_url: str) -> tuple[list[str], dict]:
-        from onnxcast.pipeline.run import prepare_data
-        from onnxcast.registry.champion import CHAMPION_FAMILY, write_plan
+    def _check(self, context: Context, run_dir: Path, run_url: str) -> tuple[list[int], list[str], dict]:
+        cfg = self._settings(context, run_dir)
+        try:  # the same bytes fail the same way: no retry
+            shards, facts = self._gate(cfg)
+        except (ConfigError, DataError) as exc:
+            raise self.fail_data_check(context, cfg, exc) from None
+        self.link_mlflow_run(context, cfg.model_name)
+        families, champion, notes = self._plan(cfg, run_dir)
+        summary = {"run_dir": run_url, **facts, "trained_until": cfg.trained_until,
+                   "champion_version": champion["version"] if champion else None, "notes": notes}
+        self.log.info("Run %s: %s; families %s; %s", run_url, readable(facts), readable(families),
+                      "; ".join(notes) or "champion included")
+        return shards, families, summary
 
+    def _settings(self, context: Context, run_dir: Path) -> PipelineConfig:
         extra = _extra_settings(self.extra_settings)
         values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
         if "data_uri" in values:
@@ -213,16 +264,31 @@ class CheckDataOperator(_TrackedOperator):
         values["out_dir"] = str(run_dir)
         values["trained_until"] = self.trained_until or values.get("trained_until") or _interval_end(context)
         try:
-            cfg = PipelineConfig.from_dict(values)
+            return PipelineConfig.from_dict(values)
         except ConfigError as exc:  # bad settings: retrying cannot help
             raise AirflowFailException(str(exc)) from None
+
+    def _gate(self, cfg: PipelineConfig) -> tuple[list[int], dict]:
+        """One series: the whole data check and split, one shard. A fleet: the table checks and
+        the shards (config.json too, so that the shard tasks can load the settings)."""
         s3_settings = self.s3_hook.settings_for(str(cfg.data_uri))
-        try:
-            summary = prepare_data(cfg, s3_settings=s3_settings)
-        except (ConfigError, DataError) as exc:  # the same bytes fail the same way: no retry
-            self._record_failed_check(context, cfg, exc)
-            raise AirflowFailException(" ".join(str(exc).split())) from None
-        self.link_mlflow_run(context, cfg.model_name)
+        if not cfg.is_fleet:
+            from onnxcast.pipeline.run import prepare_data
+
+            dataset = prepare_data(cfg, s3_settings=s3_settings)["dataset"]
+            return [0], {"rows": dataset["rows"], "end": dataset["end"], "dataset_sha256": dataset["sha256"]}
+        from onnxcast.pipeline.fleet_quality import check_fleet_table
+
+        shards = [int(k) for k in check_fleet_table(cfg, s3_settings=s3_settings)]
+        if not shards:  # mapping over [] would skip the rest of the run without a word
+            raise DataError(f"{cfg.data_uri}: no series to check (the table check assigned no shard)")
+        if not cfg.layout.config.exists():
+            cfg.save(cfg.layout.config)
+        return shards, {"series_column": cfg.series_column, "shards": len(shards), **_shard_facts(cfg)}
+
+    def _plan(self, cfg: PipelineConfig, run_dir: Path) -> tuple[list[str], dict | None, list[str]]:
+        """plan.json: the families to train or fetch, and the champion when it is comparable."""
+        from onnxcast.registry.champion import CHAMPION_FAMILY, write_plan
 
         entries, notes, incomparable = self._challengers(cfg), [], {}
         compare = as_bool(self.compare_with_champion)
@@ -233,24 +299,7 @@ class CheckDataOperator(_TrackedOperator):
         elif not compare:
             notes.append("comparison with the champion is off")
         write_plan(run_dir, entries, notes, incomparable or None)
-        families = [e["family"] for e in entries]
-        summary = {"run_dir": run_url, "rows": summary["dataset"]["rows"], "end": summary["dataset"]["end"],
-                   "dataset_sha256": summary["dataset"]["sha256"], "trained_until": cfg.trained_until,
-                   "champion_version": champion["version"] if champion else None, "notes": notes}
-        self.log.info("Run %s: %d rows up to %s; families %s; %s", run_url, summary["rows"], summary["end"],
-                      readable(families), "; ".join(notes) or "champion included")
-        return families, summary
-
-    def _record_failed_check(self, context: Context, cfg: PipelineConfig, exc: Exception) -> None:
-        """Log the GX report of a failed check to the run's MLflow run and link the task to it."""
-        from onnxcast.registry.tracking import log_failed_data_check
-
-        failures = getattr(exc, "failures", [str(exc)])
-        self.log.error("data check failed for %s:\n  - %s", cfg.data_uri, "\n  - ".join(failures))
-        run = log_failed_data_check(Path(cfg.out_dir) / "quality", model_name=cfg.model_name,
-                                    run_key=run_key(context), error=str(exc),
-                                    tracking_uri=self.mlflow_hook.tracking_uri, ui_url=self.mlflow_hook.ui_url)
-        persist_mlflow_run_url(context, run["url"])
+        return [e["family"] for e in entries], champion, notes
 
     def _challengers(self, cfg: PipelineConfig) -> list[dict]:
         if self.fetch_from in (None, "", "None"):
@@ -281,6 +330,153 @@ class CheckDataOperator(_TrackedOperator):
             incomparable.update(version=version, differences={k: [v, wanted[k]] for k, v in different.items()})
             return None
         return {"version": version, "source": source}
+
+
+class MergeDataOperator(_TrackedOperator):
+    """The run's verdict on its data, once every shard is checked; returns the families.
+
+    A fleet: every shard's excluded series merged; more than ``max_excluded_share`` of the
+    series excluded fails the run without a retry (as a failed data check does), with the GX
+    pages in MLflow. The kept series become ``data/fleet/`` and ``data/dataset.json``. One
+    series: nothing to merge (check_data did it all).
+
+    XCom: the family names of the plan (return value: the mapping input of the family
+    steps); a fleet also pushes ``summary``, the series kept and excluded.
+    """
+
+    template_fields: Sequence[str] = ("run_dir", "shards")
+
+    def __init__(self, *, run_dir: str, shards: Sequence[int] | str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.shards = shards
+
+    def execute(self, context: Context) -> list[str]:
+        from onnxcast.registry.champion import read_plan
+
+        require = [shard_step("check_series", k) for k in _shard_numbers(self.shards)]
+        with self.workspace(context, self.run_dir, require=require, paths=_config_only_unless_fleet) as work:
+            cfg = load_config(work)
+            if cfg.is_fleet:  # one series: nothing merged, nothing to link to
+                self.link_mlflow_run(context, cfg.model_name)
+                self._merge(context, cfg)
+            families = [entry["family"] for entry in read_plan(work)["families"]]
+        self.log.info("Data of %s merged from %d shard(s); families %s", self.run_dir, len(require),
+                      readable(families))
+        return families
+
+    def _merge(self, context: Context, cfg: PipelineConfig) -> None:
+        from onnxcast.pipeline.fleet_quality import merge_fleet_checks
+
+        try:
+            merged = merge_fleet_checks(cfg)
+        except (ConfigError, DataError) as exc:  # too many series excluded: the same data fails the same way
+            raise self.fail_data_check(context, cfg, exc) from None
+        series = (merged.get("quality") or {}).get("series") or {}
+        dataset = merged.get("dataset") or {}
+        summary = {"series": series, "rows": dataset.get("rows"), "end": dataset.get("end"),
+                   "dataset_sha256": dataset.get("sha256")}
+        context["ti"].xcom_push(key=SUMMARY_KEY, value=summary)
+        self.log.info("Fleet data: %s", readable(series) if series else readable(dataset))
+
+
+class _ShardStepOperator(_TrackedOperator):
+    """A step for one shard of a fleet's series (mapped over the shards check_data returns).
+
+    It stages only its own shard's files (plus the run's shared files), so that a task's
+    download does not grow with the fleet. One series: a no-op that commits an empty step."""
+
+    template_fields: Sequence[str] = ("run_dir", "shard")
+    #: whether the step reads models/ (the evaluation does; checks and reference do not)
+    reads_models: bool = False
+
+    def __init__(self, *, run_dir: str, shard: int | str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.shard = shard
+
+    def step_name(self) -> str:
+        return shard_step(self.task_id, self.shard)
+
+    def execute(self, context: Context) -> dict:
+        shard = int(self.shard)
+        with self.workspace(context, self.run_dir, require=self.requires(shard), paths=self.stage_paths) as work:
+            cfg = load_config(work)
+            if not cfg.is_fleet:
+                self.log.info("One series: nothing to do per shard (shard %d)", shard)
+                return {"shard": shard, "fleet": False}
+            self.link_mlflow_run(context, cfg.model_name)
+            return {"shard": shard, "fleet": True, **self.run_step(context, cfg, shard)}
+
+    def stage_paths(self, run: RunDir) -> list[str]:
+        """The committed files this shard's step reads: everything but the other shards' files
+        (and models/, for the steps that read no model). One series: config.json only."""
+        files = run.files()
+        if SHARDS not in files:
+            return [CONFIG]
+        shard = int(self.shard)
+        return [path for path in files if shard_of(path) in (None, shard)
+                and (self.reads_models or not path.startswith("models/"))]
+
+    def requires(self, shard: int) -> list[str]:
+        """The steps that must have committed before this one (its producers)."""
+        raise NotImplementedError
+
+    def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
+        raise NotImplementedError
+
+
+class CheckSeriesOperator(_ShardStepOperator):
+    """The per-series data checks of one shard: a bad series (too short, gaps, constant,
+    duplicated times, ...) is excluded with its reason; the kept ones are repaired and laid
+    on the fleet's grid. The run's verdict is :class:`MergeDataOperator`'s."""
+
+    def requires(self, shard: int) -> list[str]:
+        return ["check_data"]
+
+    def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
+        from onnxcast.pipeline.fleet_quality import check_fleet_shard
+
+        try:
+            result = check_fleet_shard(cfg, shard)
+        except (ConfigError, DataError) as exc:  # the shard's rows fail the same way on a retry
+            raise self.fail_data_check(context, cfg, exc) from None
+        self.log.info("Shard %d: %s", shard, readable(result))
+        return {key: value for key, value in result.items() if key != "shard"}
+
+
+class ReferenceShardOperator(_ShardStepOperator):
+    """The baselines and the statistical reference (statsforecast) on one shard's series,
+    in parallel with training (it keeps the other workers busy)."""
+
+    def requires(self, shard: int) -> list[str]:
+        return ["merge_data"]
+
+    def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
+        from onnxcast.pipeline.fleet_eval import reference_shard
+
+        path = Path(reference_shard(cfg, shard))
+        self.log.info("Shard %d: reference forecasts in %s", shard, path.name)
+        return {"files": [_relative(cfg, path)]}
+
+
+class EvaluateShardOperator(_ShardStepOperator):
+    """Every variant of every family of the plan on one shard's series, at the same origins
+    as the reference; the families' ``validate`` tasks merge the shards."""
+
+    reads_models = True
+
+    def requires(self, shard: int) -> list[str]:
+        return [shard_step("reference", shard)]
+
+    def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
+        from onnxcast.pipeline.fleet_eval import evaluate_shard
+        from onnxcast.registry.champion import read_plan
+
+        families = [entry["family"] for entry in read_plan(cfg.run_dir)["families"]]
+        paths = [Path(p) for p in evaluate_shard(cfg, shard, families)]
+        self.log.info("Shard %d: evaluated %s (%d file(s))", shard, readable(families), len(paths))
+        return {"families": families, "files": [_relative(cfg, p) for p in paths]}
 
 
 class _FamilyStepOperator(_TrackedOperator):
@@ -361,11 +557,69 @@ class ValidateModelOperator(_FamilyStepOperator):
         from onnxcast.pipeline.run import validate_family
 
         result = validate_family(cfg, self.family)
-        eligible = [v["name"] for v in result["variants"] if v.get("eligible")]
-        self.log.info("Validated %s: fp32 holdout MAE %.4g, gates passed %s, eligible %s", self.family,
-                      result["fp32_holdout_mae"], result["gates_passed"], readable(eligible))
-        return {"family": self.family, "fp32_holdout_mae": result["fp32_holdout_mae"],
-                "gates_passed": result["gates_passed"], "eligible": eligible, "failures": result["failures"]}
+        eligible = [v["name"] for v in result.get("variants", []) if v.get("eligible")]
+        # a fleet's family is judged on its mean MASE over the series (docs/design/fleet.md 4.3)
+        measure = "fp32_holdout_mae" if "fp32_holdout_mae" in result else "fp32_mean_mase"
+        self.log.info("Validated %s: %s %s, gates passed %s, eligible %s", self.family, measure,
+                      result.get(measure), result.get("gates_passed"), readable(eligible))
+        return {"family": self.family, measure: result.get(measure), "gates_passed": result.get("gates_passed"),
+                "eligible": eligible, "failures": result.get("failures", [])}
+
+
+def shard_step(task_id: str, shard: int | str) -> str:
+    """The run store step of a shard task: ``check_series.shard-003``."""
+    return f"{task_id}.shard-{int(shard):03d}"
+
+
+def shard_of(relative: str) -> int | None:
+    """The shard a run-relative file belongs to, else None (a file of the whole run).
+
+    Per-shard files are those under a ``shards`` folder of the layout (RunLayout.shard,
+    quality_shard, reference_shard, family_shard): ``data/shards/003/rows.parquet``,
+    ``models/nhits/shards/003.parquet`` -> 3; ``data/shards.json`` -> None."""
+    parts = relative.split("/")
+    for folder, name in zip(parts[:-1], parts[1:], strict=False):
+        number = name.removesuffix(".parquet")
+        if folder == "shards" and number.isdigit():
+            return int(number)
+    return None
+
+
+def _config_only_unless_fleet(run: RunDir) -> list[str] | None:
+    """What merge_data stages: a fleet, every committed file (the shards' results); one
+    series, the settings and the plan (check_data has done the rest)."""
+    return None if SHARDS in run.files() else [CONFIG, PLAN]
+
+
+def _shard_numbers(value: Any) -> list[int]:
+    """check_data's shard numbers as given to a task: the XCom list, or JSON text of one."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return [int(k) for k in value]
+
+
+def _shard_facts(cfg: PipelineConfig) -> dict:
+    """Series and rows over the shards, from data/shards.json (check_fleet_table wrote it)."""
+    from onnxcast.base.files import read_json
+
+    try:
+        shards = read_json(cfg.layout.shards)
+    except (OSError, ValueError):
+        return {}
+    facts = {}
+    if isinstance(shards.get("shards"), list):
+        facts["series"] = sum(len(members) for members in shards["shards"])
+    if isinstance(shards.get("rows"), list):
+        facts["rows"] = int(sum(shards["rows"]))
+    return facts
+
+
+def _relative(cfg: PipelineConfig, path: Path) -> str:
+    """A path the step wrote, relative to the run directory (for XCom)."""
+    try:
+        return Path(path).resolve().relative_to(cfg.run_dir.resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def as_bool(value: Any) -> bool:

@@ -83,7 +83,7 @@ class TestDagBag:
             assert schema["examples"] == schema["items"]["enum"], name
         assert dag.max_active_runs == 1
         mapped = {t.task_id for t in dag.tasks if getattr(t, "_is_mapped", False) or type(t).__name__ == "MappedOperator"}
-        assert mapped == {"train_or_fetch", "export", "optimize", "validate"}
+        assert mapped == {"check_series", "train_or_fetch", "export", "optimize", "reference", "evaluate", "validate"}
         assert [o.name for o in dag.get_task("promote").outlets] == ["onnxcast_rollout"]
         assert dag.params["families"] == ["nhits", "dlinear", "lstm", "transformer"]
         assert dag.params["serving_url"] is None  # waiting for onnxcast serve is opt-in

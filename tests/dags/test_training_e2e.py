@@ -69,7 +69,10 @@ class TestFirstRun:
         states = airflow_support.task_states(first_run)
         assert set(states.values()) == {"success"}, states
         assert {"train_or_fetch[0]", "train_or_fetch[1]", "validate[1]", "register", "promote"} <= set(states)
-        assert airflow_support.xcom(first_run, "check_data") == ["lstm", "transformer"]
+        assert airflow_support.xcom(first_run, "merge_data") == ["lstm", "transformer"]
+        # one series: one shard, whose tasks ran once and did nothing (nothing skipped)
+        assert airflow_support.xcom(first_run, "check_data") == [0]
+        assert {states[f"{task}[0]"] for task in ("check_series", "reference", "evaluate")} == {"success"}
 
     def test_registered_version_is_champion_with_artifacts(self, first_run, tmp_path):
         import mlflow
@@ -137,7 +140,7 @@ class TestSecondRunThatDoesNotBeatTheChampion:
         states = airflow_support.task_states(run)
         assert states.pop("promote") == "skipped"
         assert set(states.values()) == {"success"}, states
-        assert airflow_support.xcom(run, "check_data") == ["lstm", "champion"]
+        assert airflow_support.xcom(run, "merge_data") == ["lstm", "champion"]
         first = str(airflow_support.xcom(first_run, "register")["version"])
         second = str(airflow_support.xcom(run, "register")["version"])
         assert second != first
@@ -191,7 +194,7 @@ class TestFetchPath:
         states = airflow_support.task_states(run)
         assert set(states.values()) == {"success"}, states
         family = client().get_model_version_by_alias(MODEL, "champion").tags["onnxcast.family"]
-        assert airflow_support.xcom(run, "check_data") == [family]
+        assert airflow_support.xcom(run, "merge_data") == [family]
         trained = airflow_support.xcom(run, "train_or_fetch", map_index=0)
         assert trained["source"] == f"models:/{MODEL}@champion"
         version = client().get_model_version_by_alias(fetched_model, "champion")

@@ -32,7 +32,8 @@ class TestCheckDataOperator:
         op = CheckDataOperator(task_id="check_data", settings=OPS_SETTINGS, run_root=str(tmp_path),
                                compare_with_champion=False)
         first, second = make_context(), make_context()
-        assert op.execute(first) == op.execute(second) == ["lstm"]
+        assert op.execute(first) == op.execute(second) == [0]  # one series: one shard
+        assert first["ti"].xcoms["families"] == second["ti"].xcoms["families"] == ["lstm"]
         run_dir = Path(first["ti"].xcoms["run_dir"])
         assert second["ti"].xcoms["run_dir"] == str(run_dir)
         assert run_dir.parent.name == "operator_tests" and ":" not in run_dir.name

