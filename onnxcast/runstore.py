@@ -233,7 +233,7 @@ class RunDir:
             raise IncompleteRunError(f"{self.url}: step(s) {', '.join(missing)} have not committed; did they "
                                      f"succeed? (committed: {', '.join(sorted(filter(None, done))) or 'none'})")
         wanted = None if families is None else set(families)
-        prefixes = None if paths is None else [_checked_prefix(p) for p in paths]
+        prefixes = None if paths is None else _Prefixes([_checked_prefix(p) for p in paths])
         files = _files_of(markers)
         staged = Staged(scratch)
         layout = RunLayout(scratch)
@@ -241,7 +241,7 @@ class RunDir:
             family = layout.family_of(relative)
             if wanted is not None and family is not None and family not in wanted:
                 continue
-            if prefixes is not None and not any(under_prefix(relative, p) for p in prefixes):
+            if prefixes is not None and not _wanted(relative, prefixes):
                 continue
             target = _confined(scratch, relative)
             try:
@@ -333,6 +333,21 @@ def under_prefix(relative: str, prefix: str) -> bool:
     if len(parts) < len(wanted):
         return False
     return all(w == "*" or w == p for w, p in zip(wanted, parts, strict=False))
+
+
+class _Prefixes:
+    """Prefixes split into plain ones (a set: a shard task may name thousands of files) and
+    ones with a ``*`` segment (matched one by one)."""
+
+    def __init__(self, prefixes: list[str]) -> None:
+        self.plain = {"/".join(part for part in p.split("/") if part) for p in prefixes if "*" not in p.split("/")}
+        self.wild = [p for p in prefixes if "*" in p.split("/")]
+
+
+def _wanted(relative: str, prefixes: _Prefixes) -> bool:
+    parts = relative.split("/")
+    return (any("/".join(parts[:n]) in prefixes.plain for n in range(1, len(parts) + 1))
+            or any(under_prefix(relative, p) for p in prefixes.wild))
 
 
 def _checked_prefix(prefix: str) -> str:
