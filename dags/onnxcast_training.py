@@ -118,7 +118,7 @@ with DAG(
     )
     shards = check.output  # [0] for one series: one no-op task per shard step, nothing skipped
     # bounded fan-out: on a big deployment at most 8 shards of one step at a time
-    per_shard = {"run_dir": RUN_DIR, "map_index_template": "shard {{ task.shard }}", "max_active_tis_per_dag": 8}
+    per_shard = {"run_dir": RUN_DIR, "map_index_template": "shard-{{ task.shard }}", "max_active_tis_per_dag": 8}
     check_series = CheckSeriesOperator.partial(task_id="check_series", **per_shard).expand(shard=shards)
     merge = MergeDataOperator(task_id="merge_data", run_dir=RUN_DIR, shards=shards)
     families = merge.output

@@ -87,7 +87,7 @@ def run_demo(conf: dict, home: Path, log_path: Path, terminal: TextIO) -> int:
     from airflow.sdk.exceptions import ParamValidationError
 
     try:
-        with TaskStatesView(dag.dag_id, list(dag.task_dict), terminal, log_path, mapped_over="check_data"):
+        with TaskStatesView(dag.dag_id, list(dag.task_dict), terminal, log_path, mapped_over="merge_data"):
             run = dag.test(run_conf=conf)
     except ParamValidationError as exc:
         print(f"error: {str(exc).splitlines()[0]}", file=terminal)

@@ -53,6 +53,7 @@ FAMILIES_KEY = "families"
 CONFIG = RunLayout("").config.as_posix()
 PLAN = RunLayout("").plan.as_posix()
 SHARDS = RunLayout("").shards.as_posix()  # committed by check_data in fleet mode only
+SHARD_INDEX_PREFIX = "shard-"  # the shard tasks' map_index_template: "shard-{{ task.shard }}"
 
 
 def default_run_root() -> str:
@@ -91,6 +92,8 @@ def end_mlflow_runs(context: Context) -> None:
         ti = context["ti"]
         family = getattr(task, "family", None)
         family = family if isinstance(family, str) and "{{" not in family else getattr(ti, "rendered_map_index", None)
+        if isinstance(family, str) and family.startswith(SHARD_INDEX_PREFIX):  # a shard task: no family runs
+            family = None
         terminal = str(getattr(ti, "state", "")) != "up_for_retry"
         params = context.get("params") or {}
         hook = MlflowHook(mlflow_conn_id=getattr(task, "mlflow_conn_id", "mlflow_default"))

@@ -34,7 +34,7 @@ class TestShape:
         (name, arg), = task.expand_input.value.items()
         assert (name, arg.operator.task_id, arg.key) == ("shard", "check_data", "return_value")
         assert task.max_active_tis_per_dag == 8  # bounded fan-out on a big deployment
-        assert task.map_index_template == "shard {{ task.shard }}"
+        assert task.map_index_template == "shard-{{ task.shard }}"  # one word: the demo parses "task[label]"
 
     @pytest.mark.parametrize("task_id", ["train_or_fetch", "export", "optimize", "validate"])
     def test_family_steps_are_mapped_over_the_families_of_merge_data(self, dag, task_id):
