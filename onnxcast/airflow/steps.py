@@ -390,8 +390,8 @@ class _ShardStepOperator(_TrackedOperator):
     download does not grow with the fleet. One series: a no-op that commits an empty step."""
 
     template_fields: Sequence[str] = ("run_dir", "shard")
-    #: whether the step reads models/ (the evaluation does; checks and reference do not)
-    reads_models: bool = False
+    #: whether the step reads the shard's raw rows (the checks do; later steps read the checked series)
+    reads_raw_rows: bool = False
 
     def __init__(self, *, run_dir: str, shard: int | str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -412,14 +412,23 @@ class _ShardStepOperator(_TrackedOperator):
             return {"shard": shard, "fleet": True, **self.run_step(context, cfg, shard)}
 
     def stage_paths(self, run: RunDir) -> list[str]:
-        """The committed files this shard's step reads: everything but the other shards' files
-        (and models/, for the steps that read no model). One series: config.json only."""
+        """The committed files this shard's step reads: the run's shared files and its own
+        shard's, never another shard's nor the whole fleet (``data/fleet/``, merge_data's);
+        models only as :meth:`reads_model_file` says. One series: config.json only."""
+        from onnxcast.runstore import under_prefix
+
         files = run.files()
         if SHARDS not in files:
             return [CONFIG]
-        shard = int(self.shard)
-        return [path for path in files if shard_of(path) in (None, shard)
-                and (self.reads_models or not path.startswith("models/"))]
+        shard, layout = int(self.shard), RunLayout("")
+        raw = None if self.reads_raw_rows else layout.shard_rows(shard).as_posix()
+        return [path for path in files if shard_of(path) in (None, shard) and path != raw
+                and not under_prefix(path, layout.fleet.as_posix())
+                and (layout.family_of(path) is None or self.reads_model_file(layout, path))]
+
+    def reads_model_file(self, layout: RunLayout, path: str) -> bool:
+        """Whether the step reads this file of ``models/`` (the checks and the reference: none)."""
+        return False
 
     def requires(self, shard: int) -> list[str]:
         """The steps that must have committed before this one (its producers)."""
@@ -433,6 +442,8 @@ class CheckSeriesOperator(_ShardStepOperator):
     """The per-series data checks of one shard: a bad series (too short, gaps, constant,
     duplicated times, ...) is excluded with its reason; the kept ones are repaired and laid
     on the fleet's grid. The run's verdict is :class:`MergeDataOperator`'s."""
+
+    reads_raw_rows = True
 
     def requires(self, shard: int) -> list[str]:
         return ["check_data"]
@@ -467,10 +478,16 @@ class EvaluateShardOperator(_ShardStepOperator):
     """Every variant of every family of the plan on one shard's series, at the same origins
     as the reference; the families' ``validate`` tasks merge the shards."""
 
-    reads_models = True
-
     def requires(self, shard: int) -> list[str]:
         return [shard_step("reference", shard)]
+
+    def reads_model_file(self, layout: RunLayout, path: str) -> bool:
+        """The ONNX variants (with variants.json) and model.json (the lookback) of each family;
+        not the weights, nor the other shards' results."""
+        from onnxcast.runstore import under_prefix
+
+        family = layout.family_of(path)
+        return path == layout.model_json(family).as_posix() or under_prefix(path, layout.onnx_dir(family).as_posix())
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
         from onnxcast.pipeline.fleet_eval import evaluate_shard
@@ -560,13 +577,13 @@ class ValidateModelOperator(_FamilyStepOperator):
         from onnxcast.pipeline.run import validate_family
 
         result = validate_family(cfg, self.family)
-        eligible = [v["name"] for v in result.get("variants", []) if v.get("eligible")]
-        # a fleet's family is judged on its mean MASE over the series (docs/design/fleet.md 4.3)
-        measure = "fp32_holdout_mae" if "fp32_holdout_mae" in result else "fp32_mean_mase"
-        self.log.info("Validated %s: %s %s, gates passed %s, eligible %s", self.family, measure,
-                      result.get(measure), result.get("gates_passed"), readable(eligible))
-        return {"family": self.family, measure: result.get(measure), "gates_passed": result.get("gates_passed"),
-                "eligible": eligible, "failures": result.get("failures", [])}
+        eligible = [v["name"] for v in result["variants"] if v.get("eligible")]
+        # a fleet's family: fp32_holdout_mae holds its mean MASE over the series (fleet_eval)
+        self.log.info("Validated %s: fp32 holdout %s %.4g, gates passed %s, eligible %s", self.family,
+                      "mean MASE" if cfg.is_fleet else "MAE", result["fp32_holdout_mae"], result["gates_passed"],
+                      readable(eligible))
+        return {"family": self.family, "fp32_holdout_mae": result["fp32_holdout_mae"],
+                "gates_passed": result["gates_passed"], "eligible": eligible, "failures": result["failures"]}
 
 
 def shard_step(task_id: str, shard: int | str) -> str:

@@ -115,19 +115,27 @@ class TestStaging:
              "quality/shards/001/validation_result.json": "1", "data/fleet/values.npy": "all",
              "data/dataset.json": "{}", "data/reference/shards/000.parquet": "0",
              "data/reference/shards/001.parquet": "1", "models/nhits/onnx/fp32.onnx": "onnx",
-             "models/nhits/model.json": "{}", "models/nhits/shards/000.parquet": "0"}
+             "models/nhits/model.json": "{}", "models/nhits/model.pt": "weights",
+             "models/nhits/onnx/variants.json": "[]", "models/nhits/shards/000.parquet": "0"}
 
     def test_a_shard_task_stages_its_own_shard_and_the_shared_files(self, tmp_path):
-        from onnxcast.airflow.operators import CheckSeriesOperator, EvaluateShardOperator
+        from onnxcast.airflow.operators import (
+            CheckSeriesOperator,
+            EvaluateShardOperator,
+            ReferenceShardOperator,
+        )
 
         url, run = committed_run(tmp_path, self.FILES)
         check = CheckSeriesOperator(task_id="check_series", run_dir=url, shard=1).stage_paths(run)
-        assert sorted(check) == ["config.json", "data/dataset.json", "data/fleet/values.npy",
+        assert sorted(check) == ["config.json", "data/dataset.json",
                                  "data/reference/shards/001.parquet", "data/shards.json",
                                  "data/shards/001/rows.parquet", "data/shards/001/values.npy",
                                  "quality/shards/001/validation_result.json"]
         evaluate = EvaluateShardOperator(task_id="evaluate", run_dir=url, shard=1).stage_paths(run)
-        assert set(evaluate) - set(check) == {"models/nhits/onnx/fp32.onnx", "models/nhits/model.json"}
+        reference = ReferenceShardOperator(task_id="reference", run_dir=url, shard=1).stage_paths(run)
+        assert set(check) - set(reference) == {"data/shards/001/rows.parquet"}  # the raw rows: the checks only
+        assert set(evaluate) - set(reference) == {"models/nhits/onnx/fp32.onnx", "models/nhits/onnx/variants.json",
+                                                  "models/nhits/model.json"}  # not the weights, not shard 000's
 
     def test_the_shard_of_a_file_follows_the_run_layout(self):
         from onnxcast.airflow.steps import shard_of
