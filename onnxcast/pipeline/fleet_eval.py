@@ -201,13 +201,14 @@ def _write_table(table: dict, path: Path) -> Path:
 # --- the steps -------------------------------------------------------------------------------
 
 def reference_models(freq: str, season: int, seasons: tuple[int, ...], min_history: int | None = None) -> list:
-    """The statistical reference for the frequency: AutoETS and AutoTheta on the season, MSTL
-    first when several seasons have two cycles in the shortest history (sub-daily data)."""
+    """The statistical reference for the frequency: AutoETS and AutoTheta on the season (they
+    drop the season themselves on a series too short for it), MSTL first when several seasons
+    have two cycles in the shortest history (sub-daily data)."""
     from statsforecast.models import MSTL, AutoETS, AutoTheta
 
     del freq  # the seasons say it all; kept in the signature for the reader
     fits = [s for s in sorted(set(seasons)) if s > 1 and (min_history is None or 2 * s <= min_history)]
-    primary = season if season in fits else (fits[0] if fits else 1)
+    primary = max(1, season)
     models = []
     if len(fits) > 1:
         models.append(MSTL(season_length=fits, trend_forecaster=AutoETS(model="ZZN")))
@@ -261,20 +262,24 @@ def statsforecast_forecasts(fleet: FleetData, plan: Plan, threads: int) -> dict[
 
     import pandas as pd
     from statsforecast import StatsForecast
-    from statsforecast.models import SeasonalNaive
+    from statsforecast.models import Naive, SeasonalNaive
 
     k_ref = plan.reference_origins
     lengths = fleet.lengths
     models = reference_models(fleet.freq, plan.season, plan.seasons,
                               min_history=int((lengths - plan.back[-k_ref]).min()))
+    expected = fleet.n_series * k_ref * plan.horizon
     frame = pd.DataFrame({"unique_id": np.repeat(np.arange(fleet.n_series), lengths),
                           "ds": np.concatenate([np.arange(n) for n in lengths]),
                           "y": np.asarray(fleet.values[:, 0], np.float64)})
-    sf = StatsForecast(models=models, freq=1, n_jobs=threads,
-                       fallback_model=SeasonalNaive(season_length=max(1, plan.season)))
+    shortest = int((lengths - plan.back[-k_ref]).min())
+    fallback = SeasonalNaive(season_length=plan.season) if shortest >= plan.season else Naive()
+    sf = StatsForecast(models=models, freq=1, n_jobs=threads, fallback_model=fallback)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cv = sf.cross_validation(h=plan.horizon, df=frame, n_windows=k_ref, step_size=plan.stride)
+    if len(cv) != expected:
+        raise RuntimeError(f"statsforecast returned {len(cv)} forecasts, expected {expected}")
     series = cv["unique_id"].to_numpy(np.int64)
     origin = cv["cutoff"].to_numpy(np.int64) + 1
     back = lengths[series] - origin
@@ -395,7 +400,8 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
                  family, v["name"], _fmt((v.get("holdout") or {}).get("mase")), _fmt(baseline["mase_mean"]),
                  aggregates[v["name"]]["series"], "n/a" if share is None else f"{100 * share:.0f}%",
                  "eligible" if v["eligible"] else "; ".join(v["reasons"]))
-    write_json(layout.validation(family), _finite(entry))
+    entry = _finite(entry)
+    write_json(layout.validation(family), entry)
     return entry
 
 
@@ -420,6 +426,14 @@ def _reference_frame(cfg: PipelineConfig):
     layout = cfg.layout
     if layout.reference_table.exists():
         return pd.read_parquet(layout.reference_table)
+    return _reference_shards(cfg)
+
+
+def _reference_shards(cfg: PipelineConfig):
+    """Every shard's baselines and reference, merged and sorted by series id."""
+    import pandas as pd
+
+    layout = cfg.layout
     paths = [layout.reference_shard(k) for k in range(len(read_shards(cfg)))]
     absent = [p for p in paths if not p.exists()]
     if absent:
@@ -565,9 +579,8 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
     from onnxcast.pipeline.evaluation import fleet_aggregate
 
     layout = cfg.layout
-    reference = _reference_frame(cfg)
-    if not layout.reference_table.exists():
-        _write_table({c: reference[c].to_numpy() for c in reference.columns}, layout.reference_table)
+    reference = _reference_shards(cfg)
+    _write_table({c: reference[c].to_numpy() for c in reference.columns}, layout.reference_table)
     meta = FleetData.load(layout.fleet if (layout.fleet / "fleet.json").exists() else layout.shard(0), mmap=True)
     plan = plan_for(cfg, meta)
     candidates = {}
@@ -657,6 +670,7 @@ def fleet_report(cfg: PipelineConfig, models: list[dict]) -> dict:
                                 "vs_reference": (m.get("fleet") or {}).get("vs_reference"),
                                 "vs_best_family": family_choice["tests"].get(m["family"])} for m in models},
     }
+    baselines = {k: v for k, v in baselines.items() if k != "fleet"}  # the report's own ``fleet`` holds it
     return _finite({"summary": summary, "baselines": baselines, "family_choice": family_choice,
                     "fleet": fleet_object})
 
