@@ -206,3 +206,18 @@ class TestFleetPredict:
         assert cli.main(["edge", "predict", "--dir", str(dest), "--input", "/dev/zero",
                          "--series-column", "unique_id"]) == 2
         assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--min-rows", "4"], "error: --min-rows applies to a fleet input: add --series-column"),
+    (["--series-column", "ds"], "error: --series-column and --time-column are both 'ds'; a fleet table needs one "
+                                "column of each"),
+    (["--series-column", "unique_id", "--min-rows", "25"],
+     "error: min_rows must be between 1 and the model's lookback of 24, got 25"),
+])
+def test_bad_options_one_line(device, panel_frame, tmp_path, capsys, extra, message):
+    dest, _ = device
+    frame, ids = panel_frame
+    path = _write(frame[frame["unique_id"].isin(ids[:3])], tmp_path / "few.csv")
+    assert cli.main(["edge", "predict", "--dir", str(dest), "--input", str(path), *extra]) == 2
+    assert capsys.readouterr().err.splitlines() == [message]
