@@ -221,3 +221,28 @@ def test_bad_options_one_line(device, panel_frame, tmp_path, capsys, extra, mess
     path = _write(frame[frame["unique_id"].isin(ids[:3])], tmp_path / "few.csv")
     assert cli.main(["edge", "predict", "--dir", str(dest), "--input", str(path), *extra]) == 2
     assert capsys.readouterr().err.splitlines() == [message]
+
+
+def test_device_process_without_pandas_prints_one_warning_line_per_padded_series(device, panel_frame, tmp_path):
+    """The device command in its own process, torch and pandas blocked as on a device: the
+    forecasts on stdout, each padded series named on its own stderr line."""
+    import subprocess
+    import sys
+
+    dest, _ = device
+    frame, ids = panel_frame
+    path = _write(frame[frame["unique_id"].isin(ids[:10])], tmp_path / "ten.csv")
+    heavy = ("torch", "pandas", "mlflow", "onnx", "airflow", "great_expectations")
+    code = (f"import sys\nfor name in {heavy!r}:\n    sys.modules[name] = None\n"
+            "from onnxcast.rollout.cli import edge_main\n"
+            f"code = edge_main(['predict', '--dir', {str(dest)!r}, '--input', {str(path)!r}, "
+            "'--series-column', 'unique_id'])\n"
+            f"assert not [m for m in {heavy!r} if sys.modules.get(m) is not None]\nsys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1 + 10 * HORIZON
+    warnings = result.stderr.splitlines()
+    assert len(warnings) == PADDED, result.stderr
+    for series in ids[:PADDED]:
+        assert sum(f"series {series!r} has 15 row(s), edge-padded to the model's lookback of 24" in line
+                   for line in warnings) == 1
