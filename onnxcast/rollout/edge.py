@@ -475,7 +475,7 @@ def read_fleet_input(path: str | Path, columns: list[str], lookback: int, series
                         raise DataError(f"{path}: more than {MAX_SERIES:,} series in column {quote(series_column)} "
                                         f"(line {line}); split the table")
                     kept[series], lines_of[series], counts[series] = [], {}, 0
-                    newest[series] = (-math.inf, _cell(row, at_time))
+                    newest[series] = (-math.inf, "")
                 text = _cell(row, at_time)
                 kind, key = _time_key(text)
                 if kind is None:
