@@ -92,6 +92,7 @@ MAX_COLUMNS_SHOWN = 20
 MAX_SERIES = 100_000
 MAX_SERIES_ID = 100
 MAX_SHORT_SHOWN = 5
+MAX_PADDED_NAMED = 20  # padded series named one warning line each; the rest are counted in one
 ORT_CHUNK = 1024
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _COLUMN_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,60}")
@@ -531,11 +532,15 @@ def read_fleet_input(path: str | Path, columns: list[str], lookback: int, series
         gap = lookback - len(heap)
         if gap:
             padded.append(series)
-            log.warning("%s: series %s has %d row(s), edge-padded to the model's lookback of %d with its first row",
-                        path, quote(series), len(heap), lookback)
+            if len(padded) <= MAX_PADDED_NAMED:  # a 10,000-series fleet had 8,450 of them: the rest are counted
+                log.warning("%s: series %s has %d row(s), edge-padded to the model's lookback of %d with its "
+                            "first row", path, quote(series), len(heap), lookback)
         histories[i, :gap] = values[0]
         histories[i, gap:] = values
         last_times.append(newest[series][1])
+    if len(padded) > MAX_PADDED_NAMED:
+        log.warning("%s: %d more series shorter than the lookback of %d were edge-padded (%d in all)",
+                    path, len(padded) - MAX_PADDED_NAMED, lookback, len(padded))
     return FleetInput(list(kept), histories, last_times, list(counts.values()), padded)
 
 
