@@ -138,6 +138,7 @@ def test_too_many_excluded_fails_in_one_line(faulty, tmp_path):
     ("no_series_column", "missing ['unique_id']"),
     ("bad_time", "'ds' timestamps parse as dates: 1 of"),
     ("bad_value", "'y' values numeric: 1 of"),
+    ("zone", "'ds' timestamps all with or all without a UTC offset: 1 of"),
 ])
 def test_a_fault_of_the_table_fails_in_one_line(tmp_path, fault, words):
     panel = _panel()
@@ -146,6 +147,8 @@ def test_a_fault_of_the_table_fails_in_one_line(tmp_path, fault, words):
         frame = frame.drop(columns="unique_id")
     elif fault == "bad_time":
         frame.loc[7, "ds"] = "yesterday"
+    elif fault == "zone":
+        frame.loc[7, "ds"] = frame.loc[7, "ds"] + "T00:00:00+02:00"
     else:
         frame["y"] = frame["y"].astype(object)
         frame.loc[7, "y"] = "twelve"
@@ -156,8 +159,8 @@ def test_a_fault_of_the_table_fails_in_one_line(tmp_path, fault, words):
         check_fleet_table(cfg)
     message = str(error.value)
     assert "\n" not in message and str(path) in message and words in message, message
-    if fault != "no_series_column":
-        assert ("'yesterday'" if fault == "bad_time" else "'twelve'") in message
+    shown = {"bad_time": "'yesterday'", "bad_value": "'twelve'", "zone": "T00:00:00+02:00'"}
+    assert shown.get(fault, "") in message
     assert (cfg.layout.quality / "validation_result.json").exists()
 
 
