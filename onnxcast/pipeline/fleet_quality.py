@@ -390,14 +390,14 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     plan = read_json(layout.shards)
     ids = plan["shards"][shard]
     value_cols = [cfg.target_column, *cfg.feature_columns]
+    import pandas as pd
+
     rows = pq.read_table(layout.shard_rows(shard)).to_pandas()
-    lookup = {sid: i for i, sid in enumerate(ids)}
-    codes = rows[series_col].map(lookup).to_numpy(dtype=np.int64)
+    codes = pd.Categorical(rows[series_col], categories=ids).codes.astype(np.int64)
     times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
     values = np.column_stack([rows[c].to_numpy(dtype="float64") for c in value_cols])
     del rows
     stats, grid = series_stats(codes, times, values, len(ids), plan["freq"], cfg, int(plan["season"]))
-    import pandas as pd
 
     table = pd.DataFrame({series_col: ids, **stats})
     suite = _series_suite(cfg, int(plan["season"]))
@@ -494,6 +494,7 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
         "rows": n_rows, "grid_steps": grid_steps, "train_steps": grid_fact(train_steps), "duplicates": duplicates,
         "unsorted": unsorted, "off_grid": off_grid,
         "gap_share": grid_fact(missing_times / np.maximum(grid_steps, 1)),
+        "missing_steps": grid_fact(grid_steps - filled),
         "longest_gap": grid_fact(longest_gap), "missing_share": empty_rows / distinct_rows,
         "edge_missing": grid_fact(edge_missing), "distinct_values": distinct, "non_finite": non_finite,
         "outlier_share": outliers / np.maximum(finite_counts, 1),
@@ -799,7 +800,7 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
     repairs = {}
     if q.fill_gaps_max_steps:
         repairs["fill_gaps"] = {"max_steps": q.fill_gaps_max_steps,
-                                "interpolated_steps": int((kept["gap_share"] * kept["grid_steps"]).round().sum())}
+                                "interpolated_steps": int(kept["missing_steps"].sum())}
     if q.drop_duplicate_timestamps:
         repairs["drop_duplicate_timestamps"] = {"dropped_rows": int(kept["duplicates"].sum())}
     detail_columns = {"too_short": "rows", "train_too_short": "train_steps", "duplicated_times": "duplicates",

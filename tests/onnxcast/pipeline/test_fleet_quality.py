@@ -14,6 +14,7 @@ from onnxcast.base.errors import DataQualityError
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.fleet_data import FleetData
 from onnxcast.pipeline.fleet_quality import check_fleet_shard, check_fleet_table, merge_fleet_checks
+from onnxcast.pipeline.run import run_pipeline
 from tests.real_panels import load_panel
 
 N_SERIES = 200
@@ -126,12 +127,14 @@ def test_too_many_excluded_fails_in_one_line(faulty, tmp_path):
     strict = PipelineConfig.from_dict({**cfg.to_dict(), "out_dir": str(tmp_path / "out"),
                                        "quality": {**cfg.to_dict()["quality"], "max_excluded_share": 0.02}})
     with pytest.raises(DataQualityError) as error:
-        _run_gate(strict)
+        run_pipeline(strict)  # the whole run: it stops at the gate and keeps quality/ only
     message = str(error.value)
     assert "\n" not in message
     assert f"{len(reasons)} of {N_SERIES} series (3.0%) were excluded, more than max_excluded_share 2%" in message
     assert "constant 1" in message and "too_short 1" in message and "off_grid 1" in message, message
+    assert error.value.report_path == str(tmp_path / "out" / "quality" / "summary.html")
     assert (tmp_path / "out" / "quality" / "summary.html").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["quality"]
 
 
 @pytest.mark.parametrize("fault, words", [
@@ -190,3 +193,26 @@ def test_shards_split_the_series_and_hold_their_rows(faulty):
     assert len(members) == len(set(members)) == N_SERIES
     rows = [len(pd.read_parquet(cfg.layout.shard_rows(k))) for k in range(3)]
     assert rows == plan["rows"] and max(rows) - min(rows) < 200  # balanced on rows
+
+
+@pytest.mark.slow
+def test_short_gaps_are_interpolated_in_time_when_asked(tmp_path):
+    panel = load_panel("m3-monthly", limit=30)
+    frame = panel.frame.copy()
+    sid = _ids(frame)[4]
+    rows = frame.index[frame["unique_id"] == sid]
+    before, after = frame.loc[rows[59], "y"], frame.loc[rows[62], "y"]
+    frame = frame.drop(rows[60:62])  # two months absent inside the series
+    path = tmp_path / "m3.parquet"
+    frame.to_parquet(path, index=False)
+    cfg = _config(panel, path, tmp_path / "out", fleet_shards=2,
+                  quality={"min_holdout_windows": 1, "fill_gaps_max_steps": 2, "max_gap_fraction": 0.05})
+    summary = _run_gate(cfg)
+    assert summary["quality"]["series"]["excluded"] == 0
+    assert summary["quality"]["repairs"]["fill_gaps"] == {"max_steps": 2, "interpolated_steps": 2}
+    fleet = FleetData.load(cfg.layout.fleet)
+    target = fleet.target(fleet.ids.index(sid))
+    assert len(target) == len(rows)
+    days = np.diff(fleet.timestamps(fleet.ids.index(sid))[59:63]).astype("timedelta64[D]").astype(float)
+    expected = before + (after - before) * np.cumsum(days)[:2] / days.sum()  # in time, as quality does
+    np.testing.assert_allclose(target[60:62], expected, rtol=1e-6)
