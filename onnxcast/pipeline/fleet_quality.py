@@ -706,7 +706,8 @@ def merge_fleet_checks(cfg: PipelineConfig) -> dict:
     html = layout.quality / SUMMARY_HTML
     write_text_atomic(html, _summary_page(plan, table, excluded, padded, _reason_counts(excluded, first_only=False),
                                           cfg))
-    if share > q.max_excluded_share:
+    share_check = _excluded_share_check(cfg, table, plan["source"])
+    if not share_check["passed"]:
         examples = ", ".join(f"{sid!r} ({why})" for sid, why in
                              zip(excluded[series_col].head(3), excluded["excluded_because"].head(3), strict=True))
         message = (f"{len(excluded)} of {total} series ({share:.1%}) were excluded, more than max_excluded_share "
@@ -718,11 +719,37 @@ def merge_fleet_checks(cfg: PipelineConfig) -> dict:
     split = split_fleet(fleet.lengths, cfg)
     summary = {"dataset": _dataset(cfg, plan, fleet), "split": _split_dict(split, fleet),
                "quality": _quality_dict(cfg, plan, table, excluded, padded, share, counts, str(html))}
+    summary["quality"]["checks"].append(share_check)
     cfg.save(layout.config)
     write_json(layout.dataset, summary)
     log.info("fleet: %d of %d series kept (%d excluded, %d padded), %d rows, freq %s", fleet.n_series, total,
              len(excluded), len(padded), len(fleet.values), fleet.freq)
     return summary
+
+
+def _excluded_share_check(cfg: PipelineConfig, table, source: str) -> dict:
+    """The max_excluded_share verdict as a GX result of its own (``quality/excluded_share/``),
+    on the series table's ``excluded_because`` column."""
+    from onnxcast.pipeline.quality import (
+        _import_gx,
+        _meta,
+        _quiet_gx,
+        _summarize,
+        run_suite,
+        write_reports,
+    )
+
+    gx = _import_gx()
+    share = cfg.quality.max_excluded_share
+    suite = gx.ExpectationSuite(name=SHARE_SUITE, expectations=[_meta(
+        gx.expectations.ExpectColumnValuesToBeNull(column="excluded_because", mostly=1 - share),
+        "excluded_share", f"series excluded at most {share:.0%} (max_excluded_share)")])
+    with _quiet_gx():
+        validation = run_suite(table[[cfg.series_column, "excluded_because"]], suite)
+        check = _summarize(validation.results[0])
+        write_reports(validation, cfg.layout.quality / "excluded_share", "")
+    check["suite"] = SHARE_SUITE
+    return check
 
 
 def _reason_counts(excluded, *, first_only: bool = True) -> dict[str, int]:

@@ -84,6 +84,8 @@ def test_exactly_the_bad_series_are_excluded_each_with_its_reason(faulty):
     counts = summary["quality"]["series"]
     assert counts["total"] == N_SERIES and counts["kept"] == N_SERIES - len(reasons)
     assert counts["excluded_share"] == pytest.approx(len(reasons) / N_SERIES)
+    share = [c for c in summary["quality"]["checks"] if c["check"] == "excluded_share"]
+    assert share and share[0]["passed"] and share[0]["observed"]["unexpected_count"] == len(reasons)
     on_disk = json.loads(cfg.layout.dataset.read_text())
     assert {e["series"] for e in on_disk["quality"]["excluded"]} == set(reasons)
 
