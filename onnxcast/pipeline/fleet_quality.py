@@ -57,11 +57,10 @@ HELPER = "_qc_"
 SERIES_TABLE = "series.parquet"
 ZONE_SUFFIX = r"(?:\d:\d\d(?::\d\d(?:\.\d*)?)?\s*(?:Z|[+-]\d\d(?::?\d\d)?)|\b(?:UTC|GMT))$"
 
-# The series checks, in the order of the report: (check, column, what it means). "exclude"
-# checks drop the series; the others keep it and count it.
+# The series checks that exclude a series, in the order its reasons are listed; the series
+# suite's warnings (kept, counted) are not_increasing and padded.
 SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid", "mostly_missing", "constant",
                  "non_finite", "gap_share", "gaps_repairable", "edges_present", "outlier_share")
-WARNING_CHECKS = ("not_increasing", "padded")
 
 
 # --- step 1: the table ----------------------------------------------------------------------
@@ -383,15 +382,16 @@ def _fixed_step(offset) -> int | None:
 
 def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     """Check, exclude, repair and grid the series of ``shard``; return its counts
-    ``{"shard", "series", "kept", "excluded"}``."""
+    ``{"shard", "series", "kept", "excluded"}`` (and ``"padded"``)."""
+    import pandas as pd
     import pyarrow.parquet as pq
+
+    from onnxcast.pipeline.quality import _quiet_gx, run_suite, write_reports
 
     layout, series_col = cfg.layout, cfg.series_column
     plan = read_json(layout.shards)
     ids = plan["shards"][shard]
     value_cols = [cfg.target_column, *cfg.feature_columns]
-    import pandas as pd
-
     rows = pq.read_table(layout.shard_rows(shard)).to_pandas()
     codes = pd.Categorical(rows[series_col], categories=ids).codes.astype(np.int64)
     times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
@@ -402,8 +402,6 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     table = pd.DataFrame({series_col: ids, **stats})
     suite = _series_suite(cfg, int(plan["season"]))
     out = layout.quality_shard(shard)
-    from onnxcast.pipeline.quality import _quiet_gx, run_suite, write_reports
-
     with _quiet_gx():
         validation = run_suite(table, suite, result_format={"result_format": "COMPLETE",
                                                            "unexpected_index_column_names": [series_col]})
@@ -819,10 +817,9 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
     if len(excluded):
         warnings.append(f"{len(excluded)} of {len(table)} series ({share:.1%}) excluded: "
                         + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    for check in WARNING_CHECKS[:1]:
-        n = int((table["unsorted"] > 0).sum())
-        if n:
-            warnings.append(f"{n} series had timestamps out of order ({check}); sorted")
+    unsorted = int((table["unsorted"] > 0).sum())
+    if unsorted:
+        warnings.append(f"{unsorted} series had rows out of time order (not_increasing); sorted")
     kept = table[table["excluded_because"].isna()]
     repairs = {}
     if q.fill_gaps_max_steps:
