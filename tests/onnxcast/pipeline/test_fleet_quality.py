@@ -86,6 +86,8 @@ def test_exactly_the_bad_series_are_excluded_each_with_its_reason(faulty):
     assert counts["excluded_share"] == pytest.approx(len(reasons) / N_SERIES)
     share = [c for c in summary["quality"]["checks"] if c["check"] == "excluded_share"]
     assert share and share[0]["passed"] and share[0]["observed"]["unexpected_count"] == len(reasons)
+    # the single-series report keys are all there, so report code keeps working
+    assert {"passed", "suite", "warnings", "repairs", "checks", "json_path", "html_path"} <= set(summary["quality"])
     on_disk = json.loads(cfg.layout.dataset.read_text())
     assert {e["series"] for e in on_disk["quality"]["excluded"]} == set(reasons)
 
