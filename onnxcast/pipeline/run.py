@@ -197,16 +197,34 @@ def load_model(cfg: PipelineConfig, family: str):
 
 
 def export_family(cfg: PipelineConfig, family: str) -> str:
-    """Export the trained model to ``onnx/fp32.onnx`` with the contract's metadata."""
+    """Export the trained model to ``onnx/fp32.onnx`` with the contract's metadata; a global
+    model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
+    trained until the latest end over its series."""
     from onnxcast.pipeline.export import export_onnx
 
-    series, _ = _load_data(cfg)
     model, spec = load_model(cfg, family)
+    if cfg.is_fleet:
+        from onnxcast.pipeline.fleet_data import FleetData
+
+        fleet = FleetData.load(cfg.layout.fleet, mmap=True)
+        # one calendar per distinct (start, length): few on a real fleet, whatever its size
+        firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
+                          strict=True))
+        latest = max(fleet.end(i) for i in firsts.values())
+        data = {"freq": fleet.freq, "trained_until": _iso(latest), "dataset_sha256": fleet.sha256,
+                "season": fleet.season}
+        fleet_keys = {"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
+    else:
+        series, _ = _load_data(cfg)
+        data = {"freq": series.freq, "trained_until": _iso(series.timestamps[-1]),
+                "dataset_sha256": series.sha256, "season": series.season}
+        fleet_keys = {}
     metadata = {
         "model_family": family, "lookback": spec.lookback, "horizon": spec.horizon,
-        "freq": series.freq, "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
-        "precision": "fp32", "trained_until": _iso(series.timestamps[-1]),
-        "dataset_sha256": series.sha256, "season": series.season, "version": __version__,
+        "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
+        "precision": "fp32", "trained_until": data["trained_until"],
+        "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
+        **fleet_keys,
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
@@ -258,13 +276,27 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
 
     A family that failed a required gate is left out of the choice and recorded in
     ``excluded`` with why; GateError only when no family passed.
+
+    Fleet mode: the legacy keys hold aggregates over series (``models[*].fp32_holdout_mae``
+    and every variant's ``holdout.mae`` are the MEAN MASE over series; ``baselines`` are the
+    best naive of each series, onnxcast.pipeline.fleet_eval.fleet_baselines), families are
+    compared on per-series fp32 MASE, and an extra ``fleet`` object holds the aggregates,
+    intervals and paired tests (docs/design/fleet.md 4.3).
     """
     from onnxcast.pipeline.report import compare_families
 
-    summary = read_json(cfg.layout.dataset)
+    fleet = None
     models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
-    baselines = load_baselines(cfg)
-    family_choice = compare_families(models, baselines["origins"]["block"])
+    if cfg.is_fleet:
+        from onnxcast.pipeline.fleet_eval import fleet_report
+
+        parts = fleet_report(cfg, models)
+        summary, baselines, family_choice, fleet = (parts["summary"], parts["baselines"], parts["family_choice"],
+                                                    parts["fleet"])
+    else:
+        summary = read_json(cfg.layout.dataset)
+        baselines = load_baselines(cfg)
+        family_choice = compare_families(models, baselines["origins"]["block"])
     selected, ranking = select_variants(models, family_choice)
     excluded = [{"family": m["family"], "failures": m["failures"]} for m in models if not m["gates_passed"]]
     failures = [f"{m['family']}: {reason}" for m in models for reason in m["failures"]]
@@ -287,6 +319,8 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         "status": "failed" if failures else "passed",
         "failures": failures,
     }
+    if fleet is not None:
+        report["fleet"] = fleet
     if failures:
         write_json(cfg.layout.failed_report, report)
         raise GateError(failures)
