@@ -7,21 +7,24 @@ import json
 from pathlib import Path
 
 import pytest
-from fleet_run_fixtures import build_fleet_run
+from fleet_run_fixtures import build_fleet_run, fleet_tracking_uri  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
 FAMILIES = {"nhits": 0.8, "dlinear": 0.95}
 
 
+MODEL = "fleet-log"  # apart from the champion tests' model in the shared store
+
+
 @pytest.fixture
-def tracking_uri(tmp_path):
-    return f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+def tracking_uri(fleet_tracking_uri):  # noqa: F811
+    return fleet_tracking_uri
 
 
 @pytest.fixture
 def fleet_run(tmp_path) -> Path:
-    return build_fleet_run(tmp_path / "run", skills=FAMILIES)
+    return build_fleet_run(tmp_path / "run", skills=FAMILIES, model_name=MODEL)
 
 
 def test_fleet_run_logs_aggregates_tables_and_a_global_version(fleet_run, tracking_uri, tmp_path):
@@ -31,9 +34,9 @@ def test_fleet_run_logs_aggregates_tables_and_a_global_version(fleet_run, tracki
     from onnxcast.registry.tracking import client_for, log_pipeline_run, register_model
 
     report = json.loads((fleet_run / "report.json").read_text())
-    tracked = log_pipeline_run(fleet_run, model_name="fleet-m", run_key="dag/fleet-1", families=list(FAMILIES),
+    tracked = log_pipeline_run(fleet_run, model_name=MODEL, run_key="dag/fleet-1", families=list(FAMILIES),
                                tracking_uri=tracking_uri)
-    version = register_model(fleet_run, tracked, model_name="fleet-m", run_key="dag/fleet-1",
+    version = register_model(fleet_run, tracked, model_name=MODEL, run_key="dag/fleet-1",
                              tracking_uri=tracking_uri)
     client = client_for(tracking_uri)
     fleet = report["fleet"]
@@ -81,7 +84,7 @@ def test_fleet_run_logs_aggregates_tables_and_a_global_version(fleet_run, tracki
     for name in parent.data.metrics:
         assert not any(sid in name for sid in nhits.index)
 
-    tags = client.get_model_version("fleet-m", version.version).tags
+    tags = client.get_model_version(MODEL, version.version).tags
     assert (tags["onnxcast.global"], tags["onnxcast.n_series"], tags["onnxcast.series_column"]) == (
         "true", "60", "unique_id")
     assert (tags["onnxcast.metric"], tags["onnxcast.horizon"], tags["onnxcast.freq"]) == ("mase", "18", "MS")
@@ -107,7 +110,7 @@ def test_a_fleet_run_from_an_older_layout_logs_what_it_has(fleet_run, tracking_u
     del report["fleet"]["reference"], report["fleet"]["tests"]
     (fleet_run / "report.json").write_text(json.dumps(report))
 
-    tracked = log_pipeline_run(fleet_run, model_name="fleet-m", run_key="dag/old", families=list(FAMILIES),
+    tracked = log_pipeline_run(fleet_run, model_name=MODEL, run_key="dag/old", families=list(FAMILIES),
                                tracking_uri=tracking_uri)
     client = client_for(tracking_uri)
     parent = client.get_run(tracked.parent_run_id)
