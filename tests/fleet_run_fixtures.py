@@ -32,9 +32,12 @@ def fleet_tracking_uri(tmp_path_factory) -> str:
 
 
 def build_fleet_run(root: Path, *, skills: dict[str, float], n_series: int = 60, seed: int = 0,
-                    model_name: str = "fleet-m", noise: float = 0.25, champion: dict | None = None) -> Path:
+                    model_name: str = "fleet-m", noise: float = 0.25, champion: dict | None = None,
+                    noise_seed: int | None = None) -> Path:
     """Write a fleet run to ``root``: ``skills`` maps each family to its typical MASE ratio to the
-    seasonal naive (0.8: 20 % better). ``champion`` (a plan entry) adds it to plan.json."""
+    seasonal naive (0.8: 20 % better), with lognormal spread ``noise`` over series drawn from
+    ``noise_seed`` (runs on the same series with other draws: another noise_seed, same seed).
+    ``champion`` (a plan entry) adds it to plan.json."""
     import pandas as pd
     from real_panels import load_panel
 
@@ -63,7 +66,7 @@ def build_fleet_run(root: Path, *, skills: dict[str, float], n_series: int = 60,
                       season=season, source=str(csv), sha256="0" * 64)
     fleet.save(root / "data" / "fleet")
 
-    rng = np.random.default_rng(seed + 1)
+    rng = np.random.default_rng(seed + 1 if noise_seed is None else noise_seed)
     reference = {"series": kept}
     naive_rows = {"naive": [], f"seasonal_naive_{season}": []}
     scales = []

@@ -217,8 +217,7 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
     differences = fleet_differences(version.tags if version is not None else {"onnxcast.global": "true"},
                                     series_column=config.get("series_column"), horizon=config.get("horizon"),
                                     freq=(report.get("dataset") or {}).get("freq") or config.get("freq"))
-    validation = read_json(layout.validation(CHAMPION_FAMILY))
-    judged = validation.get("fleet") or {}
+    validation, judged = _champion_numbers(layout, version, decision)
     if not judged or judged.get("metric", FLEET_METRIC) != FLEET_METRIC:  # never a MAE against a MASE
         differences["metric"] = [judged.get("metric") or "mae (one series)", FLEET_METRIC]
     decision["champion_version"] = number
@@ -231,7 +230,8 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
                                                  "challenger is promoted as asked (require_beats_champion is off)")
         return
     spec_path = layout.model_json(CHAMPION_FAMILY)
-    champion_family = read_json(spec_path)["spec"]["family"] if spec_path.exists() else None
+    champion_family = read_json(spec_path)["spec"]["family"] if spec_path.exists() else (
+        version.tags.get("onnxcast.family") if version is not None else None)
     fp32 = (judged.get("variants") or {}).get("fp32") or {}
     champion_mase = fp32.get("mase_mean", validation.get("fp32_holdout_mase", validation.get("fp32_holdout_mae")))
     challenger_mase = decision["challenger_mase"]
@@ -264,6 +264,28 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
                                              "(require_beats_champion is off)")
     else:
         decision.update(promote=False, reason=f"{head} does not beat {them} by more than {min_improvement:.2%}")
+
+
+def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict, dict]:
+    """(the champion's validation entry, its ``fleet`` block): from this run when the champion
+    was evaluated in it, else from its registry tags (mean MASE and interval of its own run)."""
+    import json
+
+    from onnxcast.base.files import read_json
+
+    path = layout.validation(CHAMPION_FAMILY)
+    if path.exists():
+        validation = read_json(path)
+        return validation, validation.get("fleet") or {}
+    if version is None or "onnxcast.fp32_holdout_mase" not in version.tags:
+        raise PlanError(f"{path}: the champion was not evaluated in this run, and its registry entry holds no "
+                        "fleet figures (onnxcast.fp32_holdout_mase)")
+    tags = version.tags
+    mase = float(tags["onnxcast.fp32_holdout_mase"])
+    interval = json.loads(tags.get("onnxcast.fp32_mase_ci95") or "null")
+    decision["champion_figures"] = f"from its own run {version.run_id}: the champion was not evaluated in this run"
+    return {"fp32_holdout_mase": mase}, {"metric": tags.get("onnxcast.metric"),
+                                         "variants": {"fp32": {"mase_mean": mase, "mase_ci95": interval}}}
 
 
 def paired_across_series(a, b) -> dict:

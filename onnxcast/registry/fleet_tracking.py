@@ -11,6 +11,7 @@ pandas, onnx and mlflow are imported inside functions (Airflow operators import 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -187,9 +188,12 @@ def version_tags(layout: RunLayout, report: dict, family: str) -> dict[str, str]
         meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
         tags.update({key: str(meta[key]) for key in GLOBAL_META if key in meta})
     entry = next((m for m in report.get("models", []) if m["family"] == family), {})
-    mase = entry.get("fp32_holdout_mase", entry.get("fp32_holdout_mae"))
+    fp32 = (((report.get("fleet") or {}).get("families") or {}).get(family) or {}).get("fp32") or {}
+    mase = fp32.get("mase_mean", entry.get("fp32_holdout_mase", entry.get("fp32_holdout_mae")))
     if mase is not None:
         tags["onnxcast.fp32_holdout_mase"] = str(mase)
+    if fp32.get("mase_ci95"):
+        tags["onnxcast.fp32_mase_ci95"] = json.dumps(fp32["mase_ci95"])
     return tags
 
 
