@@ -169,7 +169,7 @@ def fleet_run(tmp_path_factory):
             **{k: settings[k] for k in ("series_column", "time_column", "target_column", "horizon", "lookback",
                                         "freq")},
             "extra_settings": {"season": settings["season"], "quality": settings["quality"], "latency_repeats": 3,
-                               "fleet_windows_per_epoch": 10_000, "fleet_validation_series": 50,
+                               "fleet_windows_per_epoch": 3_000, "fleet_validation_series": 50,
                                "reference_max_series": 20}}
     airflow_support.ensure_db()
     from airflow.dag_processing.dagbag import DagBag
