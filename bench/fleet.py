@@ -286,25 +286,27 @@ def run_fleet_steps(cfg) -> tuple[dict, str, list[dict]]:
     from onnxcast.base.errors import GateError
     from onnxcast.base.files import read_json
 
-    timings = []
+    timings, current = [], [CHECK_TABLE]
 
     def timed(step):
+        current[0] = step
         started = time.monotonic()
         value = call_step(step, cfg)
         timings.append({"step": step.name, "shard": step.shard, "wall_s": round(time.monotonic() - started, 2)})
         return value
 
-    shards = timed(CHECK_TABLE)
     report, status = None, "passed"
-    for group in fleet_steps(cfg, list(shards)):
-        for step in group:
-            try:
-                value = timed(step)
-            except GateError as error:
-                report, status = read_json(cfg.layout.failed_report), f"no family passed its gates: {error}"
-                break
+    try:
+        shards = timed(CHECK_TABLE)
+        for step in (s for group in fleet_steps(cfg, list(shards)) for s in group):
+            value = timed(step)
             if step.name == "report":
                 report = value
+    except GateError as error:
+        report, status = read_json(cfg.layout.failed_report), f"no family passed its gates: {error}"
+    except Exception as error:  # the statsforecast side still makes a table; the run says why it stopped
+        log.exception("%s: the pipeline failed", cfg.data_uri)
+        status = f"{current[0].name} failed: {type(error).__name__}: {error}"
     return report, status, timings
 
 
@@ -339,10 +341,11 @@ def accuracy_panel(name: str, args, work: Path) -> dict:
     panels = load_panels_module()
     panel = panels.load_panel(name, limit=args.limit)
     started = time.monotonic()
-    table, sf_seconds = statsforecast_per_series(panel, n_jobs=args.n_jobs)
+    table, sf_seconds, sf_source = statsforecast_side(panel, args)
     row = {"panel": name, "series": panel.n_series, "rows": int(len(panel.frame)), "horizon": panel.horizon,
            "season": panel.season, "freq": panel.freq, "train_steps": describe(table["train_steps"]),
-           "statsforecast_seconds": sf_seconds, "literature": LITERATURE.get(name)}
+           "statsforecast_seconds": sf_seconds, "statsforecast_source": sf_source,
+           "literature": LITERATURE.get(name)}
     judged, pipeline = table, None
     if not args.no_pipeline:
         pipeline, judged = run_panel_pipeline(panel, table, args, work)
@@ -354,6 +357,29 @@ def accuracy_panel(name: str, args, work: Path) -> dict:
     row["goals"] = goals(row)
     row["seconds"] = round(time.monotonic() - started, 1)
     return row
+
+
+def statsforecast_side(panel, args):
+    """The statsforecast table: fitted in this run, or, with ``--statsforecast-cache DIR``, read
+    from a table an earlier run of this bench saved there for the same panel and sample (fitted
+    and saved when absent). Returns (table, seconds, source: "this run" or where it was read)."""
+    import pandas as pd
+
+    cache = None
+    if args.statsforecast_cache:
+        cache = Path(args.statsforecast_cache) / f"{panel.name}-{args.limit or 'all'}-statsforecast.parquet"
+        if cache.exists():
+            meta = json.loads(cache.with_suffix(".json").read_text())
+            log.info("%s: statsforecast side read from %s (fitted %s)", panel.name, cache, meta["fitted"])
+            return pd.read_parquet(cache), meta["seconds"], f"read from {cache.name}, fitted {meta['fitted']}"
+    table, seconds = statsforecast_per_series(panel, n_jobs=args.n_jobs)
+    if cache:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        table.to_parquet(cache, index=False)
+        cache.with_suffix(".json").write_text(json.dumps(
+            {"fitted": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "seconds": seconds,
+             "n_jobs": args.n_jobs}))
+    return table, seconds, "this run"
 
 
 def run_panel_pipeline(panel, table, args, work: Path) -> tuple[dict, object]:
@@ -373,8 +399,9 @@ def run_panel_pipeline(panel, table, args, work: Path) -> tuple[dict, object]:
     variants = {f: ["fp32"] for f in cfg.models}
     if edge and edge["variant"] != "fp32":
         variants[edge["family"]].append(edge["variant"])
-    judged = join_pipeline(table, cfg, list(cfg.models), variants)
-    forecasters = [f"{f}/{v}" for f in cfg.models for v in variants[f]]
+    judged_families = [f for f in cfg.models if cfg.layout.per_series(f).exists()]
+    judged = join_pipeline(table, cfg, judged_families, variants)
+    forecasters = [f"{f}/{v}" for f in judged_families for v in variants[f]]
     log.info("%s: pipeline %s in %.0fs; %d of %d series judged by both", panel.name, status, seconds, len(judged),
              len(table))
     return {"status": status, "seconds": seconds, "minutes_per_family": minutes, "families": list(cfg.models),
@@ -529,10 +556,12 @@ def render_panel(row: dict) -> list[str]:
     if pipeline:
         lines.append(f"Pipeline: {pipeline['status']} in {pipeline['seconds']:.0f} s (families "
                      f"{', '.join(pipeline['families'])}, {pipeline['minutes_per_family']:g} min of training each; "
-                     f"{pipeline['excluded_series']} series not judged by the pipeline). statsforecast seconds: "
+                     f"{pipeline['excluded_series']} series not judged by the pipeline). statsforecast "
+                     f"({row.get('statsforecast_source', 'this run')}) seconds: "
                      + ", ".join(f"{k} {v:g}" for k, v in row["statsforecast_seconds"].items()) + ".")
     else:
-        lines.append("Pipeline not run (--no-pipeline). statsforecast seconds: "
+        lines.append(f"Pipeline not run (--no-pipeline). statsforecast ({row.get('statsforecast_source', 'this run')}) "
+                     "seconds: "
                      + ", ".join(f"{k} {v:g}" for k, v in row["statsforecast_seconds"].items()) + ".")
     lines += ["", "| forecaster | mean MASE [95 % CI] | median MASE | mean sMAPE [95 % CI] | mean MAPE | loses to best naive | p vs AutoETS |",
               "|---|---|---:|---|---:|---:|---:|"]
@@ -651,6 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     acc.add_argument("--families", default=",".join(FAMILIES), help="comma-separated families")
     acc.add_argument("--n-jobs", type=int, default=2, help="statsforecast processes")
     acc.add_argument("--no-pipeline", action="store_true", help="the statsforecast side only")
+    acc.add_argument("--statsforecast-cache", type=Path,
+                     help="folder of statsforecast tables: reuse the panel's if an earlier run saved it, else "
+                          "fit and save it (the results say which)")
     acc.add_argument("--reference-series", type=int, default=0,
                      help="the pipeline's own reference_max_series (0: every series; the table's statsforecast "
                           "rows are fitted here on every series either way)")
