@@ -85,7 +85,9 @@ class QualitySettings:
     max_outlier_fraction: float = setting(
         0.001, help="data check: largest share of outliers", low=0.0, high=1.0, high_open=True)
     min_holdout_windows: int = setting(
-        2, help="data check: forecast windows the holdout must hold at least", low=1, high=10_000)
+        2, help="data check: forecast windows the holdout must hold at least (a fleet holds out exactly this "
+                "many horizons at the end of every series; 1: the competitions' test period)",
+        cli="--holdout-windows", group=FORECAST, metavar="N", low=1, high=10_000)
     # fleet mode (series_column set): a bad series is excluded, the run fails past this share
     max_excluded_share: float = setting(
         0.1, help="fleet data check: largest share of series that may be excluded (too short, gaps, constant, "

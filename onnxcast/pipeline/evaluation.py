@@ -242,3 +242,124 @@ def evaluate_baselines(target: np.ndarray, origins: Origins, horizon: int, seaso
                  rows[best]["mae"], seconds)
     out["per_origin_mae"] = {k: v.tolist() for k, v in errors.items()}
     return out
+
+
+# --- fleets: many series judged per series and in aggregate (docs/design/fleet.md section 4) -----
+
+MIN_PAIRED_SERIES = MIN_PAIRED_ORIGINS  # across series, the same bar: fewer series, never significant
+
+
+def fleet_origins(holdout_steps: int, horizon: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Steps back from each series' END of every holdout origin (earliest first), and the stride.
+
+    Origin ``k`` of a series of length ``n`` is ``n - back[k]``; every series gets the same
+    count and stride, aligned at its own end: exactly statsforecast's
+    ``cross_validation(h=horizon, n_windows=len(back), step_size=stride)`` on integer ``ds``
+    (its cutoffs are ``origin - 1``), so the models and the reference forecast the same points.
+    """
+    if holdout_steps < horizon:
+        raise ValueError(f"a holdout of {holdout_steps} steps holds no forecast of {horizon} steps")
+    stride = origin_stride(horizon, seasons, holdout_steps - horizon + 1)
+    count = (holdout_steps - horizon) // stride + 1
+    back = horizon + stride * np.arange(count - 1, -1, -1, dtype=np.int64)
+    return back, stride
+
+
+def series_interval(values: np.ndarray, level: float = 0.95, seed: int = 0) -> list[float]:
+    """Percentile bootstrap interval of the mean over series (series are independent units,
+    so plain resampling, no blocks); NaNs (a forecaster that did not run there) are left out."""
+    values = np.asarray(values, np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) < 2:
+        return [float("nan"), float("nan")]
+    rng = np.random.default_rng(seed)
+    means = np.empty(BOOTSTRAP_SAMPLES)
+    for start in range(0, BOOTSTRAP_SAMPLES, 100):  # 100 resamples at a time bound the memory
+        picks = rng.integers(0, len(values), size=(min(100, BOOTSTRAP_SAMPLES - start), len(values)))
+        means[start:start + len(picks)] = values[picks].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    return [float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))]
+
+
+def series_metrics(actual: np.ndarray, predicted: np.ndarray, scale: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-series MAE, RMSE, sMAPE (0..200), MAPE (percent; NaN for a series with a zero
+    actual) and MASE (MAE over the series' own ``scale``), each over the series' origins and
+    steps. ``actual``/``predicted``: ``[series, origins, horizon]``; ``scale``: ``[series]``.
+    A series whose forecast is NaN (the forecaster did not run there) gets NaN everywhere."""
+    actual = np.asarray(actual, np.float64)
+    predicted = np.asarray(predicted, np.float64)
+    error = predicted - actual
+    denom = np.abs(actual) + np.abs(predicted)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        smape = np.where(denom > 0, 200.0 * np.abs(error) / denom, 0.0)
+        ape = 100.0 * np.abs(error) / np.abs(actual)
+    axes = (1, 2)
+    mae = np.mean(np.abs(error), axis=axes)
+    zero = np.any(actual == 0, axis=axes)
+    mape = np.where(zero, np.nan, np.mean(np.where(actual == 0, 0.0, ape), axis=axes))
+    smape_mean = np.where(np.isnan(mae), np.nan, np.mean(smape, axis=axes))
+    return {"mae": mae, "rmse": np.sqrt(np.mean(error**2, axis=axes)), "smape": smape_mean, "mape": mape,
+            "mase": mae / np.asarray(scale, np.float64)}
+
+
+def fleet_aggregate(table, forecaster: str, *, losers: int = 20, seed: int = 0) -> dict:
+    """The aggregate of one forecaster over the series of a per-series table (columns
+    ``<forecaster>.<metric>``; ``best_naive.mase`` for the share of series lost to it).
+
+    Means over series of MASE and sMAPE with bootstrap intervals, the median MASE, the mean
+    MAPE over the series without a zero actual (``mape_series`` of them), the mean per-series
+    MAE and RMSE (in each series' own unit: informational only), and the series where the
+    forecaster is worse than that series' best naive (``losers``: the worst by MASE ratio).
+    """
+    mase = table[f"{forecaster}.mase"].to_numpy(np.float64)
+    ran = np.isfinite(mase)
+    out = {"forecaster": forecaster, "series": int(ran.sum())}
+    if not ran.any():
+        return {**out, "mase_mean": None, "mase_ci95": [None, None], "mase_median": None, "smape_mean": None,
+                "smape_ci95": [None, None], "mape_mean": None, "mape_series": 0, "mae_mean": None,
+                "rmse_mean": None, "loses_share": None, "losers_count": 0, "losers": []}
+    smape = table[f"{forecaster}.smape"].to_numpy(np.float64)[ran]
+    mape = table[f"{forecaster}.mape"].to_numpy(np.float64)[ran]
+    out.update(mase_mean=float(mase[ran].mean()), mase_ci95=series_interval(mase[ran], seed=seed),
+               mase_median=float(np.median(mase[ran])), smape_mean=float(smape.mean()),
+               smape_ci95=series_interval(smape, seed=seed),
+               mape_mean=float(np.nanmean(mape)) if np.isfinite(mape).any() else None,
+               mape_series=int(np.isfinite(mape).sum()),
+               mae_mean=float(table[f"{forecaster}.mae"].to_numpy(np.float64)[ran].mean()),
+               rmse_mean=float(table[f"{forecaster}.rmse"].to_numpy(np.float64)[ran].mean()))
+    if "best_naive.mase" in table.columns:
+        bar = table["best_naive.mase"].to_numpy(np.float64)
+        both = ran & np.isfinite(bar)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(bar > 0, mase / bar, np.where(mase > 0, np.inf, 1.0))
+        lost = both & (mase > bar)
+        order = np.argsort(-np.where(lost, ratio, -np.inf), kind="stable")[: min(losers, int(lost.sum()))]
+        ids = table["series"].to_numpy()
+        out.update(loses_share=float(lost.sum() / both.sum()) if both.any() else None,
+                   losers_count=int(lost.sum()),
+                   losers=[{"series": str(ids[i]), "mase": float(mase[i]), "best_naive_mase": float(bar[i]),
+                            "mase_ratio": float(ratio[i])} for i in order])
+    return out
+
+
+def paired_across_series(a: np.ndarray, b: np.ndarray) -> dict:
+    """``paired_test`` of per-series MASE of A against B with block 1 (series are the
+    independent units: no Newey-West lags), plus the Wilcoxon signed-rank p as ``robust_p``
+    (MASE is heavy-tailed: both are reported, the verdict is the paired test's, as for one
+    series). Pairs where either is NaN are left out."""
+    from scipy import stats
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    both = np.isfinite(a) & np.isfinite(b)
+    a, b = a[both], b[both]
+    result = paired_test(a, b, block=1)
+    result["test"] = "Diebold-Mariano across series (block 1, HLN)"
+    result["series"] = result.pop("origins")
+    result["min_series"] = result.pop("min_origins")
+    if "note" in result:
+        result["note"] = f"{len(a)} paired series, fewer than {MIN_PAIRED_SERIES}: not significant"
+    robust = None
+    if len(a) >= MIN_PAIRED_SERIES and np.any(a != b):
+        robust = float(stats.wilcoxon(a, b).pvalue)
+    result["robust_p"] = robust
+    return result

@@ -23,22 +23,681 @@ Design: docs/design/fleet.md section 4.
 
 from __future__ import annotations
 
+import logging
+import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from onnxcast.base.errors import DataError
+from onnxcast.base.files import read_json, replacing, write_json
 from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.fleet_data import FleetData, fleet_steps
+
+log = logging.getLogger(__name__)
+
+METRICS = ("mae", "rmse", "smape", "mape", "mase")
+BATCH = 1024  # histories per ORT call: one session per variant, the fleet in batches
+LOSERS = 20  # worst series (by MASE ratio to their best naive) named per variant
+REF_MASE = "ref_mase"  # a model's MASE on the reference's origins only (the last reference_max_origins)
+BEST_NAIVE = "best_naive"
+
+
+# --- what every step agrees on: shards, origins, scales, the reference sample ---------------
+
+def read_shards(cfg: PipelineConfig) -> list[list[str]]:
+    """The series ids of every shard, from ``data/shards.json``
+    (``{"n_shards": k, "shards": [[series id, ...], ...]}``; other keys are ignored)."""
+    path = cfg.layout.shards
+    try:
+        doc = read_json(path)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: cannot be read ({error})") from None
+    shards = doc.get("shards") if isinstance(doc, dict) else None
+    if not isinstance(shards, list) or doc.get("n_shards") != len(shards) or not shards:
+        raise DataError(f"{path}: expected {{'n_shards': k, 'shards': [[series ids], ...]}} with k lists")
+    for k, ids in enumerate(shards):
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise DataError(f"{path}: shard {k} is not a list of series ids (strings)")
+    return shards
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The origins and scales of a fleet's evaluation, the same for every step and shard."""
+
+    horizon: int
+    holdout_steps: int
+    back: np.ndarray  # steps back from each series' end of every origin, earliest first
+    stride: int
+    seasons: tuple[int, ...]  # every season of the frequency, and the fleet's
+    season: int  # the fleet's season: the MASE scale's lag (Hyndman's "frequency")
+    reference_origins: int  # the last this many origins are the reference's
+
+    @property
+    def origins(self) -> int:
+        return len(self.back)
+
+
+def plan_for(cfg: PipelineConfig, fleet: FleetData) -> Plan:
+    from onnxcast.pipeline.data import seasons_for_freq
+    from onnxcast.pipeline.evaluation import fleet_origins
+
+    holdout, _ = fleet_steps(cfg)
+    seasons = tuple(sorted({*seasons_for_freq(fleet.freq), fleet.season}))
+    back, stride = fleet_origins(holdout, cfg.horizon, seasons)
+    return Plan(cfg.horizon, holdout, back, stride, seasons, fleet.season,
+                min(len(back), cfg.reference_max_origins))
+
+
+def mase_scales(fleet: FleetData, plan: Plan) -> np.ndarray:
+    """Each series' MASE denominator: the in-sample MAE of the seasonal naive (lag = the
+    fleet's season, 1 when the series is too short) on everything before its holdout, which
+    with one holdout horizon is exactly M3's in-sample ``x`` (Hyndman and Koehler 2006)."""
+    from onnxcast.pipeline.metrics import mase_scale
+
+    ends = fleet.lengths - plan.holdout_steps
+    return np.array([mase_scale(np.asarray(fleet.target(i), np.float64)[: ends[i]], plan.season)
+                     for i in range(fleet.n_series)], dtype=np.float64)
+
+
+def reference_sample(ids, max_series: int, seed: int) -> set[str]:
+    """The series of the statistical reference: all when ``max_series`` is 0 or not fewer than
+    the series, else the ``max_series`` ids with the lowest seeded hash. A function of the ids
+    alone, so every shard draws the same sample from the fleet's id list."""
+    import hashlib
+
+    ids = [str(i) for i in ids]
+    if max_series == 0 or max_series >= len(ids):
+        return set(ids)
+    key = {i: hashlib.sha256(f"{seed}:{i}".encode()).digest() for i in ids}
+    return set(sorted(ids, key=key.__getitem__)[:max_series])
+
+
+def _fleet_ids(cfg: PipelineConfig, shard_fleet: FleetData) -> list[str]:
+    """Every series id of the fleet (shards.json; the shard's own when it is the only one)."""
+    if cfg.layout.shards.exists():
+        return [sid for ids in read_shards(cfg) for sid in ids]
+    return list(shard_fleet.ids)
+
+
+def _load_shard(cfg: PipelineConfig, shard: int) -> FleetData:
+    return FleetData.load(cfg.layout.shard(shard))
+
+
+def _load_fleet(cfg: PipelineConfig) -> FleetData:
+    """Every kept series: ``data/fleet/``, else the shards merged."""
+    layout = cfg.layout
+    if (layout.fleet / "fleet.json").exists():
+        return FleetData.load(layout.fleet)
+    return FleetData.concat([_load_shard(cfg, k) for k in range(len(read_shards(cfg)))])
+
+
+def _actuals(fleet: FleetData, plan: Plan) -> np.ndarray:
+    """``[series, origins, horizon]`` float64 actuals at every origin."""
+    origin = fleet.offsets[:-1, None] + fleet.lengths[:, None] - plan.back[None, :]
+    rows = origin[:, :, None] + np.arange(plan.horizon)[None, None, :]
+    return np.asarray(fleet.values[rows, 0], np.float64)
+
+
+def histories(fleet: FleetData, series: np.ndarray, ends: np.ndarray, steps: int) -> np.ndarray:
+    """``[len(series), steps, F]`` float32 histories ending before position ``ends`` of each
+    series, edge-padded with the series' first row where the series is shorter (as training
+    pads; the ONNX contract has no mask)."""
+    first = fleet.offsets[series]
+    rows = (first + ends)[:, None] - steps + np.arange(steps)[None, :]
+    rows = np.maximum(rows, first[:, None])
+    return np.asarray(fleet.values[rows], np.float32)
+
+
+def predict_fleet(run, fleet: FleetData, plan: Plan, lookback: int, batch: int = BATCH) -> np.ndarray:
+    """``run(history) -> forecast`` at every origin of every series, in batches of ``batch``
+    histories: ``[series, origins, horizon]`` float64."""
+    n, k = fleet.n_series, plan.origins
+    series = np.repeat(np.arange(n), k)
+    ends = (fleet.lengths[:, None] - plan.back[None, :]).reshape(-1)
+    out = np.empty((n * k, plan.horizon), np.float64)
+    for start in range(0, n * k, batch):
+        part = slice(start, start + batch)
+        out[part] = run(histories(fleet, series[part], ends[part], lookback))
+    return out.reshape(n, k, plan.horizon)
+
+
+def naive_forecasts(fleet: FleetData, plan: Plan) -> dict[str, tuple[int, np.ndarray]]:
+    """``{name: (season, forecasts [series, origins, horizon])}``: naive, and the seasonal
+    naive of every season; NaN for a series whose history before its first origin is too
+    short for that season (shorter than one season before its first origin)."""
+    steps = np.arange(plan.horizon)
+    origin = fleet.lengths[:, None] - plan.back[None, :]  # [series, origins], relative
+    out = {}
+    for season in (1, *(s for s in plan.seasons if s > 1)):
+        lags = season * (steps // season + 1)
+        relative = origin[:, :, None] + steps[None, None, :] - lags[None, None, :]
+        allowed = origin[:, 0] >= season  # every step's lag lies in the history: index >= origin - season
+        rows = fleet.offsets[:-1, None, None] + np.maximum(relative, 0)
+        forecast = np.asarray(fleet.values[rows, 0], np.float64)
+        forecast[~allowed] = np.nan
+        out["naive" if season == 1 else f"seasonal_naive_{season}"] = (season, forecast)
+    return out
+
+
+def _metric_columns(table: dict, name: str, actual: np.ndarray, forecast: np.ndarray, scale: np.ndarray) -> None:
+    from onnxcast.pipeline.evaluation import series_metrics
+
+    for metric, values in series_metrics(actual, forecast, scale).items():
+        table[f"{name}.{metric}"] = values
+
+
+def _write_table(table: dict, path: Path) -> Path:
+    import pandas as pd
+
+    with replacing(path) as tmp:
+        pd.DataFrame(table).to_parquet(tmp, index=False)
+    return path
+
+
+# --- the steps -------------------------------------------------------------------------------
+
+def reference_models(freq: str, season: int, seasons: tuple[int, ...], min_history: int | None = None) -> list:
+    """The statistical reference for the frequency: AutoETS and AutoTheta on the season (they
+    drop the season themselves on a series too short for it), MSTL first when several seasons
+    have two cycles in the shortest history (sub-daily data)."""
+    from statsforecast.models import MSTL, AutoETS, AutoTheta
+
+    del freq  # the seasons say it all; kept in the signature for the reader
+    fits = [s for s in sorted(set(seasons)) if s > 1 and (min_history is None or 2 * s <= min_history)]
+    primary = max(1, season)
+    models = []
+    if len(fits) > 1:
+        models.append(MSTL(season_length=fits, trend_forecaster=AutoETS(model="ZZN")))
+    return models + [AutoETS(season_length=primary), AutoTheta(season_length=primary)]
 
 
 def reference_shard(cfg: PipelineConfig, shard: int) -> Path:
-    raise NotImplementedError("fleet evaluation: reference_shard")
+    """Baselines on every series of the shard; statsforecast on the shard's sampled series."""
+    fleet = _load_shard(cfg, shard)
+    plan = plan_for(cfg, fleet)
+    scale = mase_scales(fleet, plan)
+    actual = _actuals(fleet, plan)
+    sample = reference_sample(_fleet_ids(cfg, fleet), cfg.reference_max_series, cfg.seed)
+    table: dict = {"series": list(fleet.ids), "shard": np.full(fleet.n_series, shard, np.int16),
+                   "rows": fleet.lengths.astype(np.int64), "origins": np.full(fleet.n_series, plan.origins)}
+    naive = naive_forecasts(fleet, plan)
+    for name, (_, forecast) in naive.items():
+        _metric_columns(table, name, actual, forecast, scale)
+    names = list(naive)
+    mae = np.stack([table[f"{n}.mae"] for n in names], axis=1)
+    best = np.argmin(np.where(np.isnan(mae), np.inf, mae), axis=1)  # naive always runs
+    table[BEST_NAIVE] = [names[b] for b in best]
+    for metric in METRICS:
+        table[f"{BEST_NAIVE}.{metric}"] = np.stack([table[f"{n}.{metric}"] for n in names], axis=1)[
+            np.arange(fleet.n_series), best]
+    table["mase_scale"] = scale
+    in_sample = np.array([sid in sample for sid in fleet.ids], dtype=bool)
+    table["in_reference_sample"] = in_sample
+    if in_sample.any():
+        k_ref = plan.reference_origins
+        index = np.flatnonzero(in_sample)
+        started = time.monotonic()
+        forecasts = statsforecast_forecasts(fleet.subset(index), plan, cfg.threads)
+        log.info("shard %d: statistical reference on %d series x %d origins in %.1fs", shard, len(index), k_ref,
+                 time.monotonic() - started)
+        for name, forecast in forecasts.items():
+            full = np.full((fleet.n_series, k_ref, plan.horizon), np.nan)
+            full[index] = forecast
+            _metric_columns(table, name, actual[:, -k_ref:], full, scale)
+    path = _write_table(table, cfg.layout.reference_shard(shard))
+    log.info("shard %d: baselines on %d series (%d origins, stride %d) -> %s", shard, fleet.n_series, plan.origins,
+             plan.stride, path)
+    return path
+
+
+def statsforecast_forecasts(fleet: FleetData, plan: Plan, threads: int) -> dict[str, np.ndarray]:
+    """``{model alias: [series, reference origins, horizon]}`` from statsforecast's
+    cross_validation on integer ``ds`` (windows aligned at each series' end: its cutoff + 1 is
+    our origin, checked), refitted at each origin on the whole history before it."""
+    import warnings
+
+    import pandas as pd
+    from statsforecast import StatsForecast
+    from statsforecast.models import Naive, SeasonalNaive
+
+    k_ref = plan.reference_origins
+    lengths = fleet.lengths
+    models = reference_models(fleet.freq, plan.season, plan.seasons,
+                              min_history=int((lengths - plan.back[-k_ref]).min()))
+    expected = fleet.n_series * k_ref * plan.horizon
+    frame = pd.DataFrame({"unique_id": np.repeat(np.arange(fleet.n_series), lengths),
+                          "ds": np.concatenate([np.arange(n) for n in lengths]),
+                          "y": np.asarray(fleet.values[:, 0], np.float64)})
+    shortest = int((lengths - plan.back[-k_ref]).min())
+    fallback = SeasonalNaive(season_length=plan.season) if shortest >= plan.season else Naive()
+    sf = StatsForecast(models=models, freq=1, n_jobs=threads, fallback_model=fallback)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cv = sf.cross_validation(h=plan.horizon, df=frame, n_windows=k_ref, step_size=plan.stride)
+    if len(cv) != expected:
+        raise RuntimeError(f"statsforecast returned {len(cv)} forecasts, expected {expected}")
+    series = cv["unique_id"].to_numpy(np.int64)
+    origin = cv["cutoff"].to_numpy(np.int64) + 1
+    back = lengths[series] - origin
+    ascending = plan.back[-k_ref:][::-1]  # the reference's origins, latest first
+    found = np.clip(np.searchsorted(ascending, back), 0, k_ref - 1)
+    if np.any(ascending[found] != back):
+        raise RuntimeError("statsforecast's cross-validation origins are not the evaluation's end-aligned origins")
+    window = k_ref - 1 - found
+    step = cv["ds"].to_numpy(np.int64) - origin
+    out = {}
+    for model in models:
+        alias = str(model)
+        forecast = np.full((fleet.n_series, k_ref, plan.horizon), np.nan)
+        forecast[series, window, step] = cv[alias].to_numpy(np.float64)
+        out[alias] = forecast
+    return out
 
 
 def evaluate_shard(cfg: PipelineConfig, shard: int, families: list[str] | None = None) -> list[Path]:
-    raise NotImplementedError("fleet evaluation: evaluate_shard")
+    """Every variant of every family on the shard's series at the evaluation's origins."""
+    from onnxcast.pipeline.validate import onnx_session
+
+    layout = cfg.layout
+    fleet = _load_shard(cfg, shard)
+    plan = plan_for(cfg, fleet)
+    scale = mase_scales(fleet, plan)
+    actual = _actuals(fleet, plan)
+    written = []
+    for family in families or cfg.models:
+        lookback = int(read_json(layout.model_json(family))["spec"]["lookback"])
+        first_origin = fleet.lengths - plan.back[0]
+        table: dict = {"series": list(fleet.ids), "shard": np.full(fleet.n_series, shard, np.int16),
+                       "rows": fleet.lengths.astype(np.int64),
+                       "padded_steps": np.maximum(0, lookback - first_origin).astype(np.int64),
+                       "origins": np.full(fleet.n_series, plan.origins), "mase_scale": scale}
+        for spec in read_json(layout.variants(family)):
+            name = spec["name"]
+            started = time.monotonic()
+            try:
+                session = onnx_session(layout.onnx_dir(family) / spec["path"], cfg.threads)
+                forecast = predict_fleet(lambda x, s=session: s.run(["forecast"], {"history": x})[0], fleet, plan,
+                                         lookback)
+            except Exception as exc:  # noqa: BLE001 - ORT raises its own types; validate's runs_on_cpu gate says why
+                log.warning("%s %s did not run on shard %d: %s", family, name, shard, str(exc).splitlines()[0][:200])
+                forecast = np.full_like(actual, np.nan)
+            _metric_columns(table, name, actual, forecast, scale)
+            k_ref = plan.reference_origins
+            table[f"{name}.{REF_MASE}"] = (np.mean(np.abs(forecast[:, -k_ref:] - actual[:, -k_ref:]), axis=(1, 2))
+                                           / scale)
+            log.info("shard %d: %s %s on %d series x %d origins in %.2fs", shard, family, name, fleet.n_series,
+                     plan.origins, time.monotonic() - started)
+        written.append(_write_table(table, layout.family_shard(family, shard)))
+    return written
 
 
 def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
-    raise NotImplementedError("fleet evaluation: validate_fleet_family")
+    """Parity and latency as for one series (histories sampled across series), the merge of
+    the family's shards, the aggregates per variant, the gates (``judge_variants``, on mean
+    MASE) and paired tests across series; write and return ``validation.json``."""
+    from onnxcast.pipeline.evaluation import fleet_aggregate
+    from onnxcast.pipeline.models import torch_threads
+    from onnxcast.pipeline.run import load_model
+    from onnxcast.pipeline.validate import (
+        _fmt,
+        judge_variants,
+        measure_latency,
+        parity_shapes,
+        torch_runner,
+    )
 
+    layout = cfg.layout
+    model, spec = load_model(cfg, family)
+    variants = read_json(layout.variants(family))
+    own = _merged_family(cfg, family)
+    reference = _reference_frame(cfg)
+    missing = sorted(set(own["series"]) - set(reference["series"]))
+    if missing:
+        raise DataError(f"{layout.reference}: no baselines for {len(missing)} series of {family} (e.g. {missing[0]!r})")
+    wanted = ["series", BEST_NAIVE, *(f"{BEST_NAIVE}.{m}" for m in METRICS),
+              *(f"{n}.mase" for n in _reference_forecasters(reference)), "in_reference_sample"]
+    table = own.merge(reference[wanted], on="series", how="left")
+    if "fp32.mase" in table.columns:
+        table["loses_to_best_naive"] = table["fp32.mase"] > table[f"{BEST_NAIVE}.mase"]
+    stored = [*own.columns, BEST_NAIVE, f"{BEST_NAIVE}.mase", "in_reference_sample",
+              *(["loses_to_best_naive"] if "loses_to_best_naive" in table.columns else [])]
+    _write_table({c: table[c].to_numpy() for c in stored}, layout.per_series(family))
+
+    fleet = _load_fleet(cfg)
+    plan = plan_for(cfg, fleet)
+    rng = np.random.default_rng(cfg.seed)
+    latency_inputs = {b: _sampled_histories(fleet, b, spec.lookback, rng) for b in (1, 64)}
+    parity_histories = [_sampled_histories(fleet, b, t, rng) for b, t in parity_shapes(spec.lookback, fleet.season)]
+    run_torch = torch_runner(model)
+    with torch_threads(cfg.threads):
+        torch_table = _torch_table(run_torch, fleet, plan, spec.lookback, table)
+        torch_entry = {"holdout": _holdout(fleet_aggregate(torch_table, "torch"), torch_table, "torch", plan),
+                       "latency_ms": measure_latency(run_torch, latency_inputs, cfg.latency_repeats)}
+    aggregates = {v["name"]: fleet_aggregate(table, v["name"], losers=LOSERS, seed=cfg.seed) for v in variants}
+    entries = [_variant_entry(cfg, v, layout.onnx_dir(family) / v["path"], run_torch, parity_histories,
+                              latency_inputs, aggregates[v["name"]], table, plan) for v in variants]
+    baseline = fleet_aggregate(table, BEST_NAIVE, seed=cfg.seed)
+    vs_best_naive, vs_reference = _fleet_tests(table, reference)
+    failures = judge_variants(entries, baseline_mae=baseline["mase_mean"], torch_latency=torch_entry["latency_ms"],
+                              accuracy_budget=cfg.accuracy_budget, baseline_name="best naive of each series",
+                              baseline_margin=cfg.baseline_margin, baseline_test=vs_best_naive,
+                              metric="mean MASE")
+    fp32 = aggregates.get("fp32") or {}
+    entry = {"family": family, "torch": torch_entry, "variants": entries,
+             "fp32_holdout_mae": fp32.get("mase_mean"), "fp32_holdout_mase": fp32.get("mase_mean"),
+             "fp32_vs": {BEST_NAIVE: vs_best_naive, **vs_reference}, "gates_passed": not failures,
+             "failures": failures, "training": read_json(layout.model_json(family)),
+             "fleet": {"metric": "mase", "series": int(len(table)), "origins": plan.origins, "stride": plan.stride,
+                       "variants": aggregates, "best_naive": baseline, "vs_best_naive": vs_best_naive,
+                       "vs_reference": vs_reference}}
+    for v in entries:
+        share = aggregates[v["name"]].get("loses_share")
+        log.info("%s %-8s mean MASE %s (best naive %s) on %d series, worse than its best naive on %s of them: %s",
+                 family, v["name"], _fmt((v.get("holdout") or {}).get("mase")), _fmt(baseline["mase_mean"]),
+                 aggregates[v["name"]]["series"], "n/a" if share is None else f"{100 * share:.0f}%",
+                 "eligible" if v["eligible"] else "; ".join(v["reasons"]))
+    entry = _finite(entry)
+    write_json(layout.validation(family), entry)
+    return entry
+
+
+def _merged_family(cfg: PipelineConfig, family: str):
+    """The family's per-series rows of every shard, sorted by series id."""
+    import pandas as pd
+
+    paths = [cfg.layout.family_shard(family, k) for k in range(len(read_shards(cfg)))]
+    absent = [p for p in paths if not p.exists()]
+    if absent:
+        raise DataError(f"{absent[0]}: the per-series evaluation of shard {absent[0].stem} is missing "
+                        "(run evaluate_shard for every shard first)")
+    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True).sort_values(
+        "series", kind="stable").reset_index(drop=True)
+
+
+def _reference_frame(cfg: PipelineConfig):
+    """Baselines and the statistical reference per series: the merged table when written,
+    else every shard's file."""
+    import pandas as pd
+
+    layout = cfg.layout
+    if layout.reference_table.exists():
+        return pd.read_parquet(layout.reference_table)
+    return _reference_shards(cfg)
+
+
+def _reference_shards(cfg: PipelineConfig):
+    """Every shard's baselines and reference, merged and sorted by series id."""
+    import pandas as pd
+
+    layout = cfg.layout
+    paths = [layout.reference_shard(k) for k in range(len(read_shards(cfg)))]
+    absent = [p for p in paths if not p.exists()]
+    if absent:
+        raise DataError(f"{absent[0]}: the baselines of shard {absent[0].stem} are missing "
+                        "(run reference_shard for every shard first)")
+    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True).sort_values(
+        "series", kind="stable").reset_index(drop=True)
+
+
+def _naive_forecasters(reference) -> list[str]:
+    return [c[: -len(".mase")] for c in reference.columns if c.endswith(".mase")
+            and (c.startswith("naive.") or c.startswith("seasonal_naive_"))]
+
+
+def _reference_forecasters(reference) -> list[str]:
+    """The statsforecast models in a reference table (the forecasters that are not baselines)."""
+    naive = set(_naive_forecasters(reference)) | {BEST_NAIVE}
+    return [c[: -len(".mase")] for c in reference.columns if c.endswith(".mase") and c[: -len(".mase")] not in naive]
+
+
+def _sampled_histories(fleet: FleetData, batch: int, steps: int, rng: np.random.Generator) -> np.ndarray:
+    """``batch`` real histories of ``steps`` rows from random series at random ends (before
+    the holdout is not required: parity and latency do not judge accuracy), edge-padded."""
+    series = rng.integers(0, fleet.n_series, size=batch)
+    ends = 1 + (rng.random(batch) * fleet.lengths[series]).astype(np.int64)
+    return histories(fleet, series, np.maximum(ends, 1), steps)
+
+
+def _torch_table(run_torch, fleet: FleetData, plan: Plan, lookback: int, table):
+    """PyTorch eager's per-series metrics on the whole fleet, for the torch entry."""
+    import pandas as pd
+
+    position = fleet.index_of()
+    order = np.array([position[s] for s in table["series"]], dtype=np.int64)
+    forecast = predict_fleet(run_torch, fleet, plan, lookback)[order]
+    scale = table["mase_scale"].to_numpy(np.float64)
+    columns: dict = {"series": table["series"].to_numpy(), f"{BEST_NAIVE}.mase": table[f"{BEST_NAIVE}.mase"]}
+    _metric_columns(columns, "torch", _actuals(fleet, plan)[order], forecast, scale)
+    columns["mase_scale"] = scale
+    return pd.DataFrame(columns)
+
+
+def _holdout(aggregate: dict, table, name: str, plan: Plan) -> dict | None:
+    """A variant's ``holdout`` entry in fleet mode: ``mae`` and ``mase`` are the mean MASE
+    over series (so the gates and the choice, which read ``mae``, judge on MASE), ``rmse`` the
+    mean of per-series RMSE over each series' MASE scale, ``smape`` the mean sMAPE."""
+    if aggregate["mase_mean"] is None:
+        return None
+    rmse = (table[f"{name}.rmse"] / table["mase_scale"]).to_numpy(np.float64)
+    return {"metric": "mean MASE over series", "mae": aggregate["mase_mean"],
+            "rmse": float(np.nanmean(rmse)), "smape": aggregate["smape_mean"], "mase": aggregate["mase_mean"],
+            "mape": aggregate["mape_mean"], "mae_ci95": aggregate["mase_ci95"], "origins": plan.origins,
+            "series": aggregate["series"]}
+
+
+def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, latency_inputs, aggregate: dict,
+                   table, plan: Plan) -> dict:
+    """One variant's entry with the keys of the single-series one (``_validate_one``)."""
+    import onnx
+
+    from onnxcast.base.contract import opset_of
+    from onnxcast.base.files import sha256_file
+    from onnxcast.pipeline.validate import (
+        FP32_VARIANTS,
+        gate,
+        measure_latency,
+        onnx_session,
+        parity_on,
+    )
+
+    name = spec["name"]
+    entry = {"name": name, "onnx_path": str(path.relative_to(cfg.run_dir)), "sha256": sha256_file(path),
+             "size_bytes": path.stat().st_size, "opset": None, "note": spec.get("note", ""),
+             "parity_max_abs_diff": None, "parity_shapes": [], "holdout": None, "latency_ms": {}, "gates": {}}
+    try:
+        entry["opset"] = opset_of(onnx.load(path, load_external_data=False))
+        session = onnx_session(path, cfg.threads)
+        session.run(["forecast"], {"history": latency_inputs[1]})
+    except Exception as exc:  # noqa: BLE001 - onnx and ORT raise their own types per failure kind
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        entry["gates"]["runs_on_cpu"] = gate(False, first, "runs with CPUExecutionProvider")
+        return entry
+    parity = parity_on(run_torch, session, parity_histories, cfg.parity_rtol, cfg.parity_atol)
+    entry["parity_max_abs_diff"] = parity["max_abs_diff"]
+    entry["parity_shapes"] = parity["shapes"]
+    if name in FP32_VARIANTS:
+        entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
+    entry["holdout"] = _holdout(aggregate, table, name, plan)
+    # a variant that forecast NaN or infinity on some series (fp16 overflows on large levels)
+    # would be averaged over the others only: it is judged on every series or not at all
+    failed = int(len(table) - aggregate["series"])
+    entry["gates"]["finite_on_every_series"] = gate(failed == 0, failed, 0)
+    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
+                                          cfg.latency_repeats)
+    return entry
+
+
+def _fleet_tests(table, reference) -> tuple[dict, dict]:
+    """fp32 against the best naive (every series) and against each reference model (the
+    sampled series, fp32 on the reference's origins only), paired across series."""
+    from onnxcast.pipeline.evaluation import paired_across_series
+
+    def versus(a, b) -> dict:
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        both = np.isfinite(a) & np.isfinite(b)
+        ratio = float(a[both].mean() / b[both].mean()) if both.any() and b[both].mean() else None
+        return {"mase_ratio": ratio, **paired_across_series(a, b)}
+
+    if "fp32.mase" not in table.columns:
+        return {}, {}
+    vs_best = versus(table["fp32.mase"], table[f"{BEST_NAIVE}.mase"])
+    sampled = table["in_reference_sample"].fillna(False).to_numpy(bool)
+    vs_reference = {name: {"on": "the reference sample, its origins", **versus(
+        table[f"fp32.{REF_MASE}"][sampled], table[f"{name}.mase"][sampled])}
+        for name in _reference_forecasters(reference) if f"{name}.mase" in table.columns}
+    return vs_best, vs_reference
+
+
+def _finite(value):
+    """``value`` with NaN and infinities as None (JSON has neither)."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+# --- the run's baselines and report ------------------------------------------------------------
 
 def fleet_baselines(cfg: PipelineConfig) -> dict:
-    raise NotImplementedError("fleet evaluation: fleet_baselines")
+    """The merged reference table (written to ``data/reference/per_series.parquet``) and its
+    aggregates, in the shape of ``data/baselines.json`` where the report reads it: ``best``,
+    ``seasonal_naive`` (THE baseline: each series' best naive; ``mae``/``rmse`` are means of
+    per-series figures in each series' own unit, informational; ``mase`` is what the gates
+    use), ``candidates``, ``origins``, ``reference`` (the best statsforecast model on the
+    sample), plus ``fleet``: every aggregate with its interval and the sample's size."""
+    from onnxcast.pipeline.evaluation import fleet_aggregate
+
+    layout = cfg.layout
+    reference = _reference_shards(cfg)
+    _write_table({c: reference[c].to_numpy() for c in reference.columns}, layout.reference_table)
+    meta = FleetData.load(layout.fleet if (layout.fleet / "fleet.json").exists() else layout.shard(0), mmap=True)
+    plan = plan_for(cfg, meta)
+    candidates = {}
+    for name in _naive_forecasters(reference):
+        aggregate = fleet_aggregate(reference, name, seed=cfg.seed)
+        if aggregate["series"]:
+            candidates[name] = aggregate
+    best = fleet_aggregate(reference, BEST_NAIVE, seed=cfg.seed)
+    counts = reference[BEST_NAIVE].value_counts()
+    modal = str(counts.index[0])
+    season = 1 if modal == "naive" else int(modal.rsplit("_", 1)[1])
+    models = _reference_forecasters(reference)
+    sampled = reference["in_reference_sample"].to_numpy(bool)
+    aggregates = {m: fleet_aggregate(reference, m, seed=cfg.seed) for m in models}
+    ran = {m: a for m, a in aggregates.items() if a["series"]}
+    out = {"best": BEST_NAIVE,
+           "seasonal_naive": {"name": BEST_NAIVE, **_legacy_metrics(best, reference, BEST_NAIVE, cfg.seed),
+                              "season": season},
+           "candidates": {n: {**_legacy_metrics(a, reference, n, cfg.seed),
+                              "season": 1 if n == "naive" else int(n.rsplit("_", 1)[1])}
+                          for n, a in candidates.items()},
+           "origins": {"count": plan.origins, "stride": plan.stride, "block": 1,
+                       "from_end": [int(b) for b in plan.back], "aligned": "at each series' end"},
+           "reference": None,
+           "fleet": {"metric": "mase", "series": int(len(reference)), "best_naive": best,
+                     "best_naive_is": {str(k): int(v) for k, v in counts.items()}, "candidates": candidates,
+                     "reference": {"models": models, "sample_size": int(sampled.sum()),
+                                   "sampled": bool(sampled.sum() < len(reference)), "n_series": int(len(reference)),
+                                   "origins": plan.reference_origins, "aggregates": aggregates}}}
+    if ran:
+        name = min(ran, key=lambda m: ran[m]["mase_mean"])
+        out["reference"] = {"model": name, **_legacy_metrics(ran[name], reference, name, cfg.seed),
+                            "origins": plan.reference_origins, "series": ran[name]["series"],
+                            "sample_size": int(sampled.sum()), "sampled": bool(sampled.sum() < len(reference))}
+    return _finite(out)
+
+
+def _legacy_metrics(aggregate: dict, table, name: str, seed: int) -> dict:
+    """The single-series metric keys from a fleet aggregate: mae/rmse are means of per-series
+    figures (unit-mixed, informational), smape and mase the means over series."""
+    from onnxcast.pipeline.evaluation import series_interval
+
+    return {"mae": aggregate["mae_mean"], "rmse": aggregate["rmse_mean"], "smape": aggregate["smape_mean"],
+            "mase": aggregate["mase_mean"], "mae_ci95": series_interval(table[f"{name}.mae"].to_numpy(), seed=seed),
+            "mase_ci95": aggregate["mase_ci95"], "series": aggregate["series"]}
+
+
+def fleet_report(cfg: PipelineConfig, models: list[dict]) -> dict:
+    """What ``assemble_report`` needs in fleet mode: ``summary`` (dataset, split, quality; the
+    data gate's ``data/dataset.json`` with any missing required key filled from the fleet),
+    ``baselines`` (:func:`fleet_baselines`), ``family_choice`` (``compare_families`` on per-series
+    fp32 MASE, aligned by series id) and the report's ``fleet`` object."""
+    import pandas as pd
+
+    from onnxcast.pipeline.report import compare_families
+
+    layout = cfg.layout
+    baselines = fleet_baselines(cfg)
+    fleet = _load_fleet(cfg)
+    summary = read_json(layout.dataset) if layout.dataset.exists() else {}
+    filled = _fleet_summary(cfg, fleet)
+    for key in ("dataset", "split"):
+        summary[key] = {**filled[key], **(summary.get(key) or {})}
+    summary.setdefault("quality", None)
+
+    frames = {m["family"]: pd.read_parquet(layout.per_series(m["family"]), columns=["series", "fp32.mase"])
+              for m in models if layout.per_series(m["family"]).exists()}
+    ids = sorted(set().union(*(set(f["series"]) for f in frames.values()))) if frames else []
+    per_series = {family: frame.set_index("series")["fp32.mase"].reindex(ids).to_numpy(np.float64)
+                  for family, frame in frames.items()}
+    family_choice = compare_families(models, 1, per_series=per_series)
+
+    quality = (summary.get("quality") or {}).get("series") or {}
+    padded = quality.get("padded")
+    if padded is None and frames:
+        padded = int(sum((pd.read_parquet(layout.per_series(f), columns=["padded_steps"])["padded_steps"] > 0).sum()
+                         for f in list(frames)[:1]))
+    reference = baselines["fleet"]["reference"]
+    fleet_object = {
+        "metric": "mase", "n_series": fleet.n_series, "excluded": quality.get("excluded"), "padded": padded,
+        "shards": len(read_shards(cfg)) if layout.shards.exists() else 1,
+        "origins": baselines["origins"],
+        "reference": {k: reference[k] for k in ("models", "sample_size", "sampled", "origins", "aggregates")},
+        "baselines": {BEST_NAIVE: baselines["fleet"]["best_naive"], "candidates": baselines["fleet"]["candidates"]},
+        "families": {m["family"]: (m.get("fleet") or {}).get("variants", {}) for m in models},
+        "tests": {m["family"]: {"vs_best_naive": (m.get("fleet") or {}).get("vs_best_naive"),
+                                "vs_reference": (m.get("fleet") or {}).get("vs_reference"),
+                                "vs_best_family": family_choice["tests"].get(m["family"])} for m in models},
+    }
+    baselines = {k: v for k, v in baselines.items() if k != "fleet"}  # the report's own ``fleet`` holds it
+    return _finite({"summary": summary, "baselines": baselines, "family_choice": family_choice,
+                    "fleet": fleet_object})
+
+
+def _fleet_summary(cfg: PipelineConfig, fleet: FleetData) -> dict:
+    """``dataset`` and ``split`` with the single-series report's required keys: rows over
+    every series, the earliest start and latest end, and the split's latest boundaries."""
+    import pandas as pd
+
+    from onnxcast.pipeline.data import utc_iso
+    from onnxcast.pipeline.fleet_data import split_fleet
+
+    split = split_fleet(fleet.lengths, cfg)
+    # every series lies on the fleet's one grid: place each start on it once
+    first = pd.Timestamp(int(fleet.starts.min()), unit="ns")
+    head = pd.date_range(first, pd.Timestamp(int(fleet.starts.max()), unit="ns"), freq=fleet.freq)
+    start_at = np.searchsorted(head.asi8, fleet.starts)
+    grid = pd.date_range(first, periods=int((start_at + fleet.lengths).max()), freq=fleet.freq).asi8
+
+    def latest(position: np.ndarray) -> str:  # the latest timestamp over series at a relative position
+        return utc_iso(np.datetime64(int(grid[start_at + position].max()), "ns"))
+
+    dataset = {"uri": cfg.data_uri, "sha256": fleet.sha256, "rows": int(len(fleet.values)),
+               "start": utc_iso(np.datetime64(int(fleet.starts.min()), "ns")), "end": latest(fleet.lengths - 1),
+               "freq": fleet.freq, "season": fleet.season, "target": cfg.target_column,
+               "features": list(cfg.feature_columns), "series_column": cfg.series_column,
+               "n_series": fleet.n_series}
+    return {"dataset": dataset, "split": {
+        "train_end": latest(split.train_end - 1), "validation_end": latest(split.validation_end - 1),
+        "holdout_start": latest(split.validation_end), "holdout_end": latest(fleet.lengths - 1), **split.as_dict()}}

@@ -23,19 +23,27 @@ def validate_report(report: dict) -> None:
 CHANNEL_BATCH = {"edge": 1, "cloud": 64}
 
 
-def compare_families(models: list[dict], block: int = 1) -> dict:
+def compare_families(models: list[dict], block: int = 1, *, per_series: dict | None = None) -> dict:
     """Paired comparison of the families that passed their gates, on the same origins.
 
     The most accurate family (lowest fp32 holdout MAE) is ``best``; each other family is
     tested against it (Diebold-Mariano on per-origin MAEs). A family whose difference is not
     significant is ``tied_with_best``: the choice between tied families is made by speed, not
     by a difference that may be noise.
+
+    A fleet (``per_series``: ``{family: fp32 MASE per series}``, arrays aligned by series id,
+    loaded from each family's per_series.parquet by the caller, NaN where a series is missing)
+    is compared across series instead (``evaluation.paired_across_series``, block 1); its
+    ``fp32_holdout_mae`` is the mean MASE.
     """
     import numpy as np
 
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.evaluation import paired_across_series, paired_test
 
     def errors(m: dict):
+        if per_series is not None:
+            values = per_series.get(m["family"])
+            return None if values is None else np.asarray(values, np.float64)
         fp32 = next((v for v in m["variants"] if v["name"] == "fp32"), None)
         values = (fp32 or {}).get("per_origin_mae")
         return np.asarray(values) if values else None
@@ -50,7 +58,8 @@ def compare_families(models: list[dict], block: int = 1) -> dict:
         a, b = errors(m), errors(best)
         if a is None or b is None or len(a) != len(b):
             continue
-        tests[m["family"]] = {"vs": best["family"], **paired_test(a, b, block)}
+        test = paired_across_series(a, b) if per_series is not None else paired_test(a, b, block)
+        tests[m["family"]] = {"vs": best["family"], **test}
         if not tests[m["family"]]["significant"]:
             tied.append(m["family"])
     return {"best": best["family"], "order": [m["family"] for m in passed], "tied_with_best": tied,

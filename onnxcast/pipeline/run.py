@@ -258,13 +258,27 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
 
     A family that failed a required gate is left out of the choice and recorded in
     ``excluded`` with why; GateError only when no family passed.
+
+    Fleet mode: the legacy keys hold aggregates over series (``models[*].fp32_holdout_mae``
+    and every variant's ``holdout.mae`` are the MEAN MASE over series; ``baselines`` are the
+    best naive of each series, onnxcast.pipeline.fleet_eval.fleet_baselines), families are
+    compared on per-series fp32 MASE, and an extra ``fleet`` object holds the aggregates,
+    intervals and paired tests (docs/design/fleet.md 4.3).
     """
     from onnxcast.pipeline.report import compare_families
 
-    summary = read_json(cfg.layout.dataset)
+    fleet = None
     models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
-    baselines = load_baselines(cfg)
-    family_choice = compare_families(models, baselines["origins"]["block"])
+    if cfg.is_fleet:
+        from onnxcast.pipeline.fleet_eval import fleet_report
+
+        parts = fleet_report(cfg, models)
+        summary, baselines, family_choice, fleet = (parts["summary"], parts["baselines"], parts["family_choice"],
+                                                    parts["fleet"])
+    else:
+        summary = read_json(cfg.layout.dataset)
+        baselines = load_baselines(cfg)
+        family_choice = compare_families(models, baselines["origins"]["block"])
     selected, ranking = select_variants(models, family_choice)
     excluded = [{"family": m["family"], "failures": m["failures"]} for m in models if not m["gates_passed"]]
     failures = [f"{m['family']}: {reason}" for m in models for reason in m["failures"]]
@@ -287,6 +301,8 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         "status": "failed" if failures else "passed",
         "failures": failures,
     }
+    if fleet is not None:
+        report["fleet"] = fleet
     if failures:
         write_json(cfg.layout.failed_report, report)
         raise GateError(failures)

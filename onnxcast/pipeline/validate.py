@@ -77,9 +77,16 @@ def check_parity(reference, session, values: np.ndarray, shapes: list[tuple[int,
     Returns max abs diff, the worst ``|a-b| / (atol + rtol*|b|)`` (<= 1 passes) and per-shape rows.
     """
     rng = np.random.default_rng(seed)
+    return parity_on(reference, session, [sample_histories(values, batch, steps, rng) for batch, steps in shapes],
+                     rtol, atol)
+
+
+def parity_on(reference, session, histories: list[np.ndarray], rtol: float, atol: float) -> dict:
+    """:func:`check_parity` on given histories (one array per shape; a fleet samples them
+    across its series)."""
     rows, worst, max_diff = [], 0.0, 0.0
-    for batch, steps in shapes:
-        history = sample_histories(values, batch, steps, rng)
+    for history in histories:
+        batch, steps = int(history.shape[0]), int(history.shape[1])
         expected = reference(history)
         got = session.run(["forecast"], {"history": history})[0]
         if got.shape != expected.shape:
@@ -241,7 +248,8 @@ BASELINE_MARGIN = 0.01
 
 def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: dict,
                    accuracy_budget: float, baseline_name: str = "seasonal naive",
-                   baseline_margin: float = BASELINE_MARGIN, baseline_test: dict | None = None) -> list[str]:
+                   baseline_margin: float = BASELINE_MARGIN, baseline_test: dict | None = None,
+                   metric: str = "holdout MAE") -> list[str]:
     """Complete every variant entry with its gates, ``reasons``, ``eligible`` and speedups.
 
     The one place the gates are decided, for the pipeline and the benchmark alike. An entry
@@ -253,7 +261,9 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
     so a variant of a family whose fp32 failed is never eligible however its own rounding noise
     lands. ``baseline_test`` (the paired test of fp32 against the baseline, when measured) is
     recorded in the gate for the reader. Returns the failures that fail the family: fp32 and
-    fp32-opt must run and match PyTorch, and fp32 must beat the baseline.
+    fp32-opt must run and match PyTorch, and fp32 must beat the baseline. ``metric`` names the
+    figure in the messages: a fleet passes mean MASE over series as ``holdout["mae"]`` and
+    ``baseline_mae`` (onnxcast.pipeline.fleet_eval), so its messages say "mean MASE".
     """
     fp32 = next((e for e in entries if e["name"] == "fp32"), None)
     fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
@@ -287,7 +297,7 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
             failures.append(f"{name} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
                             f"{_fmt(gates['parity']['value'], '.3g')} > 1 (max abs diff {_fmt(diff, '.3g')})")
         if name == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
-            failures.append(f"fp32 holdout MAE {_fmt(holdout['mae'])} does not beat the best baseline "
+            failures.append(f"fp32 {metric} {_fmt(holdout['mae'])} does not beat the best baseline "
                             f"({baseline_name}) {_fmt(baseline_mae)} by the {_fmt(100 * baseline_margin, '.3g')}% "
                             f"margin (needs below {_fmt(verdict['threshold'])})")
     return failures

