@@ -291,9 +291,10 @@ def run_fleet_steps(cfg) -> tuple[dict, str, list[dict]]:
     def timed(step):
         current[0] = step
         started = time.monotonic()
-        value = call_step(step, cfg)
-        timings.append({"step": step.name, "shard": step.shard, "wall_s": round(time.monotonic() - started, 2)})
-        return value
+        try:
+            return call_step(step, cfg)
+        finally:
+            timings.append({"step": step.name, "shard": step.shard, "wall_s": round(time.monotonic() - started, 2)})
 
     report, status = None, "passed"
     try:
@@ -503,6 +504,7 @@ def scale_fleet(n_series: int, args, work: Path) -> dict:
     from onnxcast.pipeline.config import PipelineConfig
 
     cfg = PipelineConfig.from_dict(settings)
+    load = [round(x, 2) for x in os.getloadavg()]
     started = time.monotonic()
     rows = run_group([CHECK_TABLE], settings)
     status = "passed"
@@ -523,6 +525,7 @@ def scale_fleet(n_series: int, args, work: Path) -> dict:
     return {"series": n_series, "rows": int(len(panel.frame)), "parquet_mib": round(Path(data).stat().st_size / 2**20, 2),
             "families": list(cfg.models), "minutes_per_family": args.minutes, "shards": args.shards,
             "reference_max_series": args.reference_series, "status": status, "end_to_end_s": round(total, 1),
+            "load_average_at_start": load,
             "steps": rows}
 
 
@@ -563,6 +566,12 @@ def render_panel(row: dict) -> list[str]:
         lines.append(f"Pipeline not run (--no-pipeline). statsforecast ({row.get('statsforecast_source', 'this run')}) "
                      "seconds: "
                      + ", ".join(f"{k} {v:g}" for k, v in row["statsforecast_seconds"].items()) + ".")
+    own = ((pipeline.get("report_fleet") or {}).get("reference") or {})
+    if own.get("aggregates"):
+        lines.append("Cross-check, the pipeline's own reference (its per-series tables, on "
+                     f"{own.get('sample_size')} series; MASE on the pipeline's training-segment scale): "
+                     + ", ".join(f"{name} mean MASE {_f(a.get('mase_mean'))}" for name, a in own["aggregates"].items()
+                                 if isinstance(a, dict)) + ".")
     lines += ["", "| forecaster | mean MASE [95 % CI] | median MASE | mean sMAPE [95 % CI] | mean MAPE | loses to best naive | p vs AutoETS |",
               "|---|---|---:|---|---:|---:|---:|"]
     for a in [*row["forecasters"], row["best_naive"]]:
@@ -603,15 +612,18 @@ def render_scale(section: dict) -> list[str]:
              f"Command: `{section['command']}` ({section['date']}, {section['machine']}). Fleets made by "
              "resampling M3 monthly series (tests/real_panels.resample_panel: drawn with replacement, each "
              "copy scaled by a lognormal factor), written as Parquet. Each step ran in its own spawn child "
-             "(its wall time includes the child's start and imports, as an Airflow task's would); peak MB is "
-             "that child's ru_maxrss; shard steps ran as concurrent children (their group's wall time is "
-             "the step's).", "",
-             "| series | rows | step | wall s | peak MB |", "|---:|---:|---|---:|---:|"]
+             "('step s': the step's own work; 'with start s': the same plus the process's start and imports, "
+             "as an Airflow task pays them; shards of a step ran as concurrent children: the slowest shard, "
+             "the group's wall time); peak MB is that child's ru_maxrss (the largest shard's). Load average "
+             "of the machine (shared with other work) at the start of each fleet in the JSON.", "",
+             "| series | rows | step | step s | with start s | peak MB |", "|---:|---:|---|---:|---:|---:|"]
     for fleet in section["fleets"]:
-        for name, wall, peak in step_rows(fleet["steps"]):
-            lines.append(f"| {fleet['series']:,} | {fleet['rows']:,} | {name} | {_f(wall, '.1f')} | {_f(peak, '.0f')} |")
+        for name, wall, group_wall, peak in step_rows(fleet["steps"]):
+            lines.append(f"| {fleet['series']:,} | {fleet['rows']:,} | {name} | {_f(wall, '.1f')} | "
+                         f"{_f(group_wall, '.1f')} | {_f(peak, '.0f')} |")
         lines.append(f"| {fleet['series']:,} | {fleet['rows']:,} | **end to end** ({fleet['status']}) | "
-                     f"**{_f(fleet['end_to_end_s'], '.1f')}** | {_f(max_peak(fleet), '.0f')} |")
+                     f"{_f(sum(s['wall_s'] for s in fleet['steps']), '.1f')} (sum over children) | **{_f(fleet['end_to_end_s'], '.1f')}** | "
+                     f"{_f(max_peak(fleet), '.0f')} |")
     lines += ["", goal_line(section), ""]
     return lines
 
@@ -621,10 +633,11 @@ def step_rows(steps: list[dict]):
     seen = {}
     for s in steps:
         if s["step"] in seen:
-            seen[s["step"]][2] = max(seen[s["step"]][2], s["peak_mib"])
+            row = seen[s["step"]]
+            row[1], row[3] = max(row[1], s["wall_s"]), max(row[3], s["peak_mib"])
             continue
         name = s["step"] + (" (per shard, concurrent)" if s["shard"] is not None else "")
-        seen[s["step"]] = [name, s["group_wall_s"], s["peak_mib"]]
+        seen[s["step"]] = [name, s["wall_s"], s["group_wall_s"], s["peak_mib"]]
     return [tuple(v) for v in seen.values()]
 
 

@@ -107,5 +107,6 @@ def test_the_tables_render_every_forecaster_and_both_sections(bench, panel, tabl
     for model in MODELS:
         assert f"| {model} | " in text
     assert "13.85" in text and "Makridakis" in text  # the literature, with where it was read
-    assert "| 100 | 12,000 | reference (per shard, concurrent) | 6.0 | 420 |" in text
+    assert "| 100 | 12,000 | reference (per shard, concurrent) | 6.0 | 6.0 | 420 |" in text
+    assert "| 100 | 12,000 | check_data | 2.0 | 2.0 | 300 |" in text
     assert "not measured in this run" in text
