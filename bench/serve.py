@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python bench/serve.py                      # 10 s per cell, concurrency 1, 8, 64
     .venv/bin/python bench/serve.py --duration 2 --quick # smoke mode (seconds)
     .venv/bin/python bench/serve.py --kserve-python .venv-kserve/bin/python   # add KServe's server
+    .venv/bin/python bench/serve.py --fleet-only --duration 3   # only the fleet batches (below)
 
 One ONNX forecaster (the production LSTM size: lookback 168, horizon 24, 2 layers of 64, one
 column; untrained weights: latency does not depend on them) is promoted to the ``cloud``
@@ -13,6 +14,12 @@ servers run on loopback; a bounded asyncio load generator (fixed duration, fixed
 requests, one history per request: "many small clients") measures forecasts/s, p50/p99
 latency and errors at each concurrency. A last run moves the channel to a second version in
 the middle (``onnxcast serve`` only) and records errors and which version answered.
+Fleet batches (a global model forecasting a fleet: one request holds many series, batch =
+series): one client sends requests of ``--fleet-batches`` histories (1, 64, 1,024, 4,096) to
+``onnxcast serve --max-request-batch 4096``, as JSON and as binary tensors (the V2 binary
+extension, what tritonclient sends), and reports forecasts/s (series forecast a second)
+and the latency of one request. ``--fleet-only`` runs just that and merges it into the
+existing results (the other figures keep their own date).
 Writes ``bench/serve-results.json`` and ``bench/serve-results.md``.
 """
 
@@ -43,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 MODEL = "bench-forecaster"
 LOOKBACK, HORIZON = 168, 24
 CONCURRENCY = (1, 8, 64)
+FLEET_BATCHES = (1, 64, 1024, 4096)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +66,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "serve-results.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "bench" / "serve-results.md")
     parser.add_argument("--quick", action="store_true", help="smoke mode: concurrency 1 and 8, MLflow 1 worker")
+    parser.add_argument("--fleet-batches", default=",".join(map(str, FLEET_BATCHES)),
+                        help="histories (series) per request of the fleet runs (default 1,64,1024,4096; empty: none)")
+    parser.add_argument("--fleet-only", action="store_true", help="only the fleet runs, merged into the existing "
+                        "results files")
     args = parser.parse_args(argv)
+    fleet_batches = [int(b) for b in args.fleet_batches.split(",") if b]
+    if args.fleet_only:
+        work = Path(tempfile.mkdtemp(prefix="onnxcast-bench-serve-"))
+        try:
+            fleet = fleet_run(work, fleet_batches, args.duration)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        report = json.loads(args.results.read_text()) if args.results.exists() else None
+        if report is None:
+            print(fleet_markdown(fleet))
+            args.results.write_text(json.dumps({"fleet": fleet}, indent=2) + "\n")
+            return 0
+        report["fleet"] = fleet
+        args.results.write_text(json.dumps(report, indent=2) + "\n")
+        args.markdown.write_text(markdown(report))
+        print(fleet_markdown(fleet))
+        return 0
     concurrency = [int(c) for c in args.concurrency.split(",")]
     mlflow_workers = [int(w) for w in args.mlflow_workers.split(",") if w]
     if args.quick:
@@ -66,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="onnxcast-bench-serve-"))
     try:
         report = run(work, concurrency, mlflow_workers, args)
+        if fleet_batches:
+            report["fleet"] = fleet_run(work, fleet_batches, args.duration)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     args.results.write_text(json.dumps(report, indent=2) + "\n")
@@ -224,11 +255,12 @@ def register_in_mlflow(work: Path, model: Path) -> str:
 
 # --- servers -------------------------------------------------------------------------------
 
-def start_onnxcast(work: Path, store: Path, port: int, poll_interval: float = 10.0) -> subprocess.Popen:
+def start_onnxcast(work: Path, store: Path, port: int, poll_interval: float = 10.0,
+                   extra: tuple[str, ...] = ()) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "onnxcast", "serve", "--store", str(store), "--model", MODEL,
                              "--channel", "cloud", "--port", str(port), "--dest", str(work / f"serve-{port}"),
-                             "--poll-interval", str(poll_interval)], env=env, cwd=ROOT,
+                             "--poll-interval", str(poll_interval), *extra], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=open(work / f"serve-{port}.log", "w"))
 
 
@@ -424,6 +456,108 @@ def swap_run(work: Path, store: Path, model_v2: Path, history: np.ndarray, reque
             "poll_interval_s": 0.5}
 
 
+# --- fleet batches -------------------------------------------------------------------------
+
+def fleet_run(work: Path, batches: list[int], duration: float) -> dict:
+    """Forecasts/s of ``onnxcast serve`` when one client sends whole fleets: requests of
+    ``batch`` histories [batch, LOOKBACK, 1], JSON and binary, back to back for ``duration``
+    seconds each (at least 2 requests, after one warm-up request). Each answer's shape is checked, and the first of each
+    cell against ONNX Runtime run in this process on the same histories."""
+    import onnxruntime as ort
+
+    from onnxcast.rollout.promote import promote
+
+    use_throwaway_key(work / "fleet-keys")  # never the user's release key
+    model = work / "v1.onnx"
+    if not model.exists():
+        make_model(model, shift=0.0)
+    store = work / "fleet-store"
+    promote(make_report(work / "fleet-run", model), str(store), MODEL, "cloud", version="1", actor="bench")
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    largest = max(batches)
+    port = free_port()
+    process = start_onnxcast(work, store, port, extra=("--max-request-batch", str(largest)))
+    rows = []
+    rng = np.random.default_rng(0)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", "/v2/health/ready", process)
+        for batch in batches:
+            history = rng.normal(100, 10, size=(batch, LOOKBACK, 1)).astype(np.float32)
+            expected = session.run(["forecast"], {"history": history})[0]
+            for encoding in ("json", "binary"):
+                rows.append({"batch": batch, "encoding": encoding,
+                             **_fleet_cell(port, history, expected, encoding, duration)})
+                r = rows[-1]
+                print(f"fleet batch {batch:>5} {encoding:>6} {r['forecasts_per_s']:10.1f} forecasts/s "
+                      f"p50 {r['p50_ms']:.1f} ms ({r['requests']} requests, {r['request_bytes']:,} bytes each)",
+                      flush=True)
+    finally:
+        stop(process)
+    return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine(),
+            "commit": git_commit(), "duration_s": duration, "concurrency": 1,
+            "onnxcast_settings": {"max_request_batch": largest, "max_batch_size": 64, "threads": 1},
+            "rows": rows}
+
+
+def _fleet_cell(port: int, history: np.ndarray, expected: np.ndarray, encoding: str, duration: float) -> dict:
+    import http.client
+
+    shape = list(history.shape)
+    headers = {"Content-Type": "application/json"}
+    if encoding == "json":
+        body = json.dumps({"inputs": [{"name": "history", "datatype": "FP32", "shape": shape,
+                                       "data": history.ravel().tolist()}]}).encode()
+    else:
+        header = json.dumps({"inputs": [{"name": "history", "datatype": "FP32", "shape": shape,
+                                         "parameters": {"binary_data_size": history.nbytes}}],
+                             "outputs": [{"name": "forecast", "parameters": {"binary_data": True}}]}).encode()
+        body = header + history.tobytes()
+        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    latencies, checked = [], False
+    try:
+        connection.request("POST", f"/v2/models/{MODEL}/infer", body, headers)  # warm-up: ORT allocates
+        connection.getresponse().read()  # for a new batch size on its first run
+        started = time.perf_counter()
+        while time.perf_counter() - started < duration or len(latencies) < 2:
+            sent = time.perf_counter()
+            connection.request("POST", f"/v2/models/{MODEL}/infer", body, headers)
+            response = connection.getresponse()
+            payload = response.read()
+            if response.status != 200:
+                raise RuntimeError(f"batch {len(history)} {encoding}: HTTP {response.status}: {payload[:200]!r}")
+            latencies.append(time.perf_counter() - sent)
+            if not checked:
+                if encoding == "json":
+                    forecast = np.array(json.loads(payload)["outputs"][0]["data"], np.float32)
+                else:
+                    size = int(response.getheader("Inference-Header-Content-Length"))
+                    forecast = np.frombuffer(payload[size:], dtype="<f4")
+                np.testing.assert_allclose(forecast.reshape(expected.shape), expected, rtol=1e-5, atol=1e-4)
+                checked = True
+    finally:
+        connection.close()
+    elapsed = time.perf_counter() - started
+    ms = np.array(latencies) * 1000
+    return {"requests": len(latencies), "request_bytes": len(body), "seconds": round(elapsed, 3),
+            "forecasts_per_s": round(len(latencies) * len(history) / elapsed, 1),
+            "p50_ms": round(float(np.percentile(ms, 50)), 3), "max_ms": round(float(ms.max()), 3)}
+
+
+def fleet_markdown(fleet: dict) -> str:
+    lines = ["## Fleet batches (one client, batch = series)", "",
+             f"{fleet['date']}, commit {fleet['commit']}, {fleet['machine']}. One client sends requests of "
+             f"`batch` histories [batch, {LOOKBACK}, 1] back to back for {fleet['duration_s']:g} s a cell to "
+             f"`onnxcast serve --max-request-batch {fleet['onnxcast_settings']['max_request_batch']}` (1 ORT "
+             "thread); forecasts/s counts series forecast a second. Same model as above.", "",
+             "| batch | encoding | forecasts/s | p50 ms a request | requests | bytes a request |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for r in fleet["rows"]:
+        lines.append(f"| {r['batch']:,} | {r['encoding']} | {r['forecasts_per_s']:,.0f} | {r['p50_ms']:.1f} | "
+                     f"{r['requests']} | {r['request_bytes']:,} |")
+    return "\n".join(lines) + "\n"
+
+
 # --- results -------------------------------------------------------------------------------
 
 def ratios(rows: list[dict]) -> dict:
@@ -439,6 +573,8 @@ def ratios(rows: list[dict]) -> dict:
 
 
 def markdown(report: dict) -> str:
+    if "rows" not in report:  # --fleet-only without earlier results
+        return fleet_markdown(report["fleet"])
     lines = [f"# `make bench-serve` ({report['date']})", "",
              f"Machine: {report['machine']}. Commit {report['commit']}. {report['duration_s']:g} s per cell, "
              f"{report['rounds']} interleaved rounds (each cell: its lower-median round; all rounds' forecasts/s in "
@@ -462,6 +598,8 @@ def markdown(report: dict) -> str:
               f"{s['answered_by']['2']}; first version-2 answer {s['first_v2_after_promote_s']} s after the "
               f"promotion started, last version-1 answer {s['last_v1_after_promote_s']} s after; "
               f"{s['forecasts_per_s']:.0f} forecasts/s, p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f} ms.", ""]
+    if "fleet" in report:
+        lines += [fleet_markdown(report["fleet"])]
     return "\n".join(lines)
 
 

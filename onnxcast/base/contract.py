@@ -13,6 +13,10 @@ OUTPUT_NAME = "forecast"
 METADATA_PREFIX = "onnxcast."
 REQUIRED_METADATA = ("model_family", "lookback", "horizon", "freq", "target", "features",
                      "precision", "trained_until", "dataset_sha256")
+# Optional keys of a global model (fleet mode, docs/design/fleet.md section 3.1): "global" is
+# "true", "n_series" the series it was trained on, "series_column" the long table's series id
+# column; its "trained_until" is the latest end over those series. Absent on single-series models.
+GLOBAL_METADATA = ("global", "n_series", "series_column")
 
 
 def signature(proto) -> dict:

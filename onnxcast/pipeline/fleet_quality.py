@@ -15,27 +15,880 @@
   ``data/fleet/`` (every kept series), ``quality/series.parquet``, the quality summary page,
   ``data/dataset.json`` (dataset, split, quality) and ``config.json``.
 
-Design: docs/design/fleet.md section 2.
+Why a series table: GX validates one row per series with ``result_format`` COMPLETE and the
+series column as index, so every failed expectation lists the failing series by id; one
+expectation per series (``row_condition``) would be 10,000 x checks expectations. The table
+is computed with numpy over the rows sorted by (series, time): segment sums and maxima, no
+Python loop over rows (and none over series except to interpolate the few with gaps).
+
+Design: docs/design/fleet.md section 2. pandas, pyarrow and GX are imported inside functions.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from onnxcast.base.errors import DataError, DataQualityError
+from onnxcast.base.files import read_json, write_json, write_text_atomic
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.fleet_data import (
+    FleetData,
+    assign_shards,
+    fleet_steps,
+    min_train_steps,
+    split_fleet,
+)
 
+log = logging.getLogger(__name__)
+
+TABLE_SUITE = "onnxcast-fleet-table"
+GRID_SUITE = "onnxcast-fleet-grid"
+SERIES_SUITE = "onnxcast-fleet-series"
+SHARE_SUITE = "onnxcast-fleet-excluded-share"
+SUMMARY_HTML = "summary.html"
+FREQ_SAMPLE = 500  # series whose own frequency is inferred to find the fleet's
+EXAMPLES = 50  # excluded series named per reason on the summary page
+HELPER = "_qc_"
+SERIES_TABLE = "series.parquet"
+ZONE_SUFFIX = r"(?:\d:\d\d(?::\d\d(?:\.\d*)?)?\s*(?:Z|[+-]\d\d(?::?\d\d)?)|\b(?:UTC|GMT))$"
+
+# The series checks that exclude a series, in the order its reasons are listed; the series
+# suite's warnings (kept, counted) are not_increasing, outlier_share and padded. Outliers only
+# warn: one value beyond 12 robust sigmas is already 0.7% of a 140-month series, and the
+# defaults excluded 9 of the 1,428 real M3 monthly series for it (level shifts, not errors).
+SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid", "mostly_missing", "constant",
+                 "non_finite", "gap_share", "gaps_repairable", "edges_present")
+
+
+# --- step 1: the table ----------------------------------------------------------------------
 
 def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> list[int]:
     """Read and check the long table; write the shards; return the shard numbers ``[0, .., k-1]``."""
-    raise NotImplementedError("fleet data gate: check_fleet_table")
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    from onnxcast.pipeline.data import season_for_freq
+    from onnxcast.pipeline.quality import hide_unnamed_columns
+    from onnxcast.pipeline.reading import read_long_table
+
+    layout, series_col = cfg.layout, cfg.series_column
+    value_cols = [cfg.target_column, *cfg.feature_columns]
+    raw = read_long_table(cfg.data_uri, columns=[series_col, cfg.time_column, *value_cols],
+                          series_column=series_col, s3_settings=s3_settings)
+    frame = _with_table_helpers(hide_unnamed_columns(raw.frame, cfg), cfg)
+    checks = _validate(frame, _table_suite(cfg, frame), layout.quality, raw.source, TABLE_SUITE)
+
+    ids_cat = frame[series_col].cat.remove_unused_categories()
+    ids = tuple(str(c) for c in ids_cat.cat.categories)
+    codes = ids_cat.cat.codes.to_numpy().astype(np.int64)
+    times = frame[f"{HELPER}time"].to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    values = np.column_stack([frame[f"{HELPER}{c}_value"].to_numpy(dtype="float64") for c in value_cols])
+    del frame
+    order = np.lexsort((times, codes))
+    freq = cfg.freq or _infer_fleet_freq(codes[order], times[order], len(ids), cfg.seed, raw.source)
+    season = cfg.season or season_for_freq(freq)
+
+    # one frequency: when too many series are off its grid, the table mixes frequencies
+    sorted_codes, sorted_times = codes[order], times[order]
+    keep = _last_of_duplicates(sorted_codes, sorted_times)
+    position = grid_positions(sorted_codes[keep], sorted_times[keep], freq)
+    off = np.bincount(sorted_codes[keep][position < 0], minlength=len(ids))
+    grid_table = pd.DataFrame({series_col: list(ids), "off_grid_example": None})
+    grid_table["off_grid_example"] = grid_table["off_grid_example"].astype(object)
+    kept_codes, kept_times = sorted_codes[keep], sorted_times[keep]
+    bounds = np.searchsorted(kept_codes, np.arange(len(ids) + 1))
+    for i in np.flatnonzero(off):  # what the off-grid series look like, in words
+        grid_table.loc[i, "off_grid_example"] = _own_freq(kept_times[bounds[i]:bounds[i + 1]]) or "irregular"
+    checks += _validate(grid_table, _grid_suite(cfg, freq, len(ids)), layout.quality / "grid", raw.source,
+                        GRID_SUITE, failure=lambda: _mixed_words(grid_table, series_col, freq, cfg))
+
+    rows = np.bincount(codes, minlength=len(ids))
+    shards = assign_shards(rows, min(cfg.fleet_shards, len(ids)))
+    shard_of = np.empty(len(ids), dtype=np.int64)
+    for k, members in enumerate(shards):
+        shard_of[members] = k
+    row_shard = shard_of[codes]
+    id_array = pa.array(np.asarray(ids, dtype=object), type=pa.string())
+    for k in range(len(shards)):
+        picked = np.flatnonzero(row_shard == k)  # original row order: "not increasing" is a finding
+        columns = {series_col: id_array.take(pa.array(codes[picked])),
+                   cfg.time_column: pa.array(times[picked].astype("datetime64[ns]"))}
+        columns.update({c: pa.array(values[picked, j]) for j, c in enumerate(value_cols)})
+        path = layout.shard_rows(k)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(pa.table(columns), tmp, compression="zstd")
+        tmp.replace(path)
+    write_json(layout.shards, {
+        "n_shards": len(shards), "shards": [[ids[i] for i in members] for members in shards],
+        "rows": [int(rows[members].sum()) for members in shards], "freq": freq, "season": int(season),
+        "series_column": series_col, "source": raw.source, "sha256": raw.sha256, "n_bytes": raw.n_bytes,
+        "n_series": len(ids), "table_rows": int(len(codes)), "table_checks": checks})
+    log.info("fleet table %s: %d rows, %d series, freq %s, %d shard(s)", raw.source, len(codes), len(ids),
+             freq, len(shards))
+    return list(range(len(shards)))
+
+
+def _with_table_helpers(frame, cfg: PipelineConfig):
+    """The three kinds of row helpers the table suite checks (design 2.1): parsed time, the
+    unparseable and the off-zone-style raw text, values that are not numbers.
+
+    Built for millions of rows: timestamps are parsed once per distinct text (a fleet
+    repeats the same calendar in every series), and raw text is made only for the bad rows
+    (quality._numeric turns every row into a string: 4 s of 30 at 1.2 M rows)."""
+    import pandas as pd
+
+    from onnxcast.pipeline.quality import _numeric, parse_times
+
+    frame = frame.reset_index(drop=True).copy(deep=False)
+    if cfg.time_column in frame.columns:
+        raw = frame[cfg.time_column]
+        if raw.dtype.kind in "Miufb":
+            times, zone = parse_times(raw), _nulls(frame.index)
+        else:
+            distinct = raw.astype("category")
+            labels = pd.Series(distinct.cat.categories)
+            codes = distinct.cat.codes.to_numpy()
+            parsed = parse_times(labels).to_numpy(dtype="datetime64[ns]")
+            times = pd.Series(np.where(codes >= 0, parsed[np.maximum(codes, 0)], np.datetime64("NaT")),
+                              index=frame.index).dt.tz_localize("UTC")
+            zone = _zone_mismatch_of_labels(labels, codes, frame.index)
+        unparseable = _bad_rows(times.isna().to_numpy(), raw, empty="<empty>")
+        if cfg.trained_until:
+            cutoff = pd.Timestamp(cfg.trained_until)
+            cutoff = cutoff.tz_localize("UTC") if cutoff.tzinfo is None else cutoff.tz_convert("UTC")
+            keep = (times.isna() | (times <= cutoff)).to_numpy()
+            frame, times, unparseable, zone = (x[keep].reset_index(drop=True)
+                                               for x in (frame, times, unparseable, zone))
+        frame[f"{HELPER}time"] = times
+        frame[f"{HELPER}time_unparseable"] = unparseable
+        frame[f"{HELPER}time_zone_mismatch"] = zone
+    for column in (cfg.target_column, *cfg.feature_columns):
+        if column not in frame.columns:
+            continue
+        raw = frame[column]
+        if raw.dtype.kind in "iufb":
+            frame[f"{HELPER}{column}_value"] = raw.astype("float64")
+            frame[f"{HELPER}{column}_not_numeric"] = _nulls(frame.index)
+        else:
+            numeric, not_numeric = _numeric(raw)
+            frame[f"{HELPER}{column}_value"] = numeric
+            frame[f"{HELPER}{column}_not_numeric"] = not_numeric
+    return frame
+
+
+def _nulls(index):
+    import pandas as pd
+
+    return pd.Series(None, index=index, dtype="object")
+
+
+def _bad_rows(mask, raw, *, empty: str):
+    """The raw text (clipped) of the rows in ``mask``, None elsewhere: an object column GX reads as null."""
+    from onnxcast.pipeline.quality import _clip
+
+    out = _nulls(raw.index)
+    if mask.any():
+        out[mask] = raw[mask].astype("string").fillna(empty).astype(object).map(_clip)
+    return out
+
+
+def _zone_mismatch_of_labels(labels, codes, index):
+    """quality._zone_mismatch over the distinct texts: the rows written with a UTC offset
+    when most rows are not, or the reverse."""
+    from onnxcast.pipeline.quality import _clip
+
+    text = labels.astype("string").str.strip()
+    # an offset follows a time of day: quality's pattern also reads the "-01" that ends a
+    # date-only "2000-01-01" as an offset
+    aware = text.str.contains(ZONE_SUFFIX, regex=True, na=False).to_numpy(dtype=bool)
+    present = codes >= 0
+    out = _nulls(index)
+    if not present.any():
+        return out
+    majority = aware[codes[present]].mean() >= 0.5
+    odd = present & (aware[np.maximum(codes, 0)] != majority)
+    if odd.any():
+        out[odd] = text.to_numpy(dtype=object)[codes[odd]]
+        out[odd] = out[odd].map(_clip)
+    return out
+
+
+def _table_suite(cfg: PipelineConfig, frame):
+    from onnxcast.pipeline.quality import _import_gx, _meta
+
+    gx = _import_gx()
+    E, h = gx.expectations, HELPER
+    series, time = cfg.series_column, cfg.time_column
+    required = [series, time, cfg.target_column, *cfg.feature_columns]
+    present = set(map(str, frame.columns))
+    expectations = [_meta(E.ExpectTableColumnsToMatchSet(column_set=required, exact_match=False),
+                          "required_columns", f"required columns {required} present")]
+    if series in present:
+        expectations.append(_meta(E.ExpectColumnValuesToNotBeNull(column=series), "series_ids_present",
+                                  f"{series!r} series id on every row", column=series))
+    if time in present:
+        expectations += [
+            _meta(E.ExpectColumnValuesToBeNull(column=f"{h}time_unparseable"), "timestamps_parse",
+                  f"{time!r} timestamps parse as dates", column=time),
+            _meta(E.ExpectColumnValuesToBeNull(column=f"{h}time_zone_mismatch"), "timestamps_one_zone_style",
+                  f"{time!r} timestamps all with or all without a UTC offset", column=time)]
+    for column in (cfg.target_column, *cfg.feature_columns):
+        if column in present:
+            expectations.append(_meta(E.ExpectColumnValuesToBeNull(column=f"{h}{column}_not_numeric"),
+                                      "values_numeric", f"{column!r} values numeric", column=column))
+    return gx.ExpectationSuite(name=TABLE_SUITE, expectations=expectations,
+                               meta={"onnxcast": {"data_uri": cfg.data_uri}})
+
+
+def _grid_suite(cfg: PipelineConfig, freq: str, n_series: int):
+    from onnxcast.pipeline.quality import _import_gx, _meta
+
+    gx = _import_gx()
+    E, share = gx.expectations, cfg.quality.max_excluded_share
+    return gx.ExpectationSuite(name=GRID_SUITE, expectations=[
+        _meta(E.ExpectTableRowCountToBeBetween(min_value=1), "series_present", "at least one series",
+              observed="{} series"),
+        _meta(E.ExpectColumnValuesToBeNull(column="off_grid_example", mostly=1 - share), "one_frequency",
+              f"series on the {freq!r} grid, all but at most {share:.0%} (max_excluded_share)")])
+
+
+def _validate(frame, suite, out_dir: Path, source: str, title: str, *, failure=None,
+              result_format: str | dict = "SUMMARY") -> list[dict]:
+    """Run ``suite``, write its JSON and HTML under ``out_dir``; raise the one-line
+    DataQualityError when a critical check failed (``failure()``: its words, else GX's)."""
+    from onnxcast.pipeline.quality import (
+        _quiet_gx,
+        _summarize,
+        run_suite,
+        summary_html,
+        write_reports,
+    )
+
+    with _quiet_gx():
+        validation = run_suite(frame, suite, result_format=result_format)
+        checks = [_summarize(r) for r in validation.results]
+        _, html = write_reports(validation, out_dir, summary_html(source, checks))
+    failed = [c for c in checks if not c["passed"] and c["severity"] == "critical"]
+    if failed:
+        words = failure() if failure is not None and any(c["check"] == "one_frequency" for c in failed) else None
+        raise DataQualityError(source, [words] if words else [c["message"] for c in failed], str(html))
+    for c in checks:
+        c["suite"] = title
+    return checks
+
+
+def _mixed_words(grid_table, series_col: str, freq: str, cfg: PipelineConfig) -> str:
+    off = grid_table["off_grid_example"].notna()
+    first = grid_table[off].iloc[0]
+    return (f"mixed frequencies: {int(off.sum())} of {len(grid_table)} series ({off.mean():.1%}) are not on the "
+            f"{freq!r} grid, more than max_excluded_share {cfg.quality.max_excluded_share:.0%} (e.g. "
+            f"{first[series_col]!r} looks {first['off_grid_example']!r}); set freq, or split the table by frequency")
+
+
+def _infer_fleet_freq(codes, times, n_series: int, seed: int, source: str) -> str:
+    """The mode of each series' own frequency over a seeded sample of series (design 1.5)."""
+    from collections import Counter
+
+    bounds = np.searchsorted(codes, np.arange(n_series + 1))
+    sample = np.random.default_rng(seed).permutation(n_series)[:FREQ_SAMPLE]
+    found = Counter()
+    for i in sample:
+        own = _own_freq(times[bounds[i]:bounds[i + 1]])
+        if own:
+            found[own] += 1
+    if not found:
+        raise DataError(f"{source}: cannot infer a frequency: no series has two distinct timestamps; set freq")
+    return found.most_common(1)[0][0]
+
+
+def _own_freq(times) -> str | None:
+    import pandas as pd
+
+    from onnxcast.pipeline.data import infer_freq
+
+    distinct = np.unique(times)
+    if len(distinct) < 2:
+        return None
+    try:
+        return infer_freq(pd.DatetimeIndex(distinct.astype("datetime64[ns]")), "", "")
+    except (DataError, ValueError):
+        return None
+
+
+def _last_of_duplicates(codes, times) -> np.ndarray:
+    """Positions of rows sorted by (series, time) that are the last of their (series, time)."""
+    last = np.ones(len(codes), dtype=bool)
+    if len(codes) > 1:
+        last[:-1] = (codes[1:] != codes[:-1]) | (times[1:] != times[:-1])
+    return np.flatnonzero(last)
+
+
+def grid_positions(codes, times, freq: str) -> np.ndarray:
+    """Step number of each timestamp on its series' grid (-1: off the grid), rows sorted by
+    (series, time) without duplicates. The grid of a series starts at its first timestamp, as
+    quality._grid_positions lays one series; vectorised for fixed steps and for anchored
+    calendar frequencies (month, quarter, year starts or ends, weeks), else per series."""
+    import pandas as pd
+
+    from onnxcast.pipeline.quality import _grid_positions
+
+    offset = pd.tseries.frequencies.to_offset(freq)
+    n = len(codes)
+    position = np.full(n, -1, dtype=np.int64)
+    if n == 0:
+        return position
+    first = np.ones(n, dtype=bool)
+    first[1:] = codes[1:] != codes[:-1]
+    start_of = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    step = _fixed_step(offset)
+    if step is not None:
+        elapsed = times - times[start_of]
+        on = elapsed % step == 0
+        position[on] = elapsed[on] // step
+        return position
+    if offset.n == 1:
+        index = pd.DatetimeIndex(times.astype("datetime64[ns]"))
+        grid = pd.date_range(index.min(), index.max(), freq=offset)
+        at = grid.get_indexer(index)
+        at_start = at[start_of]
+        on = (at >= 0) & (at_start >= 0)
+        position[on] = at[on] - at_start[on]
+        return position
+    starts = np.flatnonzero(first)
+    for a, b in zip(starts, [*starts[1:], n], strict=True):
+        index = pd.DatetimeIndex(times[a:b].astype("datetime64[ns]"))
+        steps = _grid_positions(index, offset)
+        position[a:b] = np.where(np.isnan(steps), -1, np.nan_to_num(steps, nan=-1)).astype(np.int64)
+    return position
+
+
+def _fixed_step(offset) -> int | None:
+    """The step in ns of a fixed-length frequency (hours, minutes, days in UTC), else None."""
+    import pandas as pd
+
+    if isinstance(offset, pd.offsets.Tick):
+        return int(pd.Timedelta(offset).value)
+    if offset.name.upper() == "D":  # a calendar day is not a Tick in pandas 3; UTC days are 24 h
+        return int(pd.Timedelta(days=offset.n).value)
+    return None
+
+
+# --- step 2: the series of one shard ------------------------------------------------------
 
 def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     """Check, exclude, repair and grid the series of ``shard``; return its counts
-    ``{"shard", "series", "kept", "excluded"}``."""
-    raise NotImplementedError("fleet data gate: check_fleet_shard")
+    ``{"shard", "series", "kept", "excluded"}`` (and ``"padded"``)."""
+    import pandas as pd
+    import pyarrow.parquet as pq
 
+    from onnxcast.pipeline.quality import _quiet_gx, run_suite, write_reports
+
+    layout, series_col = cfg.layout, cfg.series_column
+    plan = read_json(layout.shards)
+    ids = plan["shards"][shard]
+    value_cols = [cfg.target_column, *cfg.feature_columns]
+    rows = pq.read_table(layout.shard_rows(shard)).to_pandas()
+    codes = pd.Categorical(rows[series_col], categories=ids).codes.astype(np.int64)
+    times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    values = np.column_stack([rows[c].to_numpy(dtype="float64") for c in value_cols])
+    del rows
+    stats, grid = series_stats(codes, times, values, len(ids), plan["freq"], cfg, int(plan["season"]))
+
+    table = pd.DataFrame({series_col: ids, **stats})
+    suite = _series_suite(cfg, int(plan["season"]))
+    out = layout.quality_shard(shard)
+    with _quiet_gx():
+        validation = run_suite(table, suite, result_format={"result_format": "COMPLETE",
+                                                           "unexpected_index_column_names": [series_col]})
+        checks = [_series_check(r, series_col) for r in validation.results]
+        failing = {r.expectation_config.meta["check"]: _failing_ids(r, series_col) for r in validation.results}
+        because = _excluded_because(ids, failing)
+        table["excluded_because"] = because
+        summary = _shard_summary_html(plan["source"], shard, table, series_col)
+        write_reports(validation, out, summary)
+    table["padded"] = [sid in failing.get("padded", set()) and b is None for sid, b in zip(ids, because,
+                                                                                             strict=True)]
+    kept = np.array([b is None for b in because], dtype=bool)
+    fleet = regular_fleet(grid, np.flatnonzero(kept), ids, cfg, plan)
+    fleet.save(layout.shard(shard))
+    _write_parquet(table, out / SERIES_TABLE)
+    write_json(out / "checks.json", checks)
+    result = {"shard": int(shard), "series": len(ids), "kept": int(kept.sum()), "excluded": int((~kept).sum()),
+              "padded": int(table["padded"].sum())}
+    log.info("fleet shard %d: %d series, %d kept, %d excluded, %d padded", shard, result["series"],
+             result["kept"], result["excluded"], result["padded"])
+    return result
+
+
+def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineConfig, season: int):
+    """One row of facts per series (the columns the series suite checks), and the rows laid
+    on the grid for the repair. Rows in any order; numpy segment operations throughout."""
+    q = cfg.quality
+    n_rows = np.bincount(codes, minlength=n_series)
+    # rows out of time order within their series, as they came
+    original_first = np.ones(len(codes), dtype=bool)
+    original_first[1:] = codes[1:] != codes[:-1]
+    back = np.zeros(len(codes), dtype=bool)
+    back[1:] = (times[1:] < times[:-1]) & ~original_first[1:]
+    unsorted = np.bincount(codes[back], minlength=n_series)
+
+    order = np.lexsort((times, codes))
+    codes, times, values = codes[order], times[order], values[order]
+    keep = _last_of_duplicates(codes, times)
+    duplicates = n_rows - np.bincount(codes[keep], minlength=n_series)
+    codes, times, values = codes[keep], times[keep], values[keep]
+
+    # the values, whatever the grid: empty, non-finite, constant, outliers (the series' own range)
+    distinct_rows = np.maximum(np.bincount(codes, minlength=n_series), 1)
+    empty = np.isnan(values).any(axis=1)
+    empty_rows = np.bincount(codes[empty], minlength=n_series)
+    target = values[:, 0]
+    in_range = np.isfinite(values).all(axis=1) & (np.abs(values) <= np.finfo(np.float32).max).all(axis=1)
+    non_finite = np.bincount(codes[~empty & ~in_range], minlength=n_series)
+    finite = np.isfinite(target) & (np.abs(target) <= np.finfo(np.float32).max)
+    distinct, outliers = _distinct_and_outliers(codes[finite], target[finite], n_series, q.outlier_mad_threshold)
+    finite_counts = np.bincount(codes[finite], minlength=n_series)
+
+    # the grid: a series off the fleet's grid has no gaps or length to speak of (NaN: GX skips it)
+    position = grid_positions(codes, times, freq)
+    off = position < 0
+    off_grid = np.bincount(codes[off], minlength=n_series)
+    on = ~off
+    codes, times, values, position = codes[on], times[on], values[on], position[on]
+    on_rows = np.bincount(codes, minlength=n_series)
+    last_step = np.full(n_series, -1, dtype=np.int64)
+    np.maximum.at(last_step, codes, position)
+    grid_steps = np.where(on_rows > 0, last_step + 1, 0)
+    missing_times = grid_steps - on_rows
+
+    valued = ~np.isnan(values).any(axis=1)
+    v_codes, v_pos = codes[valued], position[valued]
+    filled = np.bincount(v_codes, minlength=n_series)
+    first_filled = np.full(n_series, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_filled, v_codes, v_pos)
+    last_filled = np.full(n_series, -1, dtype=np.int64)
+    np.maximum.at(last_filled, v_codes, v_pos)
+    gap = np.zeros(len(v_codes), dtype=np.int64)
+    if len(v_codes) > 1:
+        same = v_codes[1:] == v_codes[:-1]
+        gap[1:] = np.where(same, v_pos[1:] - v_pos[:-1] - 1, 0)
+    longest_gap = np.zeros(n_series, dtype=np.int64)
+    np.maximum.at(longest_gap, v_codes, gap)
+    # grid points before the first or after the last value cannot be interpolated
+    edge_missing = np.where(filled > 0, first_filled + (grid_steps - 1 - last_filled), grid_steps)
+    holdout, validation = fleet_steps(cfg)
+    train_steps = grid_steps - holdout - validation
+    on_grid = off_grid == 0
+
+    def grid_fact(a):
+        return np.where(on_grid, a, np.nan)
+
+    stats = {
+        "rows": n_rows, "grid_steps": grid_steps, "train_steps": grid_fact(train_steps), "duplicates": duplicates,
+        "unsorted": unsorted, "off_grid": off_grid,
+        "gap_share": grid_fact(missing_times / np.maximum(grid_steps, 1)),
+        "missing_steps": grid_fact(grid_steps - filled),
+        "longest_gap": grid_fact(longest_gap), "missing_share": empty_rows / distinct_rows,
+        "edge_missing": grid_fact(edge_missing), "distinct_values": distinct, "non_finite": non_finite,
+        "outlier_share": outliers / np.maximum(finite_counts, 1),
+        "start": _first_times(codes, times, n_series),
+    }
+    grid = {"codes": codes, "times": times, "position": position, "values": values, "grid_steps": grid_steps,
+            "missing": grid_steps - filled, "season": season}
+    return stats, grid
+
+
+def _distinct_and_outliers(codes, target, n_series: int, threshold: float):
+    """Distinct values per series, and values outside the series' own robust range
+    (quality.robust_range: median ± threshold x sigma, sigma from the MAD, else the mean
+    absolute deviation; none when both are 0)."""
+    from onnxcast.pipeline.quality import ROBUST_SCALE_MAD, ROBUST_SCALE_MEAN_AD
+
+    order = np.lexsort((target, codes))
+    c, v = codes[order], target[order]
+    change = np.ones(len(c), dtype=bool)
+    change[1:] = (c[1:] != c[:-1]) | (v[1:] != v[:-1])
+    distinct = np.bincount(c[change], minlength=n_series)
+    counts = np.bincount(c, minlength=n_series)
+    median = _segment_median(c, v, counts, n_series)
+    deviation = np.abs(v - median[c])
+    order = np.lexsort((deviation, c))
+    mad = _segment_median(c[order], deviation[order], counts, n_series)
+    mean_ad = np.bincount(c, weights=deviation, minlength=n_series) / np.maximum(counts, 1)
+    sigma = np.where(mad > 0, ROBUST_SCALE_MAD * mad, ROBUST_SCALE_MEAN_AD * mean_ad)
+    limit = threshold * sigma
+    outside = (sigma[c] > 0) & (deviation > limit[c])
+    return distinct, np.bincount(c[outside], minlength=n_series)
+
+
+def _segment_median(codes, sorted_values, counts, n_series: int) -> np.ndarray:
+    """Median of each series' values, ``sorted_values`` sorted within each series."""
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    median = np.full(n_series, np.nan)
+    has = counts > 0
+    lo = start[has] + (counts[has] - 1) // 2
+    hi = start[has] + counts[has] // 2
+    median[has] = (sorted_values[lo] + sorted_values[hi]) / 2
+    return median
+
+
+def _first_times(codes, times, n_series: int) -> list:
+    import pandas as pd
+
+    first = np.full(n_series, -1, dtype=np.int64)
+    if len(codes):
+        starts = np.flatnonzero(np.concatenate([[True], codes[1:] != codes[:-1]]))
+        first[codes[starts]] = times[starts]
+    return [pd.Timestamp(int(t), unit="ns", tz="UTC") if t >= 0 else pd.NaT for t in first]
+
+
+def _series_suite(cfg: PipelineConfig, season: int):
+    """One expectation per series check on the series table; ``severity`` critical = exclude."""
+    from onnxcast.pipeline.quality import FLOAT32_MAX, _import_gx, _meta
+
+    gx = _import_gx()
+    E, q = gx.expectations, cfg.quality
+    holdout, validation = fleet_steps(cfg)
+    need_train = min_train_steps(cfg, season)
+    need_rows = holdout + validation + need_train
+    dup = "warning" if q.drop_duplicate_timestamps else "critical"
+
+    def between(check, column, description, severity="critical", **bounds):
+        return _meta(E.ExpectColumnValuesToBeBetween(column=column, severity=severity, **bounds), check,
+                     description, column=column)
+
+    fill = q.fill_gaps_max_steps
+    expectations = [
+        between("too_short", "rows", f"at least {need_rows} rows (holdout {holdout} + validation {validation} + "
+                f"min_train_steps {need_train})", min_value=need_rows),
+        between("train_too_short", "train_steps", f"at least {need_train} training steps (min_train_steps)",
+                min_value=need_train),
+        between("duplicated_times", "duplicates", "no duplicated timestamps"
+                + (" (the last row of each is kept: drop_duplicate_timestamps)" if dup == "warning" else ""),
+                severity=dup, max_value=0),
+        between("not_increasing", "unsorted", "timestamps in increasing order (sorted by the gate)",
+                severity="warning", max_value=0),
+        between("off_grid", "off_grid", f"timestamps on the fleet's {cfg.freq or 'inferred'} grid", max_value=0),
+        between("gap_share", "gap_share", f"missing timestamps at most {q.max_gap_fraction:.2%} of the grid "
+                "(max_gap_fraction)", max_value=q.max_gap_fraction),
+        between("gaps_repairable", "longest_gap", f"gaps at most {fill} steps long (fill_gaps_max_steps)",
+                max_value=fill),
+        between("mostly_missing", "missing_share", f"empty values at most {q.max_missing_fraction:.2%} "
+                "(max_missing_fraction)", max_value=q.max_missing_fraction),
+        between("edges_present", "edge_missing", "values at the first and last timestamp", max_value=0),
+        between("constant", "distinct_values", "target not constant (2 or more distinct values)", min_value=2),
+        between("non_finite", "non_finite", f"values finite and within float32 range (|x| <= {FLOAT32_MAX:.4g})",
+                max_value=0),
+        between("outlier_share", "outlier_share", f"outliers (robust z > {q.outlier_mad_threshold:g}, the "
+                f"series' own) at most {q.max_outlier_fraction:.2%} (max_outlier_fraction)",
+                severity="warning", max_value=q.max_outlier_fraction),
+        between("padded", "train_steps", f"at least lookback {cfg.lookback} + horizon {cfg.horizon} training "
+                "steps (shorter histories are padded)", severity="warning", min_value=cfg.lookback + cfg.horizon),
+    ]
+    return gx.ExpectationSuite(name=SERIES_SUITE, expectations=expectations,
+                               meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(q)}})
+
+
+def _series_check(result, series_col: str) -> dict:
+    """One series check as plain JSON (quality._summarize's keys): how many series failed it,
+    the first few by id."""
+    config = result.expectation_config
+    meta, kwargs, outcome = config.meta or {}, config.kwargs, result.result or {}
+    ids = [str(e[series_col]) for e in (outcome.get("unexpected_index_list") or [])]
+    severity = getattr(config.severity, "value", str(config.severity))
+    message = None
+    if not result.success:
+        message = f"{config.description}: {len(ids)} series, e.g. {', '.join(map(repr, ids[:3]))}"
+    return {"check": meta.get("check"), "column": meta.get("column"), "description": config.description,
+            "expectation": config.type, "severity": severity, "passed": bool(result.success),
+            "observed": {"unexpected_count": len(ids), "series": ids[:5]},
+            "threshold": {k: kwargs[k] for k in ("min_value", "max_value") if kwargs.get(k) is not None},
+            "message": message}
+
+
+def _failing_ids(result, series_col: str) -> set[str]:
+    return {str(entry[series_col]) for entry in (result.result or {}).get("unexpected_index_list") or []}
+
+
+def _excluded_because(ids, failing: dict[str, set[str]]) -> list[str | None]:
+    """Comma-joined exclude checks each series failed, in report order; None when kept."""
+    out = []
+    for sid in ids:
+        reasons = [check for check in SERIES_CHECKS if sid in failing.get(check, ())]
+        out.append(",".join(reasons) or None)
+    return out
+
+
+def _shard_summary_html(source: str, shard: int, table, series_col: str) -> str:
+    from html import escape
+
+    excluded = table[table["excluded_because"].notna()]
+    items = "".join(f"<li><code>{escape(str(r[series_col]))}</code>: {escape(r['excluded_because'])}</li>"
+                    for _, r in excluded.head(200).iterrows())
+    return (f'<section id="onnxcast-summary" class="{"failed" if len(excluded) else "passed"}">'
+            f"<h1>onnxcast fleet data quality, shard {shard}: {len(table) - len(excluded)} of {len(table)} series "
+            f"kept</h1><p>File: <code>{escape(source)}</code></p>"
+            + (f"<h2>Excluded series</h2><ol>{items}</ol>" if items else "")
+            + "<p>A failed check of severity <em>critical</em> excludes the series, it does not fail the run; "
+              "the table below lists every failing series by id.</p></section>")
+
+
+def regular_fleet(grid: dict, kept, ids, cfg: PipelineConfig, plan: dict) -> FleetData:
+    """The kept series on the grid: the last row of duplicates, one row per grid step, short
+    gaps interpolated in time as quality's single-series repair does (data._fill_short_gaps)."""
+    import pandas as pd
+
+    from onnxcast.pipeline.data import _fill_short_gaps
+
+    steps = grid["grid_steps"][kept].astype(np.int64)
+    offsets = np.zeros(len(kept) + 1, dtype=np.int64)
+    np.cumsum(steps, out=offsets[1:])
+    n_features = grid["values"].shape[1]
+    out = np.full((int(offsets[-1]), n_features), np.nan, dtype=np.float64)
+    slot = np.full(len(ids), -1, dtype=np.int64)
+    slot[kept] = np.arange(len(kept))
+    rows = slot[grid["codes"]] >= 0
+    at = offsets[slot[grid["codes"][rows]]] + grid["position"][rows]
+    out[at] = grid["values"][rows]
+    starts = np.zeros(len(kept), dtype=np.int64)
+    first = np.ones(len(grid["codes"]), dtype=bool)
+    first[1:] = grid["codes"][1:] != grid["codes"][:-1]
+    first_time = np.full(len(ids), 0, dtype=np.int64)
+    first_time[grid["codes"][first]] = grid["times"][first]
+    starts[:] = first_time[kept]
+    freq = plan["freq"]
+    for j in np.flatnonzero(grid["missing"][kept] > 0):  # the few series with gaps: the single-series repair
+        index = pd.date_range(pd.Timestamp(int(starts[j]), unit="ns", tz="UTC"), periods=int(steps[j]), freq=freq)
+        part = pd.DataFrame(out[offsets[j]:offsets[j + 1]], index=index)
+        out[offsets[j]:offsets[j + 1]] = _fill_short_gaps(part, cfg.quality.fill_gaps_max_steps).to_numpy()
+    values = out.astype(np.float32)
+    if not np.isfinite(values).all():  # the series checks promise this never happens
+        bad = int(np.searchsorted(offsets, int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0]), "right") - 1)
+        raise DataError(f"{plan['source']}: series {ids[kept[bad]]!r} has no finite value at a grid step after "
+                        "the data checks passed; please report this with the file")
+    return FleetData(values=values, offsets=offsets, starts=starts, ids=tuple(ids[i] for i in kept),
+                     columns=(cfg.target_column, *cfg.feature_columns), freq=freq, season=int(plan["season"]),
+                     source=plan["source"], sha256=plan["sha256"])
+
+
+def _write_parquet(table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    table.to_parquet(tmp, index=False)
+    tmp.replace(path)
+
+
+# --- step 3: the merge --------------------------------------------------------------------
 
 def merge_fleet_checks(cfg: PipelineConfig) -> dict:
     """Merge the shards' verdicts; return the summary written to ``data/dataset.json``
     (``{"dataset": ..., "split": ..., "quality": ...}``, as prepare_data returns)."""
-    raise NotImplementedError("fleet data gate: merge_fleet_checks")
+    import pandas as pd
+
+    layout, series_col, q = cfg.layout, cfg.series_column, cfg.quality
+    plan = read_json(layout.shards)
+    shards = range(int(plan["n_shards"]))
+    table = pd.concat([pd.read_parquet(layout.quality_shard(k) / SERIES_TABLE) for k in shards],
+                      ignore_index=True).sort_values(series_col, kind="stable").reset_index(drop=True)
+    _write_parquet(table, layout.series_table)
+    total = len(table)
+    excluded = table[table["excluded_because"].notna()]
+    padded = table[table["padded"]]
+    share = len(excluded) / total if total else 1.0
+    counts = _reason_counts(excluded)
+    html = layout.quality / SUMMARY_HTML
+    write_text_atomic(html, _summary_page(plan, table, excluded, padded, _reason_counts(excluded, first_only=False),
+                                          cfg))
+    share_check = _excluded_share_check(cfg, table, plan["source"])
+    if not share_check["passed"]:
+        examples = ", ".join(f"{sid!r} ({why})" for sid, why in
+                             zip(excluded[series_col].head(3), excluded["excluded_because"].head(3), strict=True))
+        message = (f"{len(excluded)} of {total} series ({share:.1%}) were excluded, more than max_excluded_share "
+                   f"{q.max_excluded_share:.0%}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+                   + f" (e.g. {examples}); see {SUMMARY_HTML}")
+        raise DataQualityError(plan["source"], [message], str(html))
+    fleet = FleetData.concat([FleetData.load(layout.shard(k)) for k in shards])
+    fleet.save(layout.fleet)
+    split = split_fleet(fleet.lengths, cfg)
+    summary = {"dataset": _dataset(cfg, plan, fleet), "split": _split_dict(split, fleet),
+               "quality": _quality_dict(cfg, plan, table, excluded, padded, share, counts, str(html))}
+    summary["quality"]["checks"].append(share_check)
+    cfg.save(layout.config)
+    write_json(layout.dataset, summary)
+    log.info("fleet: %d of %d series kept (%d excluded, %d padded), %d rows, freq %s", fleet.n_series, total,
+             len(excluded), len(padded), len(fleet.values), fleet.freq)
+    return summary
+
+
+def _excluded_share_check(cfg: PipelineConfig, table, source: str) -> dict:
+    """The max_excluded_share verdict as a GX result of its own (``quality/excluded_share/``),
+    on the series table's ``excluded_because`` column."""
+    from onnxcast.pipeline.quality import (
+        _import_gx,
+        _meta,
+        _quiet_gx,
+        _summarize,
+        run_suite,
+        write_reports,
+    )
+
+    gx = _import_gx()
+    share = cfg.quality.max_excluded_share
+    suite = gx.ExpectationSuite(name=SHARE_SUITE, expectations=[_meta(
+        gx.expectations.ExpectColumnValuesToBeNull(column="excluded_because", mostly=1 - share),
+        "excluded_share", f"series excluded at most {share:.0%} (max_excluded_share)")])
+    with _quiet_gx():
+        validation = run_suite(table[[cfg.series_column, "excluded_because"]], suite)
+        check = _summarize(validation.results[0])
+        write_reports(validation, cfg.layout.quality / "excluded_share", "")
+    check["suite"] = SHARE_SUITE
+    return check
+
+
+def _reason_counts(excluded, *, first_only: bool = True) -> dict[str, int]:
+    """Excluded series per reason, most first; ``first_only``: each series counted once, by
+    its first reason in report order (the counts then add up to the excluded total)."""
+    counts = {check: 0 for check in SERIES_CHECKS}
+    for because in excluded["excluded_because"]:
+        for check in because.split(",")[: 1 if first_only else None]:
+            counts[check] += 1
+    return {k: v for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v}
+
+
+def _dataset(cfg: PipelineConfig, plan: dict, fleet: FleetData) -> dict:
+    ends = _step_times(fleet, fleet.lengths - 1)
+    return {"uri": cfg.data_uri, "sha256": plan["sha256"], "rows": int(len(fleet.values)),
+            "start": _iso(fleet.starts.min()), "end": _iso(ends.max()), "freq": fleet.freq, "season": fleet.season,
+            "target": cfg.target_column, "features": list(cfg.feature_columns), "series_column": cfg.series_column,
+            "n_series": fleet.n_series}
+
+
+def _split_dict(split, fleet: FleetData) -> dict:
+    out = split.as_dict()
+    out.update({"train_end": _iso(_step_times(fleet, split.train_end - 1).max()),
+                "validation_end": _iso(_step_times(fleet, split.validation_end - 1).max()),
+                "holdout_start": _iso(_step_times(fleet, split.validation_end).min()),
+                "holdout_end": _iso(_step_times(fleet, split.lengths - 1).max())})
+    return out
+
+
+def _step_times(fleet: FleetData, steps) -> np.ndarray:
+    """The timestamp (ns) of step ``steps[i]`` of every series ``i``."""
+    import pandas as pd
+
+    offset = pd.tseries.frequencies.to_offset(fleet.freq)
+    steps = np.asarray(steps, dtype=np.int64)
+    fixed = _fixed_step(offset)
+    if fixed is not None:
+        return fleet.starts + steps * fixed
+    if offset.n == 1:
+        first = pd.Timestamp(int(fleet.starts.min()), unit="ns")
+        span = pd.date_range(first, pd.Timestamp(int(fleet.starts.max()), unit="ns"), freq=offset)
+        grid = pd.date_range(first, periods=len(span) + int(steps.max()) + 1, freq=offset)
+        at = grid.get_indexer(pd.DatetimeIndex(fleet.starts.astype("datetime64[ns]")))
+        return grid.as_unit("ns").asi8[at + steps]
+    return np.array([(pd.Timestamp(int(s), unit="ns") + int(k) * offset).value for s, k in
+                     zip(fleet.starts, steps, strict=True)], dtype=np.int64)
+
+
+def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, share: float,
+                  counts: dict, html: str) -> dict:
+    """The single-series QualityResult.to_dict() keys, plus the fleet's series verdicts."""
+    series_col, q = cfg.series_column, cfg.quality
+    layout = cfg.layout
+    checks = list(plan["table_checks"])
+    warnings = [c["message"] for c in checks if not c["passed"]]
+    shard_checks = [read_json(layout.quality_shard(k) / "checks.json") for k in range(int(plan["n_shards"]))]
+    for position, first in enumerate(shard_checks[0]):
+        failed = sum(int((s[position]["observed"] or {}).get("unexpected_count", 0)) for s in shard_checks)
+        checks.append({"check": first["check"], "column": first["column"], "description": first["description"],
+                       "expectation": first["expectation"], "severity": first["severity"],
+                       "passed": failed == 0, "observed": {"series": failed}, "threshold": first["threshold"],
+                       "message": None if failed == 0 else f"{first['description']}: {failed} series",
+                       "suite": SERIES_SUITE})
+    if len(padded):
+        warnings.append(f"{len(padded)} series have fewer than lookback {cfg.lookback} + horizon {cfg.horizon} "
+                        f"training steps and are padded (e.g. {', '.join(map(repr, padded[series_col].head(3)))})")
+    if len(excluded):
+        warnings.append(f"{len(excluded)} of {len(table)} series ({share:.1%}) excluded: "
+                        + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    unsorted = int((table["unsorted"] > 0).sum())
+    if unsorted:
+        warnings.append(f"{unsorted} series had rows out of time order (not_increasing); sorted")
+    kept = table[table["excluded_because"].isna()]
+    repairs = {}
+    if q.fill_gaps_max_steps:
+        repairs["fill_gaps"] = {"max_steps": q.fill_gaps_max_steps,
+                                "interpolated_steps": int(kept["missing_steps"].sum())}
+    if q.drop_duplicate_timestamps:
+        repairs["drop_duplicate_timestamps"] = {"dropped_rows": int(kept["duplicates"].sum())}
+    detail_columns = {"too_short": "rows", "train_too_short": "train_steps", "duplicated_times": "duplicates",
+                      "off_grid": "off_grid", "gap_share": "gap_share", "gaps_repairable": "longest_gap",
+                      "mostly_missing": "missing_share", "edges_present": "edge_missing",
+                      "constant": "distinct_values", "non_finite": "non_finite", "outlier_share": "outlier_share"}
+    excluded_list = []
+    for _, row in excluded.iterrows():
+        because = row["excluded_because"].split(",")
+        excluded_list.append({"series": str(row[series_col]), "because": because,
+                              "details": {c: _plain(row[detail_columns[c]]) for c in because}})
+    return {"passed": True, "suite": SERIES_SUITE, "warnings": warnings, "repairs": repairs, "checks": checks,
+            "json_path": str(layout.quality / "validation_result.json"), "html_path": html,
+            "series": {"total": len(table), "kept": len(kept), "excluded": len(excluded), "padded": len(padded),
+                       "excluded_share": share, "max_excluded_share": q.max_excluded_share},
+            "excluded": excluded_list, "padded": [str(s) for s in padded[series_col]]}
+
+
+def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: PipelineConfig) -> str:
+    """The fleet's verdict: counts, the first EXAMPLES excluded series per reason, the shards' GX pages."""
+    from html import escape
+
+    from onnxcast.pipeline.quality import OFFLINE_CSS, REPORT_HTML
+
+    series_col = cfg.series_column
+    share = len(excluded) / max(len(table), 1)
+    failed = share > cfg.quality.max_excluded_share
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>onnxcast fleet data quality</title>"
+             f"<style>{OFFLINE_CSS}</style></head><body>",
+             f'<section id="onnxcast-summary" class="{"failed" if failed else "passed"}">',
+             f"<h1>onnxcast fleet data quality: {'FAILED' if failed else 'PASSED'}</h1>",
+             f"<p>Data: <code>{escape(plan['source'])}</code> (sha256 <code>{plan['sha256'][:16]}</code>), "
+             f"frequency <code>{escape(plan['freq'])}</code>, season {plan['season']}</p>",
+             f"<p>{len(table)} series: {len(table) - len(excluded)} kept, {len(excluded)} excluded "
+             f"({share:.1%}; at most {cfg.quality.max_excluded_share:.0%} may be: max_excluded_share), "
+             f"{len(padded)} padded (shorter than lookback + horizon of training)</p></section>"]
+    for reason, count in counts.items():
+        hit = excluded[excluded["excluded_because"].str.split(",").map(lambda b, r=reason: r in b)]
+        names = ", ".join(f"<code>{escape(str(s))}</code>" for s in hit[series_col].head(EXAMPLES))
+        more = f" and {count - EXAMPLES} more" if count > EXAMPLES else ""
+        parts.append(f"<h2>{escape(reason)}: {count} series</h2><p>{names}{more}</p>")
+    if len(padded):
+        names = ", ".join(f"<code>{escape(str(s))}</code>" for s in padded[series_col].head(EXAMPLES))
+        parts.append(f"<h2>padded (kept): {len(padded)} series</h2><p>{names}</p>")
+    links = "".join(f'<li><a href="shards/{k:03d}/{REPORT_HTML}">shard {k}</a>: {len(ids)} series</li>'
+                    for k, ids in enumerate(plan["shards"]))
+    parts.append(f"<h2>Per-shard checks (Great Expectations)</h2><ul>{links}</ul>"
+                 f'<p>The table checks: <a href="{REPORT_HTML}">{REPORT_HTML}</a>. Every series with its '
+                 f"facts: <code>series.parquet</code>.</p></body></html>")
+    return "".join(parts)
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else round(value, 6) if math.isfinite(value) else str(value)
+    return value
+
+
+def _iso(ns) -> str:
+    from onnxcast.pipeline.data import utc_iso
+
+    return utc_iso(np.datetime64(int(ns), "ns"))
+

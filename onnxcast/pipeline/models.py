@@ -21,6 +21,14 @@ import torch
 from torch import nn
 
 EPS = 1e-5
+# Global models (identity scaler, raw units): the per-window spread floor is relative to the
+# window's level, sqrt(var + EPS_RELATIVE * level**2 + EPS_FLOOR), so a model's forecast of
+# c * x is c times its forecast of x. The absolute EPS squashed the windows of small series
+# (an M1 monthly series of level 0.3, variance 4e-4: its forecast moved by 1.3 % of its spread
+# when scaled by 1e6). 1e-10 is far below any real window's var/level**2 and far above float32
+# rounding noise (1e-14), so constant windows still normalise to zero.
+EPS_RELATIVE = 1e-10
+EPS_FLOOR = 1e-30
 
 
 @contextmanager
@@ -51,6 +59,10 @@ class ModelSpec:
     # files written before it existed) means ``(season,)``, and for the LSTM and the Transformer
     # the first release's design: one anchor, added to a correction that does not read it
     seasons: tuple[int, ...] = ()
+    # fleet mode: one model trained on windows of many series (the identity scaler, per-window
+    # normalisation only); model.json files written before fleet mode load with the defaults
+    global_model: bool = False
+    n_series: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seasons", tuple(int(s) for s in self.seasons))
@@ -83,11 +95,12 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
                              NHITS_DROPOUT)
         else:
             core = DLinearCore(spec.n_features, spec.lookback, spec.horizon, len(seasons))
-        return WindowForecaster(core, spec.n_features, spec.lookback, spec.horizon, seasons, mean, std)
+        return WindowForecaster(core, spec.n_features, spec.lookback, spec.horizon, seasons, mean, std,
+                                spec.global_model)
     else:
         raise ValueError(f"unknown model family {spec.family!r}; expected one of 'lstm', 'transformer', "
                          + ", ".join(repr(f) for f in WINDOW_FAMILIES))
-    return Forecaster(core, spec.n_features, spec.season, mean, std, anchors)
+    return Forecaster(core, spec.n_features, spec.season, mean, std, anchors, spec.global_model)
 
 
 class Forecaster(nn.Module):
@@ -108,9 +121,10 @@ class Forecaster(nn.Module):
     """
 
     def __init__(self, core: nn.Module, n_features: int, season: int, mean: np.ndarray | None, std: np.ndarray | None,
-                 seasons: tuple[int, ...] = ()):
+                 seasons: tuple[int, ...] = (), relative_eps: bool = False):
         super().__init__()
         self.core = core
+        self.relative_eps = relative_eps
         horizon = core.head.out_features
         steps = torch.arange(horizon)
         self.reads_anchors = bool(seasons)
@@ -128,7 +142,7 @@ class Forecaster(nn.Module):
     def forward(self, history: torch.Tensor) -> torch.Tensor:
         scaled = (history - self.feature_mean) / self.feature_std
         level = scaled.mean(dim=1, keepdim=True)
-        spread = torch.sqrt(scaled.var(dim=1, keepdim=True, unbiased=False) + EPS)
+        spread = window_spread(scaled, level, self.relative_eps)
         normed = (scaled - level) / spread
         anchor = normed[:, :, 0].index_select(1, self.anchor_offset + history.shape[1])
         if self.reads_anchors:
@@ -142,6 +156,15 @@ class Forecaster(nn.Module):
     def scaled_target(self, target: torch.Tensor) -> torch.Tensor:
         """Target in globally standardised units (the unit of the training loss)."""
         return (target - self.feature_mean[:, 0, :1]) / self.feature_std[:, 0, :1]
+
+
+def window_spread(scaled: torch.Tensor, level: torch.Tensor, relative_eps: bool) -> torch.Tensor:
+    """The per-window spread ``[batch, 1, F]``: absolute EPS for single-series models (their
+    graphs unchanged), EPS relative to the level for global models (scale-equivariant)."""
+    var = scaled.var(dim=1, keepdim=True, unbiased=False)
+    if relative_eps:
+        return torch.sqrt(var + EPS_RELATIVE * level * level + EPS_FLOOR)
+    return torch.sqrt(var + EPS)
 
 
 def zero_head(layer: nn.Linear) -> nn.Linear:
@@ -254,11 +277,12 @@ class WindowForecaster(nn.Module):
     """
 
     def __init__(self, core: nn.Module, n_features: int, lookback: int, horizon: int, seasons: tuple[int, ...],
-                 mean: np.ndarray | None, std: np.ndarray | None):
+                 mean: np.ndarray | None, std: np.ndarray | None, relative_eps: bool = False):
         super().__init__()
         if max(seasons) > lookback:
             raise ValueError(f"seasons {seasons} must fit in the lookback {lookback}")
         self.core = core
+        self.relative_eps = relative_eps
         self.lookback = lookback
         self.min_history = lookback  # the exporter's lower bound of the dynamic time axis
         steps = torch.arange(horizon)
@@ -276,7 +300,7 @@ class WindowForecaster(nn.Module):
         window = history[:, history.shape[1] - self.lookback :]
         scaled = (window - self.feature_mean) / self.feature_std
         level = scaled.mean(dim=1, keepdim=True)
-        spread = torch.sqrt(scaled.var(dim=1, keepdim=True, unbiased=False) + EPS)
+        spread = window_spread(scaled, level, self.relative_eps)
         normed = (scaled - level) / spread
         anchors = normed[:, :, 0].index_select(1, self.anchor_index).reshape(-1, self.mix.shape[0], self.mix.shape[1])
         out = (anchors * self.mix).sum(dim=1) + self.core(normed, anchors)

@@ -113,7 +113,7 @@ def hide_unnamed_columns(frame, cfg: PipelineConfig):
     from onnxcast.pipeline.reading import plausible_column_name
 
     names = [str(c) for c in frame.columns]
-    wanted = {cfg.time_column, cfg.target_column, *cfg.feature_columns}
+    wanted = {cfg.time_column, cfg.target_column, *cfg.feature_columns, cfg.series_column}
     shown = [n in wanted or (len(names) > 1 and plausible_column_name(n)) for n in names]
     if all(shown):
         return frame
@@ -227,8 +227,10 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
                                meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(q)}})
 
 
-def run_suite(frame, suite):
-    """Validate ``frame`` as one whole-dataframe batch in an ephemeral GX context."""
+def run_suite(frame, suite, result_format: str | dict = "SUMMARY"):
+    """Validate ``frame`` as one whole-dataframe batch in an ephemeral GX context.
+    ``result_format``: GX's; the fleet gate asks for COMPLETE with the series column as the
+    index column, so every failing series is named."""
     gx = _import_gx()
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -247,7 +249,7 @@ def run_suite(frame, suite):
              .add_batch_definition_whole_dataframe("whole"))
     suite = context.suites.add(suite)
     definition = gx.ValidationDefinition(name="onnxcast-data", data=batch, suite=suite)
-    return definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+    return definition.run(batch_parameters={"dataframe": frame}, result_format=result_format)
 
 
 def write_reports(validation, out_dir: Path, summary: str = "") -> tuple[Path, Path]:

@@ -42,6 +42,7 @@ MAX_TABLE_BYTES = 2 * 1024**3  # after decompression; a bigger series belongs in
 # about 3x its size at the peak). ONNXCAST_MAX_DATA_BYTES raises or lowers it.
 MAX_DATA_BYTES = 2 * 1024**3
 MAX_DATA_BYTES_ENV = "ONNXCAST_MAX_DATA_BYTES"
+MAX_DATASET_FILES = 10_000  # Parquet parts of one data set (a folder or an s3:// prefix)
 MAX_FIELD_CHARS = 100_000  # no timestamp or number is this long: the file is not a table
 OTHER_DELIMITERS = (";", "\t", "|")
 MAX_NAME_CHARS = 60  # a longer header field is not a column name someone types
@@ -129,15 +130,16 @@ def _refusal(uri: str, path: Path, limit: int, reason: str) -> str:
     return f"{uri}: is {kind}, not a regular file; expected a CSV or Parquet file"
 
 
-def parse_table(data: bytes, source: str):
-    """Parse CSV or Parquet bytes (maybe compressed) into a DataFrame with string column names."""
+def parse_table(data: bytes, source: str, *, dtype: dict | None = None):
+    """Parse CSV or Parquet bytes (maybe compressed) into a DataFrame with string column names.
+    ``dtype``: CSV column types (a fleet's series ids stay text: '007' is not 7)."""
     data = decompress(data, source)
     if not data.strip():
         raise DataError(f"{source}: file is empty")
     if data[:4] == b"PAR1" or data[-4:] == b"PAR1":
         frame = _parse_parquet(data, source)
     else:
-        frame = _parse_csv(_decode(data, source), source)
+        frame = _parse_csv(_decode(data, source), source, dtype=dtype)
     frame.columns = [str(c).strip() for c in frame.columns]
     if frame.empty:
         raise DataError(f"{source}: no data rows (columns: {describe_names(list(frame.columns))})")
@@ -200,7 +202,7 @@ def _decode(data: bytes, source: str) -> str:
     return text
 
 
-def _parse_csv(text: str, source: str):
+def _parse_csv(text: str, source: str, *, dtype: dict | None = None):
     import pandas as pd
 
     try:
@@ -227,7 +229,10 @@ def _parse_csv(text: str, source: str):
     try:
         with warnings.catch_warnings():  # rows longer than the header: refused just below
             warnings.simplefilter("ignore", pd.errors.ParserWarning)
-            frame = pd.read_csv(io.StringIO(text), skipinitialspace=True, index_col=False)
+            if dtype:
+                frame = pd.read_csv(io.StringIO(text), skipinitialspace=True, index_col=False, dtype=dtype)
+            else:
+                frame = pd.read_csv(io.StringIO(text), skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise DataError(f"{source}: file is empty") from None
     except (pd.errors.ParserError, ValueError) as exc:
@@ -270,6 +275,143 @@ def _check_field_counts(text: str, expected: int, source: str) -> None:
         more = f"; {bad} rows in all" if bad > 1 else ""
         raise DataError(f"{source}: line {line} has {fields} field(s), the header has {expected}{more} "
                         "(ragged rows: a missing or extra delimiter)")
+
+
+# --- long tables (fleet mode) ---------------------------------------------------------------
+
+def read_long_table(uri: str, *, columns: list[str], series_column: str,
+                    s3_settings: S3Settings | None = None) -> RawTable:
+    """A long table of many series: a CSV or Parquet file as :func:`read_table` reads it, or a
+    folder / ``s3://`` prefix (ending in ``/``) of Parquet parts (:func:`read_parquet_dataset`).
+
+    The series ids are read as text and kept as a pandas ``category``: codes instead of one
+    Python string per row (a 10 M-row table holds 40 MB of int32 codes, not 600 MB of str).
+    Only ``columns`` are kept when the source has them all; otherwise every column is kept
+    so that the checks can name what is missing and what was found."""
+    if _is_dataset(uri):
+        raw = read_parquet_dataset(uri, columns=columns, s3_settings=s3_settings)
+    else:
+        data = read_bytes(uri, s3_settings=s3_settings)
+        raw = RawTable(frame=parse_table(data, uri, dtype={series_column: "string"}), source=uri,
+                       sha256=sha256_bytes(data), n_bytes=len(data))
+        del data
+    frame = raw.frame
+    if all(c in frame.columns for c in columns):
+        frame = frame[list(columns)]
+    if series_column in frame.columns:
+        frame = frame.copy(deep=False)
+        ids = frame[series_column]
+        if ids.dtype.name != "category":
+            ids = ids.astype("string")
+        frame[series_column] = ids.astype("category")
+    return RawTable(frame=frame, source=raw.source, sha256=raw.sha256, n_bytes=raw.n_bytes)
+
+
+def _is_dataset(uri: str) -> bool:
+    """A folder, or an ``s3://`` prefix written with a trailing ``/``."""
+    if uri.startswith("s3://"):
+        return uri.endswith("/")
+    return Path(uri.removeprefix("file://")).is_dir()
+
+
+def list_parquet_parts(uri: str, s3_settings: S3Settings | None = None) -> list[tuple[str, int]]:
+    """Sorted ``(relative name, size)`` of the ``*.parquet`` files under a folder or ``s3://``
+    prefix, recursively; hidden and ``_``-prefixed names (``_SUCCESS``, ``_common_metadata``)
+    are skipped. DataError when there is none, more than MAX_DATASET_FILES, or their sizes sum
+    past the data-size limit (:func:`max_data_bytes`, the same limit as one file)."""
+    parts = _list_s3_parts(uri, s3_settings) if uri.startswith("s3://") else _list_local_parts(uri)
+    if not parts:
+        raise DataError(f"{uri}: no *.parquet files in this folder")
+    if len(parts) > MAX_DATASET_FILES:
+        raise DataError(f"{uri}: {len(parts):,} Parquet files, more than the limit of {MAX_DATASET_FILES:,}")
+    total, limit = sum(size for _, size in parts), max_data_bytes()
+    if total > limit:
+        raise DataError(f"{uri}: {len(parts)} Parquet files of {total:,} bytes in all, over the limit of "
+                        f"{limit:,} bytes for a data set (set {MAX_DATA_BYTES_ENV} to read larger ones)")
+    return sorted(parts)
+
+
+def read_parquet_dataset(uri: str, *, columns: list[str], s3_settings: S3Settings | None = None) -> RawTable:
+    """Every Parquet part under ``uri`` as one table; ``sha256`` is the dataset digest: sha256
+    of the JSON list ``[[relative name, sha256 of its bytes], ...]`` in name order, so a
+    renamed, added, removed or changed part changes it (docs/data-quality.md)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = list_parquet_parts(uri, s3_settings)
+    tables, digests, schema, first = [], [], None, None
+    budget = max_data_bytes()
+    for name, _ in parts:
+        location = uri.rstrip("/") + "/" + name
+        if uri.startswith("s3://"):
+            from onnxcast.base.s3 import get_object_bytes
+
+            data = get_object_bytes(location, budget, s3_settings)
+        else:
+            data = read_bytes(location)
+        budget -= len(data)  # the sum is bounded by what arrives, not only by what was listed
+        if budget < 0:
+            raise DataError(f"{uri}: the Parquet files are over the limit of {max_data_bytes():,} bytes in all")
+        digests.append([name, sha256_bytes(data)])
+        try:
+            parquet = pq.ParquetFile(io.BytesIO(data))
+            present = [c for c in columns if c in parquet.schema_arrow.names]
+            table = parquet.read(columns=present if len(present) == len(columns) else None)
+        except Exception as exc:  # pyarrow raises many types; name the part and the cause
+            raise DataError(f"{location}: unreadable Parquet file ({_first_line(exc)})") from None
+        if schema is None:
+            schema, first = table.schema, name
+        elif not table.schema.equals(schema):
+            raise DataError(f"{location}: columns {_schema_words(table.schema)} differ from those of the first "
+                            f"part {first} ({_schema_words(schema)})")
+        tables.append(table)
+        del data
+    frame = pa.concat_tables(tables, promote_options="default").to_pandas()
+    frame.columns = [str(c).strip() for c in frame.columns]
+    if frame.empty:
+        raise DataError(f"{uri}: no data rows (columns: {describe_names(list(frame.columns))})")
+    digest = sha256_bytes(json.dumps(digests).encode())
+    return RawTable(frame=frame, source=uri, sha256=digest, n_bytes=sum(size for _, size in parts))
+
+
+def _list_local_parts(uri: str) -> list[tuple[str, int]]:
+    root = Path(uri.removeprefix("file://"))
+    found = []
+    for path in root.rglob("*.parquet"):
+        relative = path.relative_to(root)
+        if any(p.startswith((".", "_")) for p in relative.parts) or not path.is_file() or path.is_symlink():
+            continue
+        found.append((relative.as_posix(), path.stat().st_size))
+    return found
+
+
+def _list_s3_parts(uri: str, s3_settings: S3Settings | None) -> list[tuple[str, int]]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from onnxcast.base.s3 import make_client, s3_error_code, split_s3_uri
+
+    bucket, prefix = split_s3_uri(uri)
+    found = []
+    try:
+        for page in make_client(s3_settings).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                relative = item["Key"][len(prefix):]
+                if not relative.endswith(".parquet") or any(p.startswith((".", "_")) for p in relative.split("/")):
+                    continue
+                found.append((relative, int(item["Size"])))
+                if len(found) > MAX_DATASET_FILES:
+                    return found
+    except ClientError as exc:
+        raise DataError(f"{uri}: cannot list from S3 ({s3_error_code(exc) or 'error'})") from None
+    except BotoCoreError as exc:
+        raise DataError(f"{uri}: cannot reach S3 ({_first_line(exc)})") from None
+    return found
+
+
+def _schema_words(schema) -> str:
+    return "[" + ", ".join(f"{name}: {kind}" for name, kind in zip(schema.names, schema.types, strict=True)) + "]"
 
 
 def plausible_column_name(name: str) -> bool:

@@ -197,16 +197,34 @@ def load_model(cfg: PipelineConfig, family: str):
 
 
 def export_family(cfg: PipelineConfig, family: str) -> str:
-    """Export the trained model to ``onnx/fp32.onnx`` with the contract's metadata."""
+    """Export the trained model to ``onnx/fp32.onnx`` with the contract's metadata; a global
+    model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
+    trained until the latest end over its series."""
     from onnxcast.pipeline.export import export_onnx
 
-    series, _ = _load_data(cfg)
     model, spec = load_model(cfg, family)
+    if cfg.is_fleet:
+        from onnxcast.pipeline.fleet_data import FleetData
+
+        fleet = FleetData.load(cfg.layout.fleet, mmap=True)
+        # one calendar per distinct (start, length): few on a real fleet, whatever its size
+        firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
+                          strict=True))
+        latest = max(fleet.end(i) for i in firsts.values())
+        data = {"freq": fleet.freq, "trained_until": _iso(latest), "dataset_sha256": fleet.sha256,
+                "season": fleet.season}
+        fleet_keys = {"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
+    else:
+        series, _ = _load_data(cfg)
+        data = {"freq": series.freq, "trained_until": _iso(series.timestamps[-1]),
+                "dataset_sha256": series.sha256, "season": series.season}
+        fleet_keys = {}
     metadata = {
         "model_family": family, "lookback": spec.lookback, "horizon": spec.horizon,
-        "freq": series.freq, "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
-        "precision": "fp32", "trained_until": _iso(series.timestamps[-1]),
-        "dataset_sha256": series.sha256, "season": series.season, "version": __version__,
+        "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
+        "precision": "fp32", "trained_until": data["trained_until"],
+        "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
+        **fleet_keys,
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)

@@ -11,6 +11,7 @@ import logging
 import random
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Protocol, TextIO
 
@@ -74,9 +75,94 @@ def train_model(
     x_val, y_val = (torch.from_numpy(a) for a in validation)
     if len(x_train) == 0 or len(x_val) == 0:
         raise ValueError(f"need training and validation windows, got {len(x_train)} and {len(x_val)}")
+    generator = torch.Generator().manual_seed(seed)
+
+    def next_epoch() -> Iterator[tuple[torch.Tensor, ...]]:
+        order = torch.randperm(len(x_train), generator=generator)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            yield x_train[idx], y_train[idx]
+
+    return _fit(model, next_epoch, _loss, lambda: evaluate_loss(model, x_val, y_val, batch_size * 4),
+                max_epochs=max_epochs, max_minutes=max_minutes, patience=patience, learning_rate=learning_rate,
+                label=label, progress=progress)
+
+
+class BatchSource(Protocol):
+    """Draws training windows: what :func:`train_sampled` reads (fleet_train.WindowSampler)."""
+
+    def batch(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+def train_sampled(
+    model: Forecaster,
+    sampler: BatchSource,
+    validation: tuple[np.ndarray, np.ndarray, np.ndarray],
+    *,
+    windows_per_epoch: int,
+    max_epochs: int,
+    max_minutes: float,
+    patience: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    label: str | None = None,
+    progress: EpochProgress | None = None,
+    loss: str = "mse",
+) -> TrainResult:
+    """Train in place on windows drawn from ``sampler`` (``windows_per_epoch`` an epoch), on
+    the weighted loss :func:`weighted_loss`; the same loop as :func:`train_model` (epoch 0
+    competes, patience from the best trained epoch, cosine learning rate, clipped gradients).
+
+    ``validation`` is ``(x, y, w)``, materialised; ``loss`` is the ``kind`` of
+    :func:`weighted_loss`. The sampler carries its own seeded random state, so a fresh
+    sampler, the same seed, data and threads give the same weights.
+    """
+    if loss not in FLEET_LOSSES:
+        raise ValueError(f"fleet loss {loss!r}; expected one of {FLEET_LOSSES}")
+    seed_everything(seed)
+    x_val, y_val, w_val = (torch.from_numpy(np.ascontiguousarray(a)) for a in validation)
+    if len(x_val) == 0 or windows_per_epoch < 1:
+        raise ValueError(f"need validation windows and windows per epoch, got {len(x_val)} and {windows_per_epoch}")
+
+    def next_epoch() -> Iterator[tuple[torch.Tensor, ...]]:
+        for start in range(0, windows_per_epoch, batch_size):
+            yield tuple(torch.from_numpy(a) for a in sampler.batch(min(batch_size, windows_per_epoch - start)))
+
+    def validation_loss() -> float:
+        model.eval()
+        total, size = 0.0, batch_size * 4
+        with torch.inference_mode():
+            for start in range(0, len(x_val), size):
+                part = slice(start, start + size)
+                total += float(batch_loss(model, x_val[part], y_val[part], w_val[part])) * len(x_val[part])
+        return total / len(x_val)
+
+    def batch_loss(model: Forecaster, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return weighted_loss(model, x, y, w, loss)
+
+    return _fit(model, next_epoch, batch_loss, validation_loss, max_epochs=max_epochs, max_minutes=max_minutes,
+                patience=patience, learning_rate=learning_rate, label=label, progress=progress)
+
+
+def _fit(
+    model: Forecaster,
+    next_epoch: Callable[[], Iterable[tuple[torch.Tensor, ...]]],
+    batch_loss: Callable[..., torch.Tensor],
+    validation_loss: Callable[[], float],
+    *,
+    max_epochs: int,
+    max_minutes: float,
+    patience: int,
+    learning_rate: float,
+    label: str | None,
+    progress: EpochProgress | None,
+) -> TrainResult:
+    """The epoch loop: AdamW, cosine learning rate, gradients clipped at norm 1, the best
+    epoch kept. ``next_epoch()`` gives one epoch's batches, ``(x, y, ...)``, each passed to
+    ``batch_loss(model, *batch)``."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max_epochs, eta_min=learning_rate / 10)
-    generator = torch.Generator().manual_seed(seed)
     deadline = time.monotonic() + max_minutes * 60
     started = time.monotonic()
     # Epoch 0 is the model as built, its seasonal-naive anchor. It competes for the final choice
@@ -84,7 +170,7 @@ def train_model(
     # the family), but patience counts from the best TRAINED epoch: counted from epoch 0, the
     # Transformer on half-hourly demand was stopped at epoch 5 while its validation loss was
     # still falling (0.0445 -> 0.0329), and shipped as the untrained anchor.
-    initial_loss = evaluate_loss(model, x_val, y_val, batch_size * 4)
+    initial_loss = validation_loss()
     best_loss, best_epoch, best_state = initial_loss, 0, copy.deepcopy(model.state_dict())
     trained_best_loss, trained_best_epoch = float("inf"), 0
     history: list[dict] = []
@@ -95,22 +181,20 @@ def train_model(
     try:
         for epoch in range(1, max_epochs + 1):
             model.train()
-            order = torch.randperm(len(x_train), generator=generator)
             total, count = 0.0, 0
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
-                loss = _loss(model, x_train[idx], y_train[idx])
+            for batch in next_epoch():
+                loss = batch_loss(model, *batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
-                total += loss.item() * len(idx)
-                count += len(idx)
+                total += loss.item() * len(batch[0])
+                count += len(batch[0])
                 if time.monotonic() > deadline:
                     break
             scheduler.step()
             train_loss = total / max(count, 1)
-            val_loss = evaluate_loss(model, x_val, y_val, batch_size * 4)
+            val_loss = validation_loss()
             history.append({"epoch": epoch, "train_loss": train_loss, "validation_loss": val_loss})
             if val_loss < trained_best_loss - 1e-6:
                 trained_best_loss, trained_best_epoch = val_loss, epoch
@@ -222,3 +306,19 @@ def family_label(model: Forecaster) -> str:
 def _loss(model: Forecaster, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     prediction = model(x)
     return torch.mean((model.scaled_target(prediction) - model.scaled_target(y)) ** 2)
+
+
+FLEET_LOSSES = ("mse", "mae")
+
+
+def weighted_loss(model: Forecaster, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
+                  kind: str = "mse") -> torch.Tensor:
+    """The fleet loss in raw units, each window's error scaled by its series' weight ``w``
+    (``1 / mase_scale``): ``mean(((pred - y) * w) ** 2)``, a squared scaled error, so a series
+    counts by how far its forecast is off relative to its own seasonal-naive error, not by its
+    level (the pooled-unit loss of :func:`train_model` lets the biggest series own it).
+    ``kind="mae"``: ``mean(|pred - y| * w)``, the MASE itself."""
+    scaled = (model(x) - y) * w[:, None]
+    if kind == "mae":
+        return torch.mean(torch.abs(scaled))
+    return torch.mean(scaled**2)

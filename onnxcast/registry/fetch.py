@@ -251,6 +251,11 @@ def _check_spec(document: dict, where: str) -> dict:
             raise FetchError(f"{prefix} field {name!r} must be an integer, got {quote(value)}")
         if not low <= value <= high:
             raise FetchError(f"{prefix} field {name!r} must be in [{low}, {high}], got {value}")
+    if "global_model" in spec and not isinstance(spec["global_model"], bool):
+        raise FetchError(f"{prefix} field 'global_model' must be true or false, got {quote(spec['global_model'])}")
+    n_series = spec.get("n_series", 0)
+    if isinstance(n_series, bool) or not isinstance(n_series, int) or n_series < 0:
+        raise FetchError(f"{prefix} field 'n_series' must be a non-negative integer, got {quote(n_series)}")
     checked = {**{f: ModelSpec.__dataclass_fields__[f].default for f in known if f != "family"
                   and f not in ("n_features", "horizon", "lookback")}, **spec}
     seasons = checked["seasons"]

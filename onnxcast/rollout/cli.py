@@ -85,6 +85,12 @@ def add_device_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--input", required=True, help="CSV with the time, target and feature columns")
     p.add_argument("--time-column", default="ds",
                    help="column of timestamps (ISO 8601); the forecast's times follow its last value (default ds)")
+    p.add_argument("--series-column", metavar="ID",
+                   help="the input is a long table of many series (a fleet, for a global model): forecast each "
+                        "series named in this column from its own newest rows, in one batch")
+    p.add_argument("--min-rows", type=int, metavar="N",
+                   help="with --series-column: fewest rows a series needs (default: the model's season); "
+                        "shorter series than the lookback are edge-padded with their first row")
     p.set_defaults(handler=run_edge_predict)
 
     p = commands.add_parser("trust", help="install a trust root into a device folder (once per device)")
@@ -254,9 +260,18 @@ def check_interval(seconds: float) -> float:
 
 
 def run_edge_predict(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.edge import predict
+    from onnxcast.rollout.edge import predict, predict_fleet
 
-    predict(args.dir, args.input, out=sys.stdout, time_column=args.time_column)
+    if args.series_column is None:
+        if args.min_rows is not None:
+            raise ConfigError("--min-rows applies to a fleet input: add --series-column")
+        predict(args.dir, args.input, out=sys.stdout, time_column=args.time_column)
+        return 0
+    if args.series_column == args.time_column:
+        raise ConfigError(f"--series-column and --time-column are both {args.series_column!r}; "
+                          "a fleet table needs one column of each")
+    predict_fleet(args.dir, args.input, args.series_column, out=sys.stdout, time_column=args.time_column,
+                  min_rows=args.min_rows)
     return 0
 
 

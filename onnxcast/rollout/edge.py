@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import calendar
 import csv
+import heapq
 import json
 import logging
+import math
 import os
 import re
 import stat
@@ -34,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -85,6 +87,14 @@ MAX_INTERVAL_S = 86_400  # a watch polls at least once a day
 MAX_LINE_BYTES = 1 << 20  # a row of a forecast table is a few hundred bytes
 MAX_FIELDS = 10_000  # fields in a header or row
 MAX_COLUMNS_SHOWN = 20
+# A fleet input (--series-column): at most this many series, ids of at most this many
+# characters; ONNX Runtime gets ORT_CHUNK series a call (one batch of a few MiB).
+MAX_SERIES = 100_000
+MAX_SERIES_ID = 100
+MAX_SHORT_SHOWN = 5
+MAX_PADDED_NAMED = 20  # padded series named one warning line each; the rest are counted in one
+ORT_CHUNK = 1024
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _COLUMN_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,60}")
 
 
@@ -204,6 +214,98 @@ def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = N
     return the forecast. The times follow the input's last ``time_column`` value at the
     model's ``onnxcast.freq``; they are left empty (with a warning) when that value is not
     an ISO 8601 time or the frequency is not one this client steps."""
+    model = _open_model(model_dir, threads)
+    window = read_input(input_csv, model.columns, model.lookback, time_column)
+    forecast = model.session.run([OUTPUT_NAME], {INPUT_NAME: window.values[None]})[0][0]
+    times = future_times(window.last_time, model.meta.get("freq", ""), len(forecast))
+    if times is None:
+        log.warning("%s: forecast times left empty (last %s value %s, model frequency %s); the steps count from "
+                    "the input's last row", input_csv, time_column, quote(window.last_time),
+                    quote(model.meta.get("freq")))
+        times = [""] * len(forecast)
+    out = out or sys.stdout
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["step", time_column, "forecast", "version"])
+    for step, (moment, value) in enumerate(zip(times, forecast, strict=True), start=1):
+        writer.writerow([step, moment, _format_value(value), model.info.get("version")])
+    return forecast
+
+
+@dataclass(frozen=True)
+class FleetForecast:
+    """What ``predict_fleet`` forecast: ``forecast[i]`` is series ``series[i]``'s, in the
+    order the series first appear in the input; ``padded`` names the series that were
+    shorter than the lookback (edge-padded)."""
+
+    series: list[str]
+    forecast: np.ndarray  # float32 [n_series, horizon]
+    padded: list[str]
+
+
+def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: str, out: TextIO | None = None,
+                  threads: int = 1, time_column: str = DEFAULT_TIME_COLUMN, min_rows: int | None = None,
+                  chunk: int = ORT_CHUNK) -> FleetForecast:
+    """Forecast every series of the long table ``input_csv`` (one row per series and time)
+    with ``model_dir/current`` in one ONNX Runtime batch (run ``chunk`` series at a time);
+    write ``<series_column>,step,<time_column>,forecast,version`` CSV to ``out`` (stdout by
+    default), ``horizon`` rows per series.
+
+    A fleet model is a global model: the ONNX contract is the one-series one with batch =
+    series, so each series' history is its own newest ``lookback`` rows (ordered by time).
+    A series with fewer rows is edge-padded with its first row (a warning names it); one
+    with fewer than ``min_rows`` real rows (default: the model's season, see
+    ``fleet_min_rows``) is refused, since its forecast would be made of padding."""
+    if not 1 <= chunk <= 1 << 20:
+        raise ConfigError(f"chunk must be between 1 and {1 << 20:,} series, got {chunk!r}")
+    model = _open_model(model_dir, threads)
+    least = fleet_min_rows(model.meta, model.lookback) if min_rows is None else min_rows
+    if not 1 <= least <= model.lookback:
+        raise ConfigError(f"min_rows must be between 1 and the model's lookback of {model.lookback}, got {least!r}")
+    fleet = read_fleet_input(input_csv, model.columns, model.lookback, series_column, time_column, least)
+    parts = [model.session.run([OUTPUT_NAME], {INPUT_NAME: fleet.histories[i:i + chunk]})[0]
+             for i in range(0, len(fleet.series), chunk)]
+    forecast = np.concatenate(parts)
+    freq, version = model.meta.get("freq", ""), model.info.get("version")
+    out = out or sys.stdout
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([series_column, "step", time_column, "forecast", "version"])
+    no_times = []
+    for series, last, values in zip(fleet.series, fleet.last_times, forecast, strict=True):
+        times = future_times(last, freq, len(values))
+        if times is None:
+            no_times.append(series)
+            times = [""] * len(values)
+        for step, (moment, value) in enumerate(zip(times, values, strict=True), start=1):
+            writer.writerow([series, step, moment, _format_value(value), version])
+    if no_times:
+        log.warning("%s: forecast times left empty for %d series (first %s, last %s value %s, model frequency %s); "
+                    "their steps count from each series' last row", input_csv, len(no_times), quote(no_times[0]),
+                    time_column, quote(fleet.last_times[fleet.series.index(no_times[0])]), quote(freq))
+    return FleetForecast(fleet.series, forecast, fleet.padded)
+
+
+def fleet_min_rows(meta: dict[str, str], lookback: int) -> int:
+    """The fewest real rows a series needs for ``predict_fleet``: one season of the model
+    (``onnxcast.season``, at least 2), at most its lookback; 2 when it names no season.
+    Below a season, edge padding would fill the seasonal anchor the graph forecasts from."""
+    try:
+        season = int(meta.get("season", "2"))
+    except ValueError:
+        season = 2
+    return min(max(season, 2), lookback)
+
+
+@dataclass(frozen=True)
+class _Model:
+    session: Any
+    meta: dict[str, str]
+    info: dict
+    columns: list[str]
+    lookback: int
+
+
+def _open_model(model_dir: str | Path, threads: int) -> _Model:
+    """The installed model's ORT session, metadata (unprefixed), pulled.json and input columns."""
     import onnxruntime as ort
 
     model_path, info = installed(model_dir)
@@ -215,20 +317,11 @@ def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = N
     if missing:
         raise VerificationError(f"{model_path}: ONNX metadata lacks onnxcast.{', onnxcast.'.join(missing)}")
     columns = [meta["target"], *[c for c in meta["features"].split(",") if c]]
-    window = read_input(input_csv, columns, int(meta["lookback"]), time_column)
-    forecast = session.run([OUTPUT_NAME], {INPUT_NAME: window.values[None]})[0][0]
-    times = future_times(window.last_time, meta.get("freq", ""), len(forecast))
-    if times is None:
-        log.warning("%s: forecast times left empty (last %s value %s, model frequency %s); the steps count from "
-                    "the input's last row", input_csv, time_column, quote(window.last_time), quote(meta.get("freq")))
-        times = [""] * len(forecast)
-    out = out or sys.stdout
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["step", time_column, "forecast", "version"])
-    for step, (moment, value) in enumerate(zip(times, forecast, strict=True), start=1):
-        writer.writerow([step, moment, np.format_float_positional(np.float32(value), unique=True, trim="-"),
-                         info.get("version")])
-    return forecast
+    return _Model(session, meta, info, columns, int(meta["lookback"]))
+
+
+def _format_value(value) -> str:
+    return np.format_float_positional(np.float32(value), unique=True, trim="-")
 
 
 def installed_model(model_dir: str | Path) -> Path:
@@ -320,6 +413,167 @@ def read_input(path: str | Path, columns: list[str], lookback: int,
         raise DataError(f"{path}: column {quote(columns[j])} is not finite at data row {first + i + 1}")
     last_time = rows[-1][len(columns)] if at_time is not None else None
     return InputWindow(window, last_time)
+
+
+@dataclass(frozen=True)
+class FleetInput:
+    """The histories of a long table's series: ``histories[i]`` is series ``series[i]``'s
+    newest ``lookback`` rows (edge-padded when it has fewer), ``last_times[i]`` its newest
+    time value as written, ``rows[i]`` how many rows it has in the file."""
+
+    series: list[str]
+    histories: np.ndarray  # float32 [n_series, lookback, n_columns]
+    last_times: list[str]
+    rows: list[int]
+    padded: list[str]
+
+
+def read_fleet_input(path: str | Path, columns: list[str], lookback: int, series_column: str,
+                     time_column: str, min_rows: int = 1) -> FleetInput:
+    """Group the long CSV table ``path`` (series id, time, ``columns``; any row order) by
+    ``series_column`` and keep each series' newest ``lookback`` rows by ``time_column``
+    (ISO 8601 times or numbers). Streamed under the same limits as ``read_input`` (bytes,
+    line length, fields); memory holds ``lookback`` rows per series, at most MAX_SERIES
+    series. Every row's values are checked; a bad series id, a duplicate time among the
+    rows kept, a time or value that is not one is refused in one line naming the series,
+    the line and the value. A series with fewer than ``min_rows`` rows is refused (up to
+    MAX_SHORT_SHOWN named); one shorter than ``lookback`` is edge-padded with its first row,
+    with a warning naming it."""
+    with _open_input(path) as lines:
+        reader = csv.reader(lines)
+        try:
+            header = next(reader, None) or []
+            if len(header) > MAX_FIELDS:
+                raise DataError(f"{path}: {len(header):,} fields in its first line, more than {MAX_FIELDS:,}; "
+                                "expected a CSV table")
+            index = {name: i for i, name in reversed(list(enumerate(header)))}
+            needed = [series_column, time_column, *[c for c in columns if c not in (series_column, time_column)]]
+            missing = [c for c in needed if c not in index]
+            if missing:
+                raise DataError(f"{path}: missing column(s) {', '.join(quote(c) for c in missing)}; "
+                                f"{_describe_header(header)}")
+            at_series, at_time = index[series_column], index[time_column]
+            wanted = [index[c] for c in columns]
+            # Per series: a min-heap of (time key, line, values) of the rows kept, their
+            # {time key: line}, and the newest time as written (the forecast's times follow it).
+            # Compact on purpose: 10,000 series x 144 rows is 1.4 million entries.
+            kept: dict[str, list] = {}
+            lines_of: dict[str, dict] = {}
+            newest: dict[str, tuple[float, str]] = {}
+            counts: dict[str, int] = {}
+            kinds: dict[str, str] = {}
+            for row in reader:
+                if len(row) > MAX_FIELDS:
+                    raise DataError(f"{path}: line {reader.line_num} has {len(row):,} fields, more than "
+                                    f"{MAX_FIELDS:,}; expected a CSV table")
+                if not row:
+                    continue
+                line = reader.line_num
+                series = row[at_series] if at_series < len(row) else ""
+                if series not in counts:
+                    _check_series_id(path, series, line, series_column)
+                    if len(counts) >= MAX_SERIES:
+                        raise DataError(f"{path}: more than {MAX_SERIES:,} series in column {quote(series_column)} "
+                                        f"(line {line}); split the table")
+                    kept[series], lines_of[series], counts[series] = [], {}, 0
+                    newest[series] = (-math.inf, "")
+                text = _cell(row, at_time)
+                kind, key = _time_key(text)
+                if kind is None:
+                    raise DataError(f"{path}: series {quote(series)}: {time_column} value {quote(text)} at line "
+                                    f"{line} is not an ISO 8601 time or a number")
+                if kinds.setdefault(series, kind) != kind:
+                    raise DataError(f"{path}: series {quote(series)}: {time_column} value {quote(text)} at line "
+                                    f"{line} is a {kind}, its earlier rows have a {kinds[series]}")
+                values: list[float] = []
+                for column, i in zip(columns, wanted, strict=True):
+                    cell = row[i] if i < len(row) else ""
+                    try:
+                        value = float(cell)
+                    except ValueError:
+                        raise DataError(f"{path}: series {quote(series)}: column {quote(column)} has non-numeric "
+                                        f"value {quote(cell)} at line {line}") from None
+                    if not abs(value) <= _FLOAT32_MAX:  # NaN and infinity too: the model takes float32
+                        raise DataError(f"{path}: series {quote(series)}: column {quote(column)} value "
+                                        f"{quote(cell)} at line {line} is not finite")
+                    values.append(value)
+                counts[series] += 1
+                heap, seen = kept[series], lines_of[series]
+                if key in seen:
+                    raise DataError(f"{path}: series {quote(series)}: duplicate {time_column} {quote(text)} at "
+                                    f"lines {seen[key]} and {line}")
+                entry = (key, line, tuple(values))
+                if key > newest[series][0]:
+                    newest[series] = (key, text)
+                if len(heap) < lookback:
+                    heapq.heappush(heap, entry)
+                elif key > heap[0][0]:  # newer than the oldest row kept: replaces it
+                    del seen[heapq.heapreplace(heap, entry)[0]]
+                else:
+                    continue  # older than every row kept: outside the window
+                seen[key] = line
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not UTF-8 text; expected a CSV table") from None
+        except csv.Error as exc:
+            raise DataError(f"{path}: not a CSV table (line {reader.line_num}: {exc})") from None
+    if not counts:
+        raise DataError(f"{path}: no data rows; expected one row per series and {time_column}")
+    short = [s for s, n in counts.items() if n < min_rows]
+    if short:
+        named = ", ".join(f"{quote(s)} ({counts[s]})" for s in short[:MAX_SHORT_SHOWN])
+        more = f" and {len(short) - MAX_SHORT_SHOWN:,} more" if len(short) > MAX_SHORT_SHOWN else ""
+        raise DataError(f"{path}: {len(short):,} series with fewer than the {min_rows} row(s) the model needs "
+                        f"(rows in brackets): {named}{more}; drop them or pass a lower --min-rows")
+    histories = np.empty((len(counts), lookback, len(columns)), dtype=np.float32)
+    last_times, padded = [], []
+    for i, (series, heap) in enumerate(kept.items()):
+        heap.sort()
+        values = np.asarray([entry[2] for entry in heap], dtype=np.float32)
+        gap = lookback - len(heap)
+        if gap:
+            padded.append(series)
+            if len(padded) <= MAX_PADDED_NAMED:  # a 10,000-series fleet had 8,450 of them: the rest are counted
+                log.warning("%s: series %s has %d row(s), edge-padded to the model's lookback of %d with its "
+                            "first row", path, quote(series), len(heap), lookback)
+        histories[i, :gap] = values[0]
+        histories[i, gap:] = values
+        last_times.append(newest[series][1])
+    if len(padded) > MAX_PADDED_NAMED:
+        log.warning("%s: %d more series shorter than the lookback of %d were edge-padded (%d in all)",
+                    path, len(padded) - MAX_PADDED_NAMED, lookback, len(padded))
+    return FleetInput(list(kept), histories, last_times, list(counts.values()), padded)
+
+
+def _cell(row: list[str], at: int) -> str:
+    """Cell ``at`` of a CSV row, empty when the row is shorter."""
+    return row[at] if at < len(row) else ""
+
+
+def _check_series_id(path, series: str, line: int, series_column: str) -> None:
+    """A series id is a printable, non-empty name of at most MAX_SERIES_ID characters with
+    no leading or trailing space: it is written back in the output and in error lines."""
+    if not series or len(series) > MAX_SERIES_ID or not series.isprintable() or series != series.strip():
+        why = "empty" if not series else f"longer than {MAX_SERIES_ID} characters" \
+            if len(series) > MAX_SERIES_ID else "not a printable name without leading or trailing spaces"
+        raise DataError(f"{path}: {series_column} value {quote(series)} at line {line} is {why}; "
+                        "expected a series id")
+
+
+def _time_key(text: str) -> tuple[str | None, float]:
+    """(kind, sort key) of a time cell: ("time", POSIX seconds) for ISO 8601 (a time without
+    an offset read as UTC), ("number", the number) for a step number, (None, nan) otherwise."""
+    value = text.strip()
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        try:
+            number = float(value)
+        except ValueError:
+            return None, math.nan
+        return ("number", number) if math.isfinite(number) else (None, math.nan)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return "time", moment.timestamp()
 
 
 def future_times(last: str | None, freq: str, horizon: int) -> list[str] | None:

@@ -221,7 +221,8 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
             "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, model.horizon]}],
             "parameters": {"channel": settings.channel, "sha256": model.sha256, "artifact": model.artifact,
                            "columns": list(model.columns), "lookback": model.lookback,
-                           "horizon": model.horizon, **_limits_of(model, settings).__dict__}},
+                           "horizon": model.horizon, **_limits_of(model, settings).__dict__,
+                           "max_body_bytes": settings.max_body_bytes, **fleet_parameters(model.metadata)}},
             headers={"x-model-version": model.version})
 
     async def model_ready(name: str, version: str | None = None):
@@ -387,6 +388,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # another name: it may resolve to any interface
+
+
+def fleet_parameters(metadata: dict[str, str]) -> dict:
+    """What a client of a global (fleet) model needs from its ONNX metadata: ``global``
+    (onnxcast.global), ``n_series`` it was trained over and its ``series_column``, for the
+    model metadata's parameters; the keys a model does not have are left out. A fleet is
+    served as batch = series: one request's ``history`` holds one row per series."""
+    out: dict = {}
+    if "global" in metadata:
+        out["global"] = metadata["global"].strip().lower() == "true"
+    if metadata.get("n_series", "").isdigit():
+        out["n_series"] = int(metadata["n_series"])
+    if metadata.get("series_column"):
+        out["series_column"] = metadata["series_column"][:100]
+    return out
 
 
 def _limits_of(model: ServedModel, settings: ServeSettings) -> Limits:

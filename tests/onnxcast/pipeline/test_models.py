@@ -119,3 +119,30 @@ def test_a_model_json_written_before_seasons_existed_still_loads(family, tmp_pat
 def model_spec_dict(family):
     return ModelSpec(family=family, n_features=1, horizon=8, lookback=24, hidden_size=8, num_layers=1,
                      d_model=8, n_heads=2, season=6).to_dict()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_json_written_before_fleet_mode_loads_as_a_single_series_model(family):
+    spec = {k: v for k, v in model_spec_dict(family).items() if k not in ("global_model", "n_series")}
+    loaded = ModelSpec(**spec)
+    assert loaded.global_model is False and loaded.n_series == 0
+    assert build_model(loaded).relative_eps is False
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_only_a_global_model_floors_the_window_spread_relative_to_its_level(family):
+    """A window of tiny variance: the absolute EPS (single-series graphs, unchanged) squashes
+    it, the relative floor of a global model does not, so its forecast scales with the data."""
+    spec = {k: v for k, v in model_spec_dict(family).items() if k not in ("global_model", "n_series", "seasons")}
+    history = (1.0 + 0.001 * torch.sin(torch.arange(30.0))).reshape(1, 30, 1)
+    out = {}
+    for global_model in (False, True):
+        torch.manual_seed(0)
+        model = build_model(ModelSpec(**spec, global_model=global_model, n_series=3)).eval()
+        assert model.relative_eps is global_model
+        with torch.no_grad():
+            for parameter in model.core.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+            out[global_model] = (model(history), model(history * 1e6) / 1e6)
+    torch.testing.assert_close(out[True][0], out[True][1], rtol=1e-5, atol=0)
+    assert not torch.allclose(out[False][0], out[False][1], rtol=1e-5, atol=0)

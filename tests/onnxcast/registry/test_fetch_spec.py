@@ -37,6 +37,8 @@ def source(tmp_path, spec_text: str):
     ({**GOOD, "seasons": "24"}, "field 'seasons' must be a list of at most 8 integers"),
     ({**GOOD, "family": "dlinear", "seasons": [24, 500]}, "field 'seasons' holds 500, longer than 'lookback' 56"),
     ({**GOOD, "d_model": 30}, "field 'd_model' (30) is not divisible by 'n_heads' (4)"),
+    ({**GOOD, "global_model": "yes"}, "field 'global_model' must be true or false, got 'yes'"),
+    ({**GOOD, "n_series": -1}, "field 'n_series' must be a non-negative integer, got -1"),
     ({**GOOD, "evil": 1}, "model.json spec has unknown field(s) 'evil'"),
     ({k: v for k, v in GOOD.items() if k != "horizon"}, "model.json spec has no 'horizon'"),
 ])
