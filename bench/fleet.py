@@ -713,7 +713,6 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args.families = [f for f in args.families.split(",") if f]
 
-    results = json.loads(args.results.read_text()) if args.results.exists() else {}
     command = "bench/fleet.py " + " ".join(sys.argv[1:] if argv is None else argv)
     header = {"date": dt.date.today().isoformat(), "command": command,
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
@@ -721,11 +720,12 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         if args.command == "accuracy":
-            panels = [accuracy_panel(name, args, work) for name in args.panels.split(",") if name]
-            results["accuracy"] = {**header, "panels": panels}
+            section = {**header, "panels": [accuracy_panel(name, args, work) for name in args.panels.split(",") if name]}
         else:
-            fleets = [scale_fleet(int(n), args, work) for n in args.series.split(",") if n]
-            results["scale"] = {**header, "fleets": fleets}
+            section = {**header, "fleets": [scale_fleet(int(n), args, work) for n in args.series.split(",") if n]}
+    # read at the end: the other subcommand may have written its section meanwhile
+    results = json.loads(args.results.read_text()) if args.results.exists() else {}
+    results[args.command] = section
     write_results(results, args.results, args.markdown)
     print(args.markdown.read_text())
     return 0
