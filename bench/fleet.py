@@ -422,16 +422,20 @@ def goals(row: dict) -> dict:
     """Issue 20's goals on this panel: the edge model's mean MASE below AutoETS's, and the LSTM and
     the Transformer (fp32) each better than the best naive in aggregate (mean MASE)."""
     by = {a["forecaster"]: a for a in row["forecasters"]}
-    ets, naive = (by.get(REFERENCE) or {}).get("mase_mean"), row["best_naive"]["mase_mean"]
+    # the bar of the goal and of the pipeline's gate: the one naive best in aggregate (each series'
+    # own best naive is picked on its holdout, look-ahead; it is only the bar of "loses")
+    naives = {n: by[n]["mase_mean"] for n in NAIVES if n in by}
+    naive_name = min(naives, key=naives.get) if naives else None
+    ets, naive = (by.get(REFERENCE) or {}).get("mase_mean"), naives.get(naive_name)
     pipeline = row.get("pipeline") or {}
     edge = pipeline.get("edge")
     edge_key = f"{edge['family']}/{edge['variant']}" if edge else None
     result = {"edge": edge_key, "edge_mase_mean": by[edge_key]["mase_mean"] if edge_key in by else None,
-              "autoets_mase_mean": ets, "best_naive_mase_mean": naive}
+              "autoets_mase_mean": ets, "best_naive": naive_name, "best_naive_mase_mean": naive}
     result["edge_beats_autoets"] = None not in (result["edge_mase_mean"], ets) and result["edge_mase_mean"] < ets
     for family in ("lstm", "transformer"):
         key = f"{family}/fp32"
-        result[f"{family}_beats_best_naive"] = by[key]["mase_mean"] < naive if key in by else None
+        result[f"{family}_beats_best_naive"] = by[key]["mase_mean"] < naive if key in by and naive else None
     return result
 
 
@@ -585,7 +589,7 @@ def render_panel(row: dict) -> list[str]:
     lines += ["", f"Edge choice: {g['edge'] or 'none'}. Goal 'edge model mean MASE < AutoETS': "
               + (_yes(g["edge_beats_autoets"]) + f" ({_f(g['edge_mase_mean'])} vs {_f(g['autoets_mase_mean'])})"
                  if g["edge"] else "not met (no edge model)") + ". Goal 'LSTM / Transformer beat the best naive in "
-              f"aggregate' (mean MASE < {_f(g['best_naive_mase_mean'])}): LSTM {_yes(g['lstm_beats_best_naive'])}, "
+              f"aggregate' (mean MASE < {g.get('best_naive')}'s {_f(g['best_naive_mase_mean'])}): LSTM {_yes(g['lstm_beats_best_naive'])}, "
               f"Transformer {_yes(g['transformer_beats_best_naive'])}.", ""]
     lines += render_literature(row.get("literature"))
     return lines
