@@ -518,7 +518,9 @@ def scale_fleet(n_series: int, args, work: Path) -> dict:
             rows += done
             failed = [r for r in done if not r["ok"]]
             if failed:
-                status = f"{failed[0]['step']} failed: {failed[0]['value']}"
+                why = str(failed[0]["value"])
+                status = (f"every step ran; no family passed its gates ({why.removeprefix('GateError: ')})"
+                          if why.startswith("GateError") else f"{failed[0]['step']} failed: {why}")
                 break
     else:
         status = f"check_data failed: {rows[0]['value']}"
