@@ -139,6 +139,8 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
 def summarize_report(report: dict, out: str) -> str:
     """A short human summary of report.json for the terminal (the CLI and the demo)."""
+    if report.get("fleet"):
+        return summarize_fleet_report(report, out)
     baselines = report["baselines"]
     base = baselines["seasonal_naive"]
     origins = baselines.get("origins") or {}
@@ -172,6 +174,73 @@ def summarize_report(report: dict, out: str) -> str:
     for channel, pick in report["selected"].items():
         lines.append(f"selected for {channel}: {pick['family']} {pick['variant']}")
     return "\n".join(lines)
+
+
+def summarize_fleet_report(report: dict, out: str) -> str:
+    """The summary of a fleet run: series kept, excluded (and why) and padded; per family the
+    fp32 mean MASE over series with its interval, against the best naive and AutoETS."""
+    fleet = report["fleet"]
+    lines = [f"report: {Path(out) / 'report.json'}"]
+    excluded = fleet.get("excluded")
+    reasons = ""
+    if isinstance(excluded, list) and excluded:
+        from collections import Counter
+
+        why = Counter(str(e.get("because", "?")) if isinstance(e, dict) else "?" for e in excluded)
+        reasons = " (" + ", ".join(f"{n} {because}" for because, n in why.most_common()) + ")"
+    lines.append(f"fleet: {_count(fleet.get('n_series'))} series kept, {_count(excluded)} excluded{reasons}, "
+                 f"{_count(fleet.get('padded'))} padded (shorter than the lookback); mean MASE over series "
+                 "with its 95% interval")
+    reference = fleet.get("reference") or {}
+    aggregates = {"best naive": (fleet.get("baselines") or {}).get("best_naive") or {},
+                  **(reference.get("aggregates") or {})}
+    if reference.get("sampled"):
+        lines.append(f"  reference on a random sample of {reference.get('sample_size')} series")
+    for name, row in aggregates.items():
+        if row:
+            lines.append(f"  {name:<20} MASE {_mase(row)}  sMAPE {row.get('smape_mean', float('nan')):.4g}")
+    bars = {"best naive": aggregates["best naive"], "AutoETS": aggregates.get("AutoETS") or {}}
+    tests = fleet.get("tests") or {}
+    for m in report["models"]:
+        family = m["family"]
+        variants = (fleet.get("families") or {}).get(family) or {}
+        fp32 = variants.get("fp32") or {}
+        versus = "".join(f", vs {name} {row['mase_mean']:.4g} (x{fp32['mase_mean'] / row['mase_mean']:.2f}"
+                         f"{_p_of(tests.get(family), name)})"
+                         for name, row in bars.items() if row.get("mase_mean") and fp32.get("mase_mean") is not None)
+        loses = f"; loses to the best naive on {fp32['loses_share']:.0%} of series" \
+            if isinstance(fp32.get("loses_share"), int | float) else ""
+        status = "" if m.get("gates_passed", True) else "  EXCLUDED: " + "; ".join(m.get("failures", []))
+        lines.append(f"{family}: fp32 MASE {_mase(fp32) if fp32 else 'n/a'}{versus}{loses}{status}")
+        for v in m.get("variants", []):
+            row = variants.get(v["name"]) or {}
+            lines.append(f"  {v['name']:<8} MASE {row.get('mase_mean', float('nan')):.4g}  "
+                         f"size {v['size_bytes'] / 1024:.0f} KiB  "
+                         f"{'eligible' if v.get('eligible') else 'not eligible: ' + '; '.join(v.get('reasons', []))}")
+    for channel, pick in (report.get("selected") or {}).items():
+        lines.append(f"selected for {channel}: {pick['family']} {pick['variant']}")
+    return "\n".join(lines)
+
+
+def _count(value: Any) -> str:
+    if isinstance(value, list | tuple | dict):
+        return f"{len(value):,}"
+    return "?" if value is None else f"{int(value):,}"
+
+
+def _mase(row: dict) -> str:
+    interval = row.get("mase_ci95")
+    text = f"{row.get('mase_mean', float('nan')):.4g}"
+    if interval and all(v is not None and v == v for v in interval):
+        text += f" [{interval[0]:.4g}, {interval[1]:.4g}]"
+    return text
+
+
+def _p_of(tests: dict | None, name: str) -> str:
+    """The p of the family's paired test across series against ``name`` ('best naive', a reference)."""
+    tests = tests or {}
+    test = tests.get("vs_best_naive") if name == "best naive" else (tests.get("vs_reference") or {}).get(name)
+    return f", p={_p(test)}" if test else ""
 
 
 def _mae(row: dict) -> str:

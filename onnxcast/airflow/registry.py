@@ -100,7 +100,8 @@ class ChampionChallengerOperator(_TrackedOperator):
 
         cfg = load_config(work)
         decision = decide(work, min_improvement=float(self.min_improvement or 0.0),
-                          require_beats_champion=self.require_beats_champion)
+                          require_beats_champion=self.require_beats_champion,
+                          tracking_uri=self.mlflow_hook.tracking_uri)
         decision["challenger_version"] = str(self.version)
         parent = (read_json(cfg.layout.report).get("mlflow") or {}).get("parent_run_id")
         record_decision(cfg.model_name, str(self.version), decision, parent_run_id=parent,

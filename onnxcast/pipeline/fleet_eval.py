@@ -42,7 +42,8 @@ METRICS = ("mae", "rmse", "smape", "mape", "mase")
 BATCH = 1024  # histories per ORT call: one session per variant, the fleet in batches
 LOSERS = 20  # worst series (by MASE ratio to their best naive) named per variant
 REF_MASE = "ref_mase"  # a model's MASE on the reference's origins only (the last reference_max_origins)
-BEST_NAIVE = "best_naive"
+BEST_NAIVE = "best_naive"  # each series' own best naive on its holdout: the bar of loses_share
+FLEET_NAIVE = "fleet_naive"  # the naive method best over the whole fleet: the bar of the gates
 
 
 # --- what every step agrees on: shards, origins, scales, the reference sample ---------------
@@ -358,7 +359,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     missing = sorted(set(own["series"]) - set(reference["series"]))
     if missing:
         raise DataError(f"{layout.reference}: no baselines for {len(missing)} series of {family} (e.g. {missing[0]!r})")
-    wanted = ["series", BEST_NAIVE, *(f"{BEST_NAIVE}.{m}" for m in METRICS),
+    wanted = ["series", BEST_NAIVE, *(f"{BEST_NAIVE}.{m}" for m in METRICS), *(f"{FLEET_NAIVE}.{m}" for m in METRICS),
               *(f"{n}.mase" for n in _reference_forecasters(reference)), "in_reference_sample"]
     table = own.merge(reference[wanted], on="series", how="left")
     if "fp32.mase" in table.columns:
@@ -380,10 +381,12 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     aggregates = {v["name"]: fleet_aggregate(table, v["name"], losers=LOSERS, seed=cfg.seed) for v in variants}
     entries = [_variant_entry(cfg, v, layout.onnx_dir(family) / v["path"], run_torch, parity_histories,
                               latency_inputs, aggregates[v["name"]], table, plan) for v in variants]
-    baseline = fleet_aggregate(table, BEST_NAIVE, seed=cfg.seed)
+    baseline = fleet_aggregate(table, FLEET_NAIVE, seed=cfg.seed)
+    naive_name = str(reference[FLEET_NAIVE].iloc[0]).replace("_", " ")
     vs_best_naive, vs_reference = _fleet_tests(table, reference)
     failures = judge_variants(entries, baseline_mae=baseline["mase_mean"], torch_latency=torch_entry["latency_ms"],
-                              accuracy_budget=cfg.accuracy_budget, baseline_name="best naive of each series",
+                              accuracy_budget=cfg.accuracy_budget,
+                              baseline_name=f"the best naive in aggregate, {naive_name}",
                               baseline_margin=cfg.baseline_margin, baseline_test=vs_best_naive,
                               metric="mean MASE")
     fp32 = aggregates.get("fp32") or {}
@@ -396,7 +399,8 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
                        "vs_reference": vs_reference}}
     for v in entries:
         share = aggregates[v["name"]].get("loses_share")
-        log.info("%s %-8s mean MASE %s (best naive %s) on %d series, worse than its best naive on %s of them: %s",
+        log.info("%s %-8s mean MASE %s (best naive in aggregate %s) on %d series, worse than each series' own "
+                 "best naive on %s of them: %s",
                  family, v["name"], _fmt((v.get("holdout") or {}).get("mase")), _fmt(baseline["mase_mean"]),
                  aggregates[v["name"]]["series"], "n/a" if share is None else f"{100 * share:.0f}%",
                  "eligible" if v["eligible"] else "; ".join(v["reasons"]))
@@ -425,7 +429,7 @@ def _reference_frame(cfg: PipelineConfig):
 
     layout = cfg.layout
     if layout.reference_table.exists():
-        return pd.read_parquet(layout.reference_table)
+        return with_fleet_naive(pd.read_parquet(layout.reference_table))
     return _reference_shards(cfg)
 
 
@@ -439,8 +443,36 @@ def _reference_shards(cfg: PipelineConfig):
     if absent:
         raise DataError(f"{absent[0]}: the baselines of shard {absent[0].stem} are missing "
                         "(run reference_shard for every shard first)")
-    return pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True).sort_values(
+    merged = pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True).sort_values(
         "series", kind="stable").reset_index(drop=True)
+    return with_fleet_naive(merged)
+
+
+def with_fleet_naive(reference):
+    """``reference`` with the columns ``fleet_naive.<metric>``: the naive method with the lowest
+    mean MASE over the whole fleet (naive, or a seasonal naive where a series' history allows
+    it, else that series' naive), THE baseline of the gates.
+
+    Not each series' own best naive (``best_naive``, chosen per series on its holdout): picking
+    the better of two forecasts per series on the very period judged is look-ahead, and on one
+    origin per series its minimum is far below any method's (M3 monthly sample: 0.97 against
+    the seasonal naive's 1.15). ``best_naive`` stays as the per-series bar of ``loses_share``."""
+    if f"{FLEET_NAIVE}.mase" in reference.columns:
+        return reference
+    names = [n for n in _naive_forecasters(reference) if n != FLEET_NAIVE]
+    filled = {}
+    for name in names:
+        column = reference[f"{name}.mase"].to_numpy(np.float64)
+        fallback = reference["naive.mase"].to_numpy(np.float64) if "naive.mase" in reference.columns else column
+        filled[name] = np.where(np.isfinite(column), column, fallback)
+    best = min(filled, key=lambda n: np.nanmean(filled[n]))
+    reference = reference.copy()
+    reference[FLEET_NAIVE] = best
+    for metric in METRICS:
+        column = reference[f"{best}.{metric}"].to_numpy(np.float64)
+        fallback = reference[f"naive.{metric}"].to_numpy(np.float64) if "naive.mase" in reference.columns else column
+        reference[f"{FLEET_NAIVE}.{metric}"] = np.where(np.isfinite(column), column, fallback)
+    return reference
 
 
 def _naive_forecasters(reference) -> list[str]:
@@ -450,7 +482,7 @@ def _naive_forecasters(reference) -> list[str]:
 
 def _reference_forecasters(reference) -> list[str]:
     """The statsforecast models in a reference table (the forecasters that are not baselines)."""
-    naive = set(_naive_forecasters(reference)) | {BEST_NAIVE}
+    naive = set(_naive_forecasters(reference)) | {BEST_NAIVE, FLEET_NAIVE}
     return [c[: -len(".mase")] for c in reference.columns if c.endswith(".mase") and c[: -len(".mase")] not in naive]
 
 
@@ -544,7 +576,7 @@ def _fleet_tests(table, reference) -> tuple[dict, dict]:
 
     if "fp32.mase" not in table.columns:
         return {}, {}
-    vs_best = versus(table["fp32.mase"], table[f"{BEST_NAIVE}.mase"])
+    vs_best = versus(table["fp32.mase"], table[f"{FLEET_NAIVE}.mase"])
     sampled = table["in_reference_sample"].fillna(False).to_numpy(bool)
     vs_reference = {name: {"on": "the reference sample, its origins", **versus(
         table[f"fp32.{REF_MASE}"][sampled], table[f"{name}.mase"][sampled])}
@@ -588,16 +620,17 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
         aggregate = fleet_aggregate(reference, name, seed=cfg.seed)
         if aggregate["series"]:
             candidates[name] = aggregate
-    best = fleet_aggregate(reference, BEST_NAIVE, seed=cfg.seed)
+    best = fleet_aggregate(reference, FLEET_NAIVE, seed=cfg.seed)
+    own_best = fleet_aggregate(reference, BEST_NAIVE, seed=cfg.seed)
     counts = reference[BEST_NAIVE].value_counts()
-    modal = str(counts.index[0])
-    season = 1 if modal == "naive" else int(modal.rsplit("_", 1)[1])
+    naive_name = str(reference[FLEET_NAIVE].iloc[0])
+    season = 1 if naive_name == "naive" else int(naive_name.rsplit("_", 1)[1])
     models = _reference_forecasters(reference)
     sampled = reference["in_reference_sample"].to_numpy(bool)
     aggregates = {m: fleet_aggregate(reference, m, seed=cfg.seed) for m in models}
     ran = {m: a for m, a in aggregates.items() if a["series"]}
-    out = {"best": BEST_NAIVE,
-           "seasonal_naive": {"name": BEST_NAIVE, **_legacy_metrics(best, reference, BEST_NAIVE, cfg.seed),
+    out = {"best": naive_name,
+           "seasonal_naive": {"name": naive_name, **_legacy_metrics(best, reference, FLEET_NAIVE, cfg.seed),
                               "season": season},
            "candidates": {n: {**_legacy_metrics(a, reference, n, cfg.seed),
                               "season": 1 if n == "naive" else int(n.rsplit("_", 1)[1])}
@@ -605,7 +638,8 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
            "origins": {"count": plan.origins, "stride": plan.stride, "block": 1,
                        "from_end": [int(b) for b in plan.back], "aligned": "at each series' end"},
            "reference": None,
-           "fleet": {"metric": "mase", "series": int(len(reference)), "best_naive": best,
+           "fleet": {"metric": "mase", "series": int(len(reference)), "best_naive": {**best, "is": naive_name},
+                     "per_series_best_naive": own_best,
                      "best_naive_is": {str(k): int(v) for k, v in counts.items()}, "candidates": candidates,
                      "reference": {"models": models, "sample_size": int(sampled.sum()),
                                    "sampled": bool(sampled.sum() < len(reference)), "n_series": int(len(reference)),

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.pipeline.layout import RunLayout
+from onnxcast.registry.fleet_tracking import is_fleet_report
 
 CHAMPION_FAMILY = "champion"
+FLEET_METRIC = "mase"
 
 
 class PlanError(OnnxcastError):
@@ -66,19 +68,25 @@ def champion_entry(run_dir: str | Path) -> dict | None:
     return next((e for e in read_plan(run_dir)["families"] if e.get("role") == "champion"), None)
 
 
-def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True) -> dict:
+def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,
+           tracking_uri: str | None = None) -> dict:
     """Compare the report's selected challenger with the champion evaluated in this run.
 
     The challenger wins when its fp32 holdout MAE is lower than the champion's by more than
     ``min_improvement`` (relative; 0.0: any improvement, a tie loses) and a paired test on the
     same origins (onnxcast.pipeline.evaluation.paired_test) finds the difference significant; otherwise
     the champion stays. No champion: the challenger wins.
+    A fleet run compares mean MASE across series instead (:func:`decide_fleet`; it reads
+    the champion version's tags from the registry at ``tracking_uri``).
     Writes ``champion_challenger.json`` and returns the decision.
     """
     from onnxcast.base.files import read_json, write_json
 
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
+    if is_fleet_report(report):
+        return decide_fleet(run_dir, min_improvement=min_improvement,
+                            require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
     family = report["selected"]["edge"]["family"]
     entry = next(m for m in report["models"] if m["family"] == family)
     decision = {
@@ -94,9 +102,7 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
     incomparable = plan.get("incomparable_champion")
     if champion is None and incomparable and require_beats_champion:
         decision.update(promote=False, champion_version=incomparable.get("version"),
-                        reason=f"champion v{incomparable.get('version')} is not comparable with this run "
-                               f"({incomparable.get('differences')}); its consumers expect its shapes: promote "
-                               "this version explicitly (onnxcast_promote) if that is intended")
+                        reason=_not_comparable(incomparable.get("version"), incomparable.get("differences")))
     elif champion is None:
         decision.update(promote=True, reason="no champion to compare with: " + ("; ".join(plan.get("notes", []))
                                                                                or "none registered"))
@@ -131,6 +137,251 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
                                                   f"than {min_improvement:.2%} ({improvement:+.2%})")
     write_json(layout.decision, decision)
     return decision
+
+
+# --- fleet mode ---------------------------------------------------------------------------
+
+def fleet_differences(tags: dict[str, str], *, series_column: str | None, horizon: int | None,
+                      freq: str | None) -> dict[str, list]:
+    """What makes a registered version incomparable with a fleet run, as ``{field: [the
+    version's, the run's]}``; empty when comparable.
+
+    A version without the tag ``onnxcast.global=true`` was trained on one series (every
+    version from before fleet mode): its MAE is in that series' units, never a mean MASE over
+    a fleet. Series column, horizon and frequency are compared where the version records them.
+    """
+    differences: dict[str, list] = {}
+    is_global = str(tags.get("onnxcast.global", "false")).lower() == "true"
+    if not is_global:
+        differences["global"] = [False, True]
+    for key, value in (("series_column", series_column), ("horizon", horizon), ("freq", freq)):
+        recorded = tags.get(f"onnxcast.{key}")
+        if value not in (None, "") and recorded not in (None, "") and str(recorded) != str(value):
+            differences[key] = [recorded, value]
+    return differences
+
+
+def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,
+                 tracking_uri: str | None = None) -> dict:
+    """Champion/challenger on a fleet: fp32 mean MASE over series, a paired test across series.
+
+    The champion's per-series fp32 MASE comes from this run (``models/champion/per_series.parquet``:
+    the same series and origins), else from its own run in MLflow (the artifact
+    ``per_series/<family>.parquet`` of the version's run: its own holdout, said so in the
+    decision); the two tables are joined on the series id. With neither, the means are compared
+    and a difference counts only when the two 95% intervals do not overlap (``comparison``
+    says so). A champion that is not a global model, or has another series column, horizon or
+    frequency, is not comparable and is not replaced automatically (as a champion of another
+    horizon, see :func:`write_plan`). ``challenger_mae``/``champion_mae`` hold the mean MASE,
+    as ``fp32_holdout_mae`` does in a fleet report; ``metric`` says ``mase``.
+    """
+    from onnxcast.base.files import read_json, write_json
+
+    layout = RunLayout(run_dir)
+    report = read_json(layout.report)
+    family = report["selected"]["edge"]["family"]
+    mase, interval = _fleet_mase(report, family)
+    decision = {
+        "metric": FLEET_METRIC, "challenger_family": family, "challenger_mae": mase, "challenger_mase": mase,
+        "challenger_mase_ci95": interval, "series": (report.get("fleet") or {}).get("n_series"),
+        "holdout_start": report["split"].get("holdout_start"), "holdout_end": report["split"].get("holdout_end"),
+        "min_improvement": float(min_improvement), "comparison": None,
+        "champion_version": None, "champion_family": None, "champion_mae": None, "champion_mase": None,
+        "improvement": None,
+    }
+    plan = read_plan(run_dir)
+    champion = champion_entry(run_dir)
+    incomparable = plan.get("incomparable_champion")
+    if champion is None and incomparable and require_beats_champion:
+        decision.update(promote=False, champion_version=incomparable.get("version"), comparison="not comparable",
+                        reason=_not_comparable(incomparable.get("version"), incomparable.get("differences")))
+    elif champion is None:
+        decision.update(promote=True, reason="no champion to compare with: " + ("; ".join(plan.get("notes", []))
+                                                                               or "none registered"))
+    else:
+        _judge_fleet_champion(layout, report, champion, decision, min_improvement=min_improvement,
+                              require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
+    write_json(layout.decision, decision)
+    return decision
+
+
+def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decision: dict, *,
+                          min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
+    from onnxcast.base.files import read_json
+
+    number = champion.get("version")
+    version, note = _champion_version(champion, tracking_uri)
+    if note:
+        decision["note"] = note
+    config = report.get("config") or {}
+    differences = fleet_differences(version.tags if version is not None else {"onnxcast.global": "true"},
+                                    series_column=config.get("series_column"), horizon=config.get("horizon"),
+                                    freq=(report.get("dataset") or {}).get("freq") or config.get("freq"))
+    validation, judged = _champion_numbers(layout, version, decision)
+    if not judged or judged.get("metric", FLEET_METRIC) != FLEET_METRIC:  # never a MAE against a MASE
+        differences["metric"] = [judged.get("metric") or "mae (one series)", FLEET_METRIC]
+    decision["champion_version"] = number
+    if differences:
+        decision.update(comparison="not comparable", differences=differences)
+        if require_beats_champion:
+            decision.update(promote=False, reason=_not_comparable(number, differences))
+        else:
+            decision.update(promote=True, reason=f"champion v{number} is not comparable ({differences}); the "
+                                                 "challenger is promoted as asked (require_beats_champion is off)")
+        return
+    spec_path = layout.model_json(CHAMPION_FAMILY)
+    champion_family = read_json(spec_path)["spec"]["family"] if spec_path.exists() else (
+        version.tags.get("onnxcast.family") if version is not None else None)
+    fp32 = (judged.get("variants") or {}).get("fp32") or {}
+    champion_mase = fp32.get("mase_mean", validation.get("fp32_holdout_mase", validation.get("fp32_holdout_mae")))
+    challenger_mase = decision["challenger_mase"]
+    improvement = 1.0 - challenger_mase / champion_mase if champion_mase else 0.0
+    decision.update(champion_family=champion_family, champion_mae=champion_mase, champion_mase=champion_mase,
+                    champion_mase_ci95=fp32.get("mase_ci95"), improvement=improvement)
+    pairs, source = _paired_tables(layout, decision["challenger_family"], version, tracking_uri)
+    if pairs is not None:
+        test = paired_across_series(*pairs)
+        decision.update(paired_test=test, comparison=f"paired across {test['origins']} series ({source})")
+        significant = bool(test["significant"])
+        evidence = _fleet_p_text(test)
+    else:
+        low = (decision.get("challenger_mase_ci95") or [None, None])[1]
+        high = (fp32.get("mase_ci95") or [None, None])[0]
+        significant = low is not None and high is not None and low < high
+        decision.update(paired_test=None, comparison=f"aggregate only ({source}): a difference counts when the "
+                                                      "95% intervals over series do not overlap")
+        evidence = "aggregate only, the 95% intervals " + ("do not overlap" if significant else "overlap")
+    better = challenger_mase < champion_mase and improvement > min_improvement
+    head = f"challenger mean MASE {challenger_mase:.4g}"
+    them = f"champion v{number} {champion_mase:.4g} ({improvement:+.2%})"
+    if better and significant:
+        decision.update(promote=True, reason=f"{head} beats {them} across series ({evidence})")
+    elif better and require_beats_champion:
+        decision.update(promote=False, reason=f"{head} is lower than {them} but not significantly ({evidence}): "
+                                              "the champion stays")
+    elif not require_beats_champion:
+        decision.update(promote=True, reason=f"{head} does not beat {them}, promoted as asked "
+                                             "(require_beats_champion is off)")
+    else:
+        decision.update(promote=False, reason=f"{head} does not beat {them} by more than {min_improvement:.2%}")
+
+
+def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict, dict]:
+    """(the champion's validation entry, its ``fleet`` block): from this run when the champion
+    was evaluated in it, else from its registry tags (mean MASE and interval of its own run)."""
+    import json
+
+    from onnxcast.base.files import read_json
+
+    path = layout.validation(CHAMPION_FAMILY)
+    if path.exists():
+        validation = read_json(path)
+        return validation, validation.get("fleet") or {}
+    if version is None or "onnxcast.fp32_holdout_mase" not in version.tags:
+        raise PlanError(f"{path}: the champion was not evaluated in this run, and its registry entry holds no "
+                        "fleet figures (onnxcast.fp32_holdout_mase)")
+    tags = version.tags
+    mase = float(tags["onnxcast.fp32_holdout_mase"])
+    interval = json.loads(tags.get("onnxcast.fp32_mase_ci95") or "null")
+    decision["champion_figures"] = f"from its own run {version.run_id}: the champion was not evaluated in this run"
+    return {"fp32_holdout_mase": mase}, {"metric": tags.get("onnxcast.metric"),
+                                         "variants": {"fp32": {"mase_mean": mase, "mase_ci95": interval}}}
+
+
+def paired_across_series(a, b) -> dict:
+    """The paired test of two forecasters' per-series MASE (series are the independent units:
+    block 1), with Wilcoxon's signed-rank p as ``robust_p`` (mean MASE is heavy-tailed)."""
+    import numpy as np
+    from scipy import stats
+
+    from onnxcast.pipeline.evaluation import paired_test
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    test = paired_test(a, b, 1)
+    test["robust_p"] = None
+    if test["p_value"] is not None and np.any(a != b):
+        test["robust_p"] = float(stats.wilcoxon(a, b).pvalue)
+    return test
+
+
+def _fleet_mase(report: dict, family: str) -> tuple[float, list | None]:
+    """The family's fp32 mean MASE (and its interval) in a fleet report."""
+    fp32 = (((report.get("fleet") or {}).get("families") or {}).get(family) or {}).get("fp32") or {}
+    entry = next(m for m in report["models"] if m["family"] == family)
+    mase = fp32.get("mase_mean", entry.get("fp32_holdout_mase", entry.get("fp32_holdout_mae")))
+    return float(mase), fp32.get("mase_ci95")
+
+
+def _champion_version(champion: dict, tracking_uri: str | None):
+    """(the champion's ModelVersion, None), or (None, why it could not be read)."""
+    from onnxcast.registry.fetch import FetchError, parse_source
+    from onnxcast.registry.tracking import TrackingError, resolve_version
+
+    try:
+        source = parse_source(champion.get("source") or "")
+    except FetchError as error:
+        return None, f"champion source not readable ({error}): its registry tags were not checked"
+    if source["kind"] != "mlflow":
+        return None, f"champion from {source['uri']}: no registry tags to check"
+    try:
+        return resolve_version(source["name"], champion.get("version") or source.get("version")
+                               or source.get("alias"), tracking_uri), None
+    except TrackingError as error:
+        return None, f"{error}: the champion's registry tags were not checked"
+
+
+def _paired_tables(layout: RunLayout, family: str, version, tracking_uri: str | None):
+    """((challenger fp32 MASE, champion fp32 MASE) on the series both have, where from), or
+    (None, why not)."""
+    import tempfile
+
+    from onnxcast.registry.fleet_tracking import SERIES, read_per_series
+
+    mine = layout.per_series(family)
+    if not mine.is_file():
+        return None, f"no per-series table of the challenger ({mine})"
+    theirs, source = layout.per_series(CHAMPION_FAMILY), "this run's series and origins"
+    with tempfile.TemporaryDirectory(prefix="onnxcast-champion-") as scratch:
+        if not theirs.is_file():
+            theirs = _download_per_series(version, Path(scratch), tracking_uri)
+            if theirs is None:
+                return None, "no per-series table of the champion in this run or in its MLflow run"
+            source = f"the champion's table from its own MLflow run {version.run_id}, its own holdout"
+        champion_table = read_per_series(theirs, ["fp32.mase"])
+    challenger_table = read_per_series(mine, ["fp32.mase"])
+    joined = challenger_table[[SERIES, "fp32.mase"]].merge(
+        champion_table[[SERIES, "fp32.mase"]], on=SERIES, how="inner", suffixes=(".challenger", ".champion")).dropna()
+    return (joined["fp32.mase.challenger"].to_numpy(), joined["fp32.mase.champion"].to_numpy()), source
+
+
+def _download_per_series(version, folder: Path, tracking_uri: str | None) -> Path | None:
+    """The champion family's ``per_series/<family>.parquet`` from the version's MLflow run."""
+    if version is None:
+        return None
+    from mlflow.exceptions import MlflowException
+
+    from onnxcast.registry.tracking import FAMILY_TAG, client_for
+
+    family = version.tags.get(FAMILY_TAG)
+    if not family:
+        return None
+    try:
+        return Path(client_for(tracking_uri).download_artifacts(version.run_id, f"per_series/{family}.parquet",
+                                                               str(folder)))
+    except (MlflowException, OSError):  # an older version: logged before per-series tables existed
+        return None
+
+
+def _not_comparable(version, differences) -> str:
+    return (f"champion v{version} is not comparable with this run ({differences}); its consumers expect its "
+            "shapes: promote this version explicitly (onnxcast_promote) if that is intended")
+
+
+def _fleet_p_text(test: dict) -> str:
+    if test.get("p_value") is None:
+        return test.get("note") or f"{test.get('origins', 0)} paired series"
+    robust = f", Wilcoxon p={test['robust_p']:.3g}" if test.get("robust_p") is not None else ""
+    return f"p={test['p_value']:.3g} on {test['origins']} paired series{robust}, alpha {test['alpha']}"
 
 
 def _paired(challenger: dict, champion: dict, report: dict) -> dict:

@@ -24,6 +24,8 @@ from typing import Any
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.base.files import onnxcast_home, sha256_file
 from onnxcast.pipeline.layout import RunLayout
+from onnxcast.registry import fleet_tracking
+from onnxcast.registry.fleet_tracking import is_fleet_report
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +203,12 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
 
     ``extra_families`` are evaluated but not candidates (the fetched champion); they are
     logged as child runs too so the comparison is visible. Reuses the runs of ``run_key``.
+
+    A fleet run (docs/design/fleet.md 4.5) logs aggregates, never one metric per series:
+    ``fleet.*`` on the parent (series kept/excluded/padded, the best naive's and the
+    reference's mean MASE with intervals), ``<variant>.fleet_mase_mean`` and the paired
+    tests on each child; the per-series tables as Parquet artifacts (``per_series/``) and one
+    compact table for the UI (``per_series.json``); no forecast plot (there is no one series).
     """
     from onnxcast.base.files import read_json
     from onnxcast.pipeline.config import PipelineConfig
@@ -223,6 +231,9 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     for model in report.get("models", []):
         for name, test in (model.get("fp32_vs") or {}).items():
             metrics.update({f"{model['family']}.fp32_vs_{name}.{k}": v for k, v in _scalars(test).items()})
+    fleet = is_fleet_report(report)
+    if fleet:  # aggregates over series; the per-series numbers go in Parquet artifacts
+        metrics.update(fleet_tracking.parent_metrics(report, _scalars))
     _log_metrics(client, parent, metrics)
     if baselines.get("best"):
         client.set_tag(parent, "onnxcast.baseline", baselines["best"])
@@ -230,6 +241,9 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
         client.set_tag(parent, "onnxcast.reference", report["reference"]["model"])
     for key in ("rows", "sha256", "start", "end", "freq"):
         client.set_tag(parent, f"onnxcast.dataset.{key}", str(report["dataset"].get(key)))
+    if fleet:
+        client.set_tag(parent, "onnxcast.dataset.series_column", str(cfg.series_column))
+        client.set_tag(parent, "onnxcast.dataset.n_series", str(report["dataset"].get("n_series")))
     client.set_tag(parent, "onnxcast.status", report.get("status", "passed"))
     for channel, choice in (report.get("selected") or {}).items():
         client.set_tag(parent, f"onnxcast.selected.{channel}", f"{choice['family']}/{choice['variant']}")
@@ -239,7 +253,9 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     if layout.quality.is_dir():
         client.log_artifacts(parent, str(layout.quality), "quality")
     selected = (report.get("selected") or {}).get("edge", {}).get("family")
-    if selected:
+    if fleet:
+        _log_fleet_tables(client, parent, layout, [*families, *extra_families], selected)
+    elif selected:  # one series' holdout as a picture (a fleet has its per-series table instead)
         plot = plot_forecast(layout.root, selected, layout.plots / "forecast_vs_actual.png")
         client.log_artifact(parent, str(plot), "plots")
 
@@ -249,7 +265,7 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
         child = _find_or_create_run(client, experiment_id, run_key, role, family,
                                     {**base_tags, ROLE_TAG: role, FAMILY_TAG: family,
                                      "mlflow.parentRunId": parent}, f"{family}")
-        _log_family(client, child, layout, family)
+        _log_family(client, child, layout, family, report if fleet else None)
         client.set_terminated(child, "FINISHED")
         children[family] = child
     client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
@@ -287,7 +303,13 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
 
     family_dir = layout.family(family)
     onnx_dir = layout.onnx_dir(family)
-    example = _holdout_example(layout)
+    fleet = is_fleet_report(report)
+    if fleet:
+        from onnxcast.pipeline.config import PipelineConfig
+
+        example = fleet_tracking.input_example(layout, PipelineConfig.load(layout.config).lookback)
+    else:
+        example = _holdout_example(layout)
     session = _session(layout.onnx(family))
     output = session.run(["forecast"], {"history": example})[0]
     inferred = infer_signature({"history": example}, {"forecast": output})
@@ -313,6 +335,8 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
             "onnxcast.parent_run_id": tracked.parent_run_id,
             "onnxcast.fp32_holdout_mae": str(_family_entry(report, family)["fp32_holdout_mae"]),
             "onnxcast.selected": json.dumps(report["selected"], sort_keys=True)}
+    if fleet:  # what a later run checks before it compares with this version (champion.decide)
+        tags.update(fleet_tracking.version_tags(layout, report, family))
     _ensure_registered_model(client, model_name)
     version = mlflow.register_model(info.model_uri, model_name, tags=tags)
     client.set_registered_model_alias(model_name, CHALLENGER, version.version)
@@ -478,7 +502,23 @@ def _ranking_table(ranking: list[dict]) -> dict[str, list]:
                 else json.dumps(row.get(c)) for row in ranking] for c in columns}
 
 
-def _log_family(client, run_id: str, layout: RunLayout, family: str) -> None:
+def _log_fleet_tables(client, run_id: str, layout: RunLayout, families: list[str], selected: str | None) -> None:
+    """The reference's per-series table (Parquet) and one compact table for the UI on the
+    pipeline run; the families' own tables go to their child runs (_log_family)."""
+    with fleet_tracking.per_series_artifacts(layout, []) as files:
+        if "reference" in files:
+            client.log_artifact(run_id, str(files["reference"]), "per_series")
+    table = fleet_tracking.compact_table(layout, families, selected)
+    if table is not None:
+        client.log_table(run_id, data=table, artifact_file=fleet_tracking.TABLE_ARTIFACT)
+    elif layout.reference_table.is_file() or any(layout.per_series(f).is_file() for f in families):
+        client.set_tag(run_id, "onnxcast.per_series_table",
+                       f"over {fleet_tracking.MAX_TABLE_ROWS} series: see the per_series/*.parquet artifacts")
+
+
+def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_report: dict | None = None) -> None:
+    """A family's child run; ``fleet_report`` (the report of a fleet run) adds the fleet
+    aggregates and tests as metrics and the family's per-series table as an artifact."""
     from onnxcast.base.files import read_json
 
     family_dir = layout.family(family)
@@ -489,7 +529,7 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str) -> None:
         model_json.get("source"), str) else model_json["source"]
     client.log_batch(run_id, params=_params(params))
     metrics = {}
-    for key, value in _flatten(entry["torch"], "torch").items():
+    for key, value in _flatten(entry.get("torch") or {}, "torch").items():
         if isinstance(value, int | float):
             metrics[key] = value
     for variant in entry["variants"]:
@@ -506,6 +546,14 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str) -> None:
     for key in ("epochs", "best_epoch", "best_validation_loss", "seconds"):
         if isinstance(training.get(key), int | float):
             metrics[f"training.{key}"] = training[key]
+    if fleet_report is not None:
+        metrics.update(fleet_tracking.family_metrics(entry, fleet_report, family, _scalars))
+        losers = fleet_tracking.losers_text(entry, fleet_report, family)
+        if losers:
+            client.set_tag(run_id, "onnxcast.fleet.fp32_losers", losers[:4900])
+        with fleet_tracking.per_series_artifacts(layout, [family]) as files:
+            if family in files:
+                client.log_artifact(run_id, str(files[family]), "per_series")
     _log_metrics(client, run_id, metrics)
     client.set_tag(run_id, "onnxcast.gates_passed", str(entry["gates_passed"]))
     client.log_artifact(run_id, str(layout.validation(family)))

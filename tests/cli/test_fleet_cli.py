@@ -35,7 +35,7 @@ def test_a_fleet_run_trains_global_models_and_judges_every_series(m3_fleet, tmp_
     out = tmp_path / "out"
     # the holdout of every series is its official test period (the last 18 months)
     result = onnxcast("pipeline", "--data", data, "--out", str(out), "--models", "nhits,dlinear", *FLEET_ARGS)
-    assert result.returncode in (0, 1), result.stderr[-3000:]
+    assert result.returncode in (0, 3), result.stderr[-3000:]  # 3: no family passed its gates (tiny models)
     name = "report.json" if result.returncode == 0 else "failed-report.json"
     report = json.loads((out / name).read_text())
     fleet = report["fleet"]
@@ -64,7 +64,7 @@ def test_the_global_model_forecasts_a_series_it_never_saw(m3_fleet, tmp_path):
     data, panel = m3_fleet
     out = tmp_path / "out"
     result = onnxcast("pipeline", "--data", data, "--out", str(out), "--models", "dlinear", *FLEET_ARGS)
-    assert result.returncode in (0, 1), result.stderr[-3000:]
+    assert result.returncode in (0, 3), result.stderr[-3000:]
     path = out / "models" / "dlinear" / "onnx" / "fp32.onnx"
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert meta["onnxcast.global"] == "true"
