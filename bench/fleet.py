@@ -562,6 +562,8 @@ def render_panel(row: dict) -> list[str]:
     lines = [f"### {row['panel']}: {row['judged_series']} of {row['series']} series, h {row['horizon']}, "
              f"period {row['season']}, training length {row['train_steps']['min']}-{row['train_steps']['max']} "
              f"(median {row['train_steps']['median']:g})", ""]
+    if row.get("command"):
+        lines.append(f"Command of this panel: `{row['command']}`" + (f"; {row['note']}" if row.get("note") else "") + ".")
     if pipeline:
         lines.append(f"Pipeline: {pipeline['status']} in {pipeline['seconds']:.0f} s (families "
                      f"{', '.join(pipeline['families'])}, {pipeline['minutes_per_family']:g} min of training each; "
