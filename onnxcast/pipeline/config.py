@@ -93,8 +93,8 @@ class QualitySettings:
         0.1, help="fleet data check: largest share of series that may be excluded (too short, gaps, constant, "
                   "...) before the run fails", cli="--max-excluded-share", group=DATA, low=0.0, high=1.0)
     min_train_steps: int | None = setting(
-        None, help="fleet data check: training steps a series needs at least (default: one season plus the "
-                   "horizon)", low=1, high=10_000_000)
+        None, help="fleet data check: training steps a series needs at least (default: one season; a "
+                   "series too short for a training window is still forecast and judged)", low=1, high=10_000_000)
 
     def __post_init__(self) -> None:
         problems = check_ranges(self, ranges(type(self)), prefix="quality.")
