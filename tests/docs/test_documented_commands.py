@@ -58,6 +58,14 @@ SKIPPED: dict[str, str] = {
     r"^docker compose ": "no Docker engine here (docker/README.md says the compose file is not run)",
     r"^onnxcast pipeline --data half\.csv\b": "docs/performance.md's measurement on the hourly example interpolated "
                                               "to 30 min: the meter.parquet command of README.md runs that series",
+    r"^(\.venv/bin/)?onnxcast pipeline --data meters(/|\.parquet) --series-column meter_id\b":
+        "a fleet run needs a fleet (many series) in the workspace: tests/cli/test_fleet_cli.py runs "
+        "`onnxcast pipeline --series-column` through the console script on 150 real M3 series",
+    r"^\.venv/bin/onnxcast edge predict --dir /opt/model --input meters\.csv --series-column meter_id$":
+        "needs a fleet model installed: tests/onnxcast/rollout/test_edge_fleet.py runs `edge predict "
+        "--series-column` through cli.main and the device command on 300 real M3 series",
+    r"^make bench-fleet(-scale)?$": "trains every family on the M1/M3 panels (tens of minutes); "
+                                   "tests/bench/test_bench_fleet_smoke.py runs bench/fleet.py's parts",
     r"^make bench-serve$": "a load generator against two servers for minutes; tests/bench/test_bench_serve_smoke.py "
                            "runs bench/serve.py briefly",
     r"^make bench-serve-kserve$": "builds KServe's own environment from the package registry, then the same bench",

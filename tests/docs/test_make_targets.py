@@ -37,6 +37,8 @@ COVERED: dict[str, str] = {
     "airflow": "tests/scripts/test_airflow_standalone.py::TestStandaloneOnAnotherPort",  # keeps running
     "bench": "tests/bench/test_bench_smoke.py::test_quick_bench_writes_rows_for_every_candidate",
     "bench-accuracy": "tests/bench/test_bench_accuracy_smoke.py::test_quick_accuracy_bench_reads_every_figure_from_the_pipeline",
+    "bench-fleet": "tests/bench/test_bench_fleet_smoke.py::test_statsforecast_side_scores_every_series_on_its_official_test",
+    "bench-fleet-scale": "tests/bench/test_bench_fleet_smoke.py::test_a_step_runs_in_a_spawn_child_that_reports_wall_time_and_peak_memory",
     "stack": "tests/stack/conftest.py::stack",  # scripts/stack.py up, once per test session
     "test": "tests/docs/test_make_targets.py::test_every_documented_make_target_is_run_or_covered",  # this suite
     "test-fast": "tests/docs/test_make_targets.py::test_every_documented_make_target_is_run_or_covered",
