@@ -202,6 +202,21 @@ def _decode(data: bytes, source: str) -> str:
     return text
 
 
+def _text_columns(header: list[str], dtype: dict) -> dict:
+    """read_csv arguments that type the ``dtype`` columns as asked and read their fields as
+    written: an id ``NA`` (North America, Namibia), ``None`` or ``null`` stays an id, not a
+    missing value (an empty field is one), while the other columns keep pandas' missing-value
+    words. Keyed by the
+    header's own spelling (read_csv strips only leading spaces), so ``meter ,ds`` still types
+    ``meter``: ids 007 and 7 are two series, never one number."""
+    from pandas._libs.parsers import STR_NA_VALUES
+
+    raw = [h.lstrip() for h in header]
+    typed = {r: dtype[r.strip()] for r in raw if r.strip() in dtype}
+    missing = {r: sorted(STR_NA_VALUES) for r in raw if r not in typed}
+    return {"dtype": typed, "keep_default_na": False, "na_values": {**missing, **{r: [""] for r in typed}}}
+
+
 def _parse_csv(text: str, source: str, *, dtype: dict | None = None):
     import pandas as pd
 
@@ -230,7 +245,8 @@ def _parse_csv(text: str, source: str, *, dtype: dict | None = None):
         with warnings.catch_warnings():  # rows longer than the header: refused just below
             warnings.simplefilter("ignore", pd.errors.ParserWarning)
             if dtype:
-                frame = pd.read_csv(io.StringIO(text), skipinitialspace=True, index_col=False, dtype=dtype)
+                frame = pd.read_csv(io.StringIO(text), skipinitialspace=True, index_col=False,
+                                    **_text_columns(header, dtype))
             else:
                 frame = pd.read_csv(io.StringIO(text), skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:

@@ -99,6 +99,17 @@ def test_series_ids_stay_text(tmp_path):
     assert list(frame["unique_id"].cat.categories) == ["007", "10"]
 
 
+def test_ids_that_look_missing_or_numeric_stay_ids_whatever_the_header_spacing(tmp_path):
+    """NA is North America (or Namibia), not a missing id; 'meter ' with a trailing space is
+    still the series column, so 007 and 7 stay two series; an empty id is missing."""
+    data = tmp_path / "fleet.csv"
+    data.write_text("meter ,ds,y\nNA,2000-01-01,1\nNone,2000-01-01,NA\n007,2000-01-01,2\n7,2000-01-01,3\n"
+                    ",2000-01-01,4\n")
+    frame = read_long_table(str(data), columns=["meter", "ds", "y"], series_column="meter").frame
+    assert list(frame["meter"].astype(object).where(frame["meter"].notna(), None)) == ["NA", "None", "007", "7", None]
+    assert frame["y"].isna().tolist() == [False, True, False, False, False]  # NA is still missing as a value
+
+
 def test_the_size_limit_holds_over_the_sum_of_parts(panel, tmp_path, monkeypatch):
     paths = _write_parts(panel.frame, tmp_path / "panel")
     sizes = [p.stat().st_size for p in paths]
