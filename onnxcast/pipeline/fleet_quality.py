@@ -62,6 +62,7 @@ ZONE_SUFFIX = r"(?:\d:\d\d(?::\d\d(?:\.\d*)?)?\s*(?:Z|[+-]\d\d(?::?\d\d)?)|\b(?:
 # warn: one value beyond 12 robust sigmas is already 0.7% of a 140-month series, and the
 # defaults excluded 9 of the 1,428 real M3 monthly series for it (level shifts, not errors).
 SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid", "mostly_missing", "constant",
+                 "flat_before_holdout",
                  "non_finite", "gap_share", "gaps_repairable", "edges_present")
 
 
@@ -486,6 +487,14 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
     holdout, validation = fleet_steps(cfg)
     train_steps = grid_steps - holdout - validation
     on_grid = off_grid == 0
+    # A series flat before its holdout (a new meter at 0, then 5000) has no in-sample naive error
+    # to scale its MASE by: its MASE would be in raw units (100 for a 2% error), enough to move
+    # the fleet's mean and so the gates, and its training weight would own the loss.
+    before = valued & (position < (grid_steps - holdout)[codes])
+    before_target = values[before, 0]
+    kept_finite = np.isfinite(before_target)
+    distinct_before, _ = _distinct_and_outliers(codes[before][kept_finite], before_target[kept_finite], n_series,
+                                                q.outlier_mad_threshold)
 
     def grid_fact(a):
         return np.where(on_grid, a, np.nan)
@@ -496,7 +505,8 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
         "gap_share": grid_fact(missing_times / np.maximum(grid_steps, 1)),
         "missing_steps": grid_fact(grid_steps - filled),
         "longest_gap": grid_fact(longest_gap), "missing_share": empty_rows / distinct_rows,
-        "edge_missing": grid_fact(edge_missing), "distinct_values": distinct, "non_finite": non_finite,
+        "edge_missing": grid_fact(edge_missing), "distinct_values": distinct,
+        "distinct_before_holdout": grid_fact(distinct_before), "non_finite": non_finite,
         "outlier_share": outliers / np.maximum(finite_counts, 1),
         "start": _first_times(codes, times, n_series),
     }
@@ -584,6 +594,8 @@ def _series_suite(cfg: PipelineConfig, season: int):
                 "(max_missing_fraction)", max_value=q.max_missing_fraction),
         between("edges_present", "edge_missing", "values at the first and last timestamp", max_value=0),
         between("constant", "distinct_values", "target not constant (2 or more distinct values)", min_value=2),
+        between("flat_before_holdout", "distinct_before_holdout", "target not constant before the holdout (its "
+                "MASE has no in-sample scale otherwise)", min_value=2),
         between("non_finite", "non_finite", f"values finite and within float32 range (|x| <= {FLOAT32_MAX:.4g})",
                 max_value=0),
         between("outlier_share", "outlier_share", f"outliers (robust z > {q.outlier_mad_threshold:g}, the "
@@ -832,7 +844,8 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
     detail_columns = {"too_short": "rows", "train_too_short": "train_steps", "duplicated_times": "duplicates",
                       "off_grid": "off_grid", "gap_share": "gap_share", "gaps_repairable": "longest_gap",
                       "mostly_missing": "missing_share", "edges_present": "edge_missing",
-                      "constant": "distinct_values", "non_finite": "non_finite", "outlier_share": "outlier_share"}
+                      "constant": "distinct_values", "flat_before_holdout": "distinct_before_holdout",
+                      "non_finite": "non_finite", "outlier_share": "outlier_share"}
     excluded_list = []
     for _, row in excluded.iterrows():
         because = row["excluded_because"].split(",")

@@ -29,10 +29,10 @@ def _ids(frame) -> list[str]:
 
 
 def _inject_faults(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Six series made bad in six ways; returns the frame and {series: the reason expected}."""
+    """Seven series made bad in seven ways; returns the frame and {series: the reason expected}."""
     lengths = frame.groupby("unique_id").size()
     ids = sorted(lengths[lengths >= 120].index)  # long enough that one fault alone excludes them
-    bad = dict(zip(("constant", "gaps", "duplicated", "missing", "short", "weekly"), ids[10:16], strict=True))
+    bad = dict(zip(("constant", "gaps", "duplicated", "missing", "short", "weekly", "flat"), ids[10:17], strict=True))
     frame = frame.copy()
     by = frame["unique_id"]
     frame.loc[by == bad["constant"], "y"] = 4200.0
@@ -44,11 +44,14 @@ def _inject_faults(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     frame.loc[missing[1:-1:2], "y"] = np.nan  # every other value empty
     short = frame.index[frame["unique_id"] == bad["short"]]
     frame = frame.drop(short[:-40])  # 40 months left: fewer than holdout + validation + min_train_steps
+    flat = frame.index[frame["unique_id"] == bad["flat"]]
+    frame.loc[flat[:-18], "y"] = 0.0  # a new meter: zero until its holdout (the last horizon)
     weekly = frame["unique_id"] == bad["weekly"]
     frame.loc[weekly, "ds"] = pd.date_range(end="2000-01-02", periods=int(weekly.sum()), freq="W-SUN").strftime(
         "%Y-%m-%d")
     reasons = {bad["constant"]: "constant", bad["gaps"]: "gaps_repairable", bad["duplicated"]: "duplicated_times",
-               bad["missing"]: "mostly_missing", bad["short"]: "too_short", bad["weekly"]: "off_grid"}
+               bad["missing"]: "mostly_missing", bad["short"]: "too_short", bad["weekly"]: "off_grid",
+               bad["flat"]: "flat_before_holdout"}
     return frame.sample(frac=1.0, random_state=0), reasons  # rows in any order: the gate sorts
 
 
@@ -134,7 +137,7 @@ def test_too_many_excluded_fails_in_one_line(faulty, tmp_path):
         run_pipeline(strict)  # the whole run: it stops at the gate and keeps quality/ only
     message = str(error.value)
     assert "\n" not in message
-    assert f"{len(reasons)} of {N_SERIES} series (3.0%) were excluded, more than max_excluded_share 2%" in message
+    assert f"{len(reasons)} of {N_SERIES} series ({len(reasons) / N_SERIES:.1%}) were excluded, more than max_excluded_share 2%" in message
     assert "constant 1" in message and "too_short 1" in message and "off_grid 1" in message, message
     assert error.value.report_path == str(tmp_path / "out" / "quality" / "summary.html")
     assert (tmp_path / "out" / "quality" / "summary.html").exists()
