@@ -95,11 +95,13 @@ def family_metrics(validation: dict, report: dict, family: str, scalars) -> dict
 
 
 def losers_text(validation: dict, report: dict, family: str, limit: int = 20) -> str | None:
-    """The first ``limit`` series where the family's fp32 loses to the best naive (a tag)."""
+    """The first ``limit`` series where the family's fp32 loses to the best naive (a tag: a JSON
+    list of ids, unambiguous whatever characters an id holds)."""
     judged = (validation.get("fleet") or {}).get("variants") or (
         ((report.get("fleet") or {}).get("families") or {}).get(family) or {})
     losers = (judged.get("fp32") or {}).get("losers")
-    return ",".join(map(str, losers[:limit])) if losers else None
+    ids = [str(loser["series"] if isinstance(loser, dict) else loser) for loser in losers[:limit]] if losers else []
+    return json.dumps(ids) if ids else None
 
 
 @contextmanager

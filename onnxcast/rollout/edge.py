@@ -261,6 +261,9 @@ def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: s
     least = fleet_min_rows(model.meta, model.lookback) if min_rows is None else min_rows
     if not 1 <= least <= model.lookback:
         raise ConfigError(f"min_rows must be between 1 and the model's lookback of {model.lookback}, got {least!r}")
+    if model.meta.get("global") != "true":
+        log.warning("%s: the model was trained on one series, not a fleet (no onnxcast.global); it forecasts each "
+                    "series from that series' own history all the same", model_dir)
     fleet = read_fleet_input(input_csv, model.columns, model.lookback, series_column, time_column, least)
     parts = [model.session.run([OUTPUT_NAME], {INPUT_NAME: fleet.histories[i:i + chunk]})[0]
              for i in range(0, len(fleet.series), chunk)]
