@@ -103,11 +103,23 @@ def add_device_commands(commands: argparse._SubParsersAction) -> None:
 
 def edge_main(argv: list[str] | None = None) -> int:
     """``onnxcast-edge``: the device commands (``pull``, ``predict``, ``trust``, ``keys``; ``edge
-    pull`` etc. still work), light imports only."""
-    from onnxcast import __version__
-    from onnxcast.rollout.command import DEVICE_PROGRAM, use_program
+    pull`` etc. still work), light imports only. The hints name ``onnxcast-edge`` while it runs,
+    and the program the process had again after (a caller in the same process, as a test is,
+    keeps its own name in later hints)."""
+    from onnxcast.rollout.command import DEVICE_PROGRAM, program, use_program
 
+    previous = program()
     use_program(DEVICE_PROGRAM)  # hints name onnxcast-edge, the command this device has
+    try:
+        return _edge_main(argv)
+    finally:
+        use_program(previous)
+
+
+def _edge_main(argv: list[str] | None) -> int:
+    from onnxcast import __version__
+    from onnxcast.rollout.command import DEVICE_PROGRAM
+
     parser = argparse.ArgumentParser(prog=DEVICE_PROGRAM, description="onnxcast device client: pull signed "
                                      "models from a rollout store, verify them and run them")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -18,6 +18,11 @@ def use_program(name: str) -> None:
     _program[0] = name
 
 
+def program() -> str:
+    """The name the device commands go by now (see :func:`use_program`)."""
+    return _program[0]
+
+
 def device_command(words: str) -> str:
     """``words`` (``"trust --dest DEST --root root.json"``) as the user types it."""
     return f"{_program[0]} {words}"
