@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from onnxcast.base.contract import parse_quantile_levels
 from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.layout import RunLayout
@@ -181,6 +182,14 @@ class PipelineConfig:
         0.01, help="how much lower (relative) a family's fp32 holdout MAE must be than the best baseline's "
                    "for the family to be eligible (0.01: 1% lower)",
         cli="--baseline-margin", group=EXPORT, low=0.0, high=1.0, high_open=True)
+    # forecast distributions (onnxcast.pipeline.intervals, docs/intervals.md)
+    quantile_levels: str = setting(
+        "0.025,0.1,0.5,0.9,0.975", help="levels of the models' quantiles output, comma-separated and "
+        "ascending (pairs a, 1-a make the central intervals judged on holdout)", cli="--quantile-levels",
+        group=FORECAST, metavar="LEVELS")
+    coverage_tolerance: float = setting(
+        0.05, help="gate: the holdout coverage of the 80% and 95% intervals must be within this of nominal "
+                   "(0.05: 5 points)", cli="--coverage-tolerance", group=EXPORT, low=0.0, high=1.0)
     parity_rtol: float = setting(1e-3, help="relative tolerance of ONNX vs torch outputs", low=0.0, high=1.0)
     parity_atol: float = setting(1e-4, help="absolute tolerance of ONNX vs torch outputs", low=0.0)
     latency_repeats: int = setting(30, help="timed runs per batch size for the latency figures",
@@ -220,6 +229,10 @@ class PipelineConfig:
         if problems:  # the checks below compare numbers: stop at the first wrong type or range
             raise ConfigError("invalid settings: " + "; ".join(problems))
         problems += check_choices(self)
+        try:
+            parse_quantile_levels(self.quantile_levels)
+        except ValueError as exc:
+            problems.append(str(exc))
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.target_column in self.feature_columns:
@@ -242,6 +255,11 @@ class PipelineConfig:
     @property
     def n_features(self) -> int:
         return 1 + len(self.feature_columns)
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        """``quantile_levels`` as floats."""
+        return parse_quantile_levels(self.quantile_levels)
 
     @property
     def is_fleet(self) -> bool:

@@ -1,7 +1,8 @@
 """Export a trained forecaster to ONNX with dynamic ``batch`` and ``time`` axes.
 
-The ONNX contract: one input ``history`` float32 ``[batch, time, n_features]``, one output
-``forecast`` float32 ``[batch, horizon]``, ``metadata_props`` describing the model. The
+The ONNX contract: one input ``history`` float32 ``[batch, time, n_features]``, the output
+``forecast`` float32 ``[batch, horizon]`` and, for a calibrated model, ``quantiles`` float32
+``[batch, horizon, Q]`` (onnxcast.pipeline.intervals), ``metadata_props`` describing the model. The
 dynamo exporter is used with ``torch.export.Dim`` objects (``dynamic_axes`` alone kept the
 batch fixed), and an example batch of 2 so no optimizer can specialise batch to 1.
 """
@@ -19,8 +20,11 @@ import torch
 from onnxcast.base.contract import (
     INPUT_NAME,
     OUTPUT_NAME,
+    QUANTILES_NAME,
     contract_problems,
     opset_of,
+    quantile_problems,
+    read_metadata,
     set_metadata,
     signature,
 )
@@ -35,7 +39,11 @@ TORCHSCRIPT_OPSET = 17
 
 def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lookback: int,
                 metadata: dict[str, str], opset: int | None = None, exporter: str | None = None) -> Path:
-    """Export ``model`` to ``path`` (written atomically), check it, and return the path."""
+    """Export ``model`` to ``path`` (written atomically), check it, and return the path. A
+    model with quantile offsets (``has_quantiles``) gets the ``quantiles`` output too; its
+    ``metadata`` must then name the ``quantile_levels``."""
+    from onnxcast.pipeline.models import WithQuantiles
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -43,12 +51,15 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     example[:, :, 0] = torch.linspace(0.0, 1.0, lookback)  # non-constant, like real data
     exporter = exporter or EXPORTER.get(str(metadata.get("model_family")), "dynamo")
     window = getattr(model, "min_history", None)  # window families read the newest ``lookback`` steps
+    outputs = [OUTPUT_NAME]
+    if getattr(model, "has_quantiles", False):
+        model, outputs = WithQuantiles(model).eval(), [OUTPUT_NAME, QUANTILES_NAME]
     _quiet_torchvision_registry()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            proto = (_export_dynamo(model, example, min_time=window or 2) if exporter == "dynamo"
-                     else _export_torchscript(model, example))
+            proto = (_export_dynamo(model, example, min_time=window or 2, outputs=outputs) if exporter == "dynamo"
+                     else _export_torchscript(model, example, outputs=outputs))
     except Exception as exc:  # torch.export raises many types; report them as one
         raise ExportError(f"torch.onnx.export failed for {type(model.core).__name__}: {str(exc).splitlines()[0]}") from exc
     if window:
@@ -65,11 +76,12 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     return path
 
 
-def _export_dynamo(model: torch.nn.Module, example: torch.Tensor, min_time: int = 2) -> onnx.ModelProto:
+def _export_dynamo(model: torch.nn.Module, example: torch.Tensor, min_time: int = 2,
+                   outputs: list[str] | None = None) -> onnx.ModelProto:
     # a window family reads the last ``lookback`` steps: its time axis starts there
     batch, time = torch.export.Dim("batch", min=1), torch.export.Dim("time", min=max(2, min_time))
     program = torch.onnx.export(
-        model, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        model, (example,), dynamo=True, input_names=[INPUT_NAME], output_names=outputs or [OUTPUT_NAME],
         dynamic_shapes={"history": {0: batch, 1: time}}, optimize=True, verbose=False,
     )
     return program.model_proto
@@ -151,13 +163,15 @@ class _TorchvisionAbsent(logging.Filter):
                     and str(record.args[0] if record.args else "").startswith("torchvision::"))
 
 
-def _export_torchscript(model: torch.nn.Module, example: torch.Tensor) -> onnx.ModelProto:
+def _export_torchscript(model: torch.nn.Module, example: torch.Tensor,
+                        outputs: list[str] | None = None) -> onnx.ModelProto:
     import io
 
+    outputs = outputs or [OUTPUT_NAME]
     buffer = io.BytesIO()
     torch.onnx.export(
-        model, (example,), buffer, dynamo=False, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-        dynamic_axes={INPUT_NAME: {0: "batch", 1: "time"}, OUTPUT_NAME: {0: "batch"}},
+        model, (example,), buffer, dynamo=False, input_names=[INPUT_NAME], output_names=outputs,
+        dynamic_axes={INPUT_NAME: {0: "batch", 1: "time"}, **{name: {0: "batch"} for name in outputs}},
         opset_version=TORCHSCRIPT_OPSET, do_constant_folding=True,
     )
     return onnx.load_from_string(buffer.getvalue())
@@ -171,7 +185,7 @@ def check_model(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ExportError(f"{name}: ONNX check failed: {str(exc).splitlines()[0]}") from exc
-    problems = io_contract_problems(inferred)
+    problems = io_contract_problems(inferred) + quantile_problems(signature(inferred), read_metadata(inferred))
     if problems:
         raise ExportError(f"{name}: " + "; ".join(problems))
     return inferred

@@ -63,9 +63,13 @@ class ModelSpec:
     # normalisation only); model.json files written before fleet mode load with the defaults
     global_model: bool = False
     n_series: int = 0
+    # the levels of the ``quantiles`` output (onnxcast.pipeline.intervals); empty: a model from
+    # before forecast distributions, calibrated when a run exports it
+    quantile_levels: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seasons", tuple(int(s) for s in self.seasons))
+        object.__setattr__(self, "quantile_levels", tuple(float(q) for q in self.quantile_levels))
 
     @property
     def anchor_seasons(self) -> tuple[int, ...]:
@@ -78,32 +82,96 @@ class ModelSpec:
         return asdict(self)
 
 
-def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray | None = None) -> Forecaster:
+def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray | None = None) -> QuantileOutput:
     """A fresh model for ``spec``; ``mean``/``std`` are the training-segment column statistics."""
     # LSTM / Transformer with ``seasons``: every anchor mixed and read by the correction head
     anchors = spec.anchor_seasons if spec.seasons else ()
     n_anchor_inputs = len(anchors) * spec.horizon
-    if spec.family == "lstm":
-        core: nn.Module = LSTMCore(spec.n_features, spec.hidden_size, spec.num_layers, spec.horizon, n_anchor_inputs)
-    elif spec.family == "transformer":
-        core = TransformerCore(spec.n_features, spec.d_model, spec.n_heads, spec.num_layers, spec.horizon,
-                               n_anchor_inputs)
-    elif spec.family in WINDOW_FAMILIES:
-        seasons = spec.anchor_seasons
-        if spec.family == "nhits":
-            core = NHiTSCore(spec.n_features, spec.lookback, spec.horizon, len(seasons), 8 * spec.hidden_size,
-                             NHITS_DROPOUT)
-        else:
-            core = DLinearCore(spec.n_features, spec.lookback, spec.horizon, len(seasons))
-        return WindowForecaster(core, spec.n_features, spec.lookback, spec.horizon, seasons, mean, std,
-                                spec.global_model)
-    else:
+    if spec.family not in ("lstm", "transformer", *WINDOW_FAMILIES):
         raise ValueError(f"unknown model family {spec.family!r}; expected one of 'lstm', 'transformer', "
                          + ", ".join(repr(f) for f in WINDOW_FAMILIES))
-    return Forecaster(core, spec.n_features, spec.season, mean, std, anchors, spec.global_model)
+    model: QuantileOutput
+    if spec.family in WINDOW_FAMILIES:
+        seasons = spec.anchor_seasons
+        if spec.family == "nhits":
+            window_core: nn.Module = NHiTSCore(spec.n_features, spec.lookback, spec.horizon, len(seasons),
+                                               8 * spec.hidden_size, NHITS_DROPOUT)
+        else:
+            window_core = DLinearCore(spec.n_features, spec.lookback, spec.horizon, len(seasons))
+        model = WindowForecaster(window_core, spec.n_features, spec.lookback, spec.horizon, seasons, mean, std,
+                                 spec.global_model)
+    else:
+        if spec.family == "lstm":
+            core: nn.Module = LSTMCore(spec.n_features, spec.hidden_size, spec.num_layers, spec.horizon,
+                                       n_anchor_inputs)
+        else:
+            core = TransformerCore(spec.n_features, spec.d_model, spec.n_heads, spec.num_layers, spec.horizon,
+                                   n_anchor_inputs)
+        model = Forecaster(core, spec.n_features, spec.season, mean, std, anchors, spec.global_model)
+    if spec.quantile_levels:
+        model.add_quantiles(spec.horizon, len(spec.quantile_levels))
+    return model
 
 
-class Forecaster(nn.Module):
+# The interval scale of a window (QuantileOutput.interval_scale): its mean absolute step change
+# plus a floor relative to its level, so a constant window gets a tiny, not a zero, scale and
+# the scale of c * x is c times the scale of x.
+SCALE_EPS_RELATIVE = 1e-6
+
+
+class QuantileOutput(nn.Module):
+    """The forecast distribution of a forecaster: ``quantiles [batch, horizon, Q]`` =
+    ``forecast + scale(window) * offsets[horizon, Q]``.
+
+    ``scale`` is the window's mean absolute one-step change of the target (per window, so one
+    calibration serves every series of a fleet at its own level and volatility); ``offsets``
+    are split-conformal quantiles of the scaled validation errors per horizon step, set by
+    onnxcast.pipeline.intervals.calibrate and sorted ascending along Q. ``scale >= 0`` and
+    sorted offsets make the quantiles non-crossing by construction: float rounding is
+    monotone, so ``f + s * a <= f + s * b`` whenever ``a <= b``, in any precision.
+    """
+
+    quantile_offsets: torch.Tensor
+
+    def add_quantiles(self, horizon: int, n_levels: int) -> None:
+        self.register_buffer("quantile_offsets", torch.zeros(horizon, n_levels))
+
+    @property
+    def has_quantiles(self) -> bool:
+        return "quantile_offsets" in self._buffers
+
+    def interval_window(self, history: torch.Tensor) -> torch.Tensor:
+        """The target steps the interval scale reads ``[batch, steps]``."""
+        return history[:, :, 0]
+
+    def interval_scale(self, history: torch.Tensor) -> torch.Tensor:
+        """``[batch]``: mean ``|y[t] - y[t-1]|`` over the window, plus SCALE_EPS_RELATIVE x its
+        mean ``|y|`` and a float32-safe floor."""
+        window = self.interval_window(history)
+        change = (window[:, 1:] - window[:, :-1]).abs().mean(dim=1)
+        return change + SCALE_EPS_RELATIVE * window.abs().mean(dim=1) + EPS_FLOOR
+
+    def forecast_and_quantiles(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        forecast = self(history)
+        scale = self.interval_scale(history)
+        return forecast, forecast.unsqueeze(-1) + scale[:, None, None] * self.quantile_offsets
+
+
+class WithQuantiles(nn.Module):
+    """What the exporter traces: ``history -> (forecast, quantiles)``."""
+
+    def __init__(self, model: QuantileOutput):
+        super().__init__()
+        self.model = model
+        self.core = model.core
+        if hasattr(model, "min_history"):
+            self.min_history = model.min_history
+
+    def forward(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.forecast_and_quantiles(history)
+
+
+class Forecaster(QuantileOutput):
     """Wraps a core with the folded scaler, per-window normalisation and seasonal anchors.
 
     The core predicts a correction to the seasonal-naive forecast read from the history
@@ -263,7 +331,7 @@ WINDOW_FAMILIES = ("nhits", "dlinear")
 NHITS_DROPOUT = 0.5
 
 
-class WindowForecaster(nn.Module):
+class WindowForecaster(QuantileOutput):
     """A forecaster over the last ``lookback`` steps of any longer history, anchored on the
     seasonal-naive forecasts of every period in ``seasons``.
 
@@ -295,6 +363,9 @@ class WindowForecaster(nn.Module):
         std_t = torch.ones(n_features) if std is None else torch.as_tensor(std, dtype=torch.float32)
         self.register_buffer("feature_mean", mean_t.reshape(1, 1, n_features).clone())
         self.register_buffer("feature_std", std_t.clamp_min(EPS).reshape(1, 1, n_features).clone())
+
+    def interval_window(self, history: torch.Tensor) -> torch.Tensor:
+        return history[:, history.shape[1] - self.lookback :, 0]
 
     def forward(self, history: torch.Tensor) -> torch.Tensor:
         window = history[:, history.shape[1] - self.lookback :]

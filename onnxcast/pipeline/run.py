@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from onnxcast import __version__
-from onnxcast.base.errors import ConfigError, DataQualityError, GateError, OnnxcastError
+from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
 from onnxcast.base.files import read_json, replacing, write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PipelineConfig
@@ -197,12 +197,14 @@ def load_model(cfg: PipelineConfig, family: str):
 
 
 def export_family(cfg: PipelineConfig, family: str) -> str:
-    """Export the trained model to ``onnx/fp32.onnx`` with the contract's metadata; a global
+    """Calibrate the model's quantiles on this run's validation windows (:func:`calibrate_family`),
+    then export it to ``onnx/fp32.onnx`` with the contract's metadata; a global
     model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
     trained until the latest end over its series."""
+    from onnxcast.base.contract import format_quantile_levels
     from onnxcast.pipeline.export import export_onnx
 
-    model, spec = load_model(cfg, family)
+    model, spec = calibrate_family(cfg, family)
     if cfg.is_fleet:
         from onnxcast.pipeline.fleet_data import FleetData
 
@@ -224,11 +226,48 @@ def export_family(cfg: PipelineConfig, family: str) -> str:
         "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
         "precision": "fp32", "trained_until": data["trained_until"],
         "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
-        **fleet_keys,
+        "quantile_levels": format_quantile_levels(spec.quantile_levels), **fleet_keys,
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
     return str(path)
+
+
+def calibrate_family(cfg: PipelineConfig, family: str):
+    """Set the model's quantile offsets from this run's validation windows (split-conformal,
+    onnxcast.pipeline.intervals.calibrate) at ``cfg.levels`` and save model.pt and model.json
+    with them; returns ``(model, spec)``.
+
+    Here, not in training, so a fetched model (trained before forecast distributions, or on
+    other data) is calibrated on the data it is judged on, exactly as a trained one; the same
+    windows give the same offsets, so a retried export writes the same files."""
+    from dataclasses import replace as replace_spec
+
+    from onnxcast.pipeline.intervals import calibrate
+
+    model, spec = load_model(cfg, family)
+    if cfg.is_fleet:
+        from onnxcast.pipeline.fleet_data import FleetData, split_fleet
+        from onnxcast.pipeline.fleet_train import validation_windows
+
+        fleet = FleetData.load(cfg.layout.fleet, mmap=True)
+        x, y, _ = validation_windows(fleet, split_fleet(fleet.lengths, cfg), spec.lookback, spec.horizon,
+                                     season=spec.season, max_series=cfg.fleet_validation_series, seed=cfg.seed)
+    else:
+        from onnxcast.pipeline.data import windows
+
+        series, split = _load_data(cfg)
+        x, y = windows(series.values, spec.lookback, spec.horizon, split.train_end, split.validation_end)[:2]
+    try:
+        info = calibrate(model, x, y, cfg.levels)
+    except ValueError as exc:
+        raise DataError(f"{family}: cannot calibrate the forecast intervals: {exc}") from None
+    spec = replace_spec(spec, quantile_levels=cfg.levels)
+    document = read_json(cfg.layout.model_json(family))
+    document.pop("spec", None)
+    document.pop("onnxcast_version", None)
+    save_model(cfg, family, model, spec, {**document, "intervals": info})
+    return model, spec
 
 
 def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:

@@ -256,6 +256,17 @@ def _check_spec(document: dict, where: str) -> dict:
     n_series = spec.get("n_series", 0)
     if isinstance(n_series, bool) or not isinstance(n_series, int) or n_series < 0:
         raise FetchError(f"{prefix} field 'n_series' must be a non-negative integer, got {quote(n_series)}")
+    levels = spec.get("quantile_levels", [])
+    if not isinstance(levels, list | tuple) or not all(isinstance(q, int | float) and not isinstance(q, bool)
+                                                      for q in levels):
+        raise FetchError(f"{prefix} field 'quantile_levels' must be a list of numbers, got {quote(levels)}")
+    if levels:
+        from onnxcast.base.contract import format_quantile_levels, parse_quantile_levels
+
+        try:
+            parse_quantile_levels(format_quantile_levels(levels), f"{prefix} field 'quantile_levels'")
+        except ValueError as exc:
+            raise FetchError(str(exc)) from None
     checked = {**{f: ModelSpec.__dataclass_fields__[f].default for f in known if f != "family"
                   and f not in ("n_features", "horizon", "lookback")}, **spec}
     seasons = checked["seasons"]

@@ -1,0 +1,202 @@
+"""Forecast distributions: split-conformal quantiles folded into the ONNX graph, and the
+measures they are judged by on holdout.
+
+**How the quantiles are made** (docs/intervals.md). After training, the model forecasts the
+validation windows; each error is divided by its window's scale (the mean absolute one-step
+change of the target over the window, :meth:`onnxcast.pipeline.models.QuantileOutput.interval_scale`),
+and the split-conformal quantile of those scaled errors at every level and horizon step
+becomes the constant ``offsets[horizon, Q]`` of the graph: ``quantiles = forecast + scale *
+offsets``. Scaling per window is what lets one calibration serve every series of a fleet.
+With fewer than :data:`MIN_WINDOWS_PER_STEP` validation windows the steps share one shape
+(errors divided by each step's mean absolute scaled error, pooled, then scaled back), so a
+short validation split does not give the 97.5% quantile of 20 numbers. Nothing outside ONNX
+Runtime is needed on a device: the offsets are an initializer, the scale four ops.
+
+**How they are judged.** :func:`interval_metrics`: the coverage and mean width of every
+central interval the levels hold (0.025/0.975 is the 95% interval), MSIS (the M4
+competition's mean scaled interval score) of each, and the scaled pinball loss averaged over
+the levels (a discrete CRPS estimate), all scaled like MASE.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from onnxcast.base.contract import central_intervals
+
+log = logging.getLogger(__name__)
+
+MIN_WINDOWS_PER_STEP = 200  # fewer validation windows: the horizon steps share one error shape
+
+
+def conformal_quantile(sorted_values: np.ndarray, level: float) -> float:
+    """The split-conformal quantile of ``level`` of ``n`` sorted scores: the
+    ``ceil((n + 1) * level)``-th smallest for an upper level, the ``floor((n + 1) * level)``-th
+    for a lower one (clipped to the sample), so each tail holds at most its share."""
+    n = len(sorted_values)
+    if level >= 0.5:
+        k = math.ceil((n + 1) * level)
+    else:
+        k = math.floor((n + 1) * level)
+    return float(sorted_values[min(max(k, 1), n) - 1])
+
+
+def offsets_from_errors(scaled: np.ndarray, levels: tuple[float, ...]) -> tuple[np.ndarray, str]:
+    """``offsets [horizon, Q]`` from scaled errors ``[n, horizon]`` (actual - forecast over the
+    window scale), ascending along Q, and how they were made (``"per_step"`` or ``"pooled"``)."""
+    scaled = np.asarray(scaled, np.float64)
+    n, horizon = scaled.shape
+    offsets = np.zeros((horizon, len(levels)))
+    if n >= MIN_WINDOWS_PER_STEP:
+        method = "per_step"
+        for h in range(horizon):
+            column = np.sort(scaled[:, h])
+            offsets[h] = [conformal_quantile(column, q) for q in levels]
+    else:
+        method = "pooled"
+        size = np.mean(np.abs(scaled), axis=0)
+        size = np.where(size > 0, size, 1.0)
+        pooled = np.sort((scaled / size).ravel())
+        shape = np.array([conformal_quantile(pooled, q) for q in levels])
+        offsets = size[:, None] * shape[None, :]
+    return np.maximum.accumulate(offsets, axis=1), method
+
+
+def calibrate(model, x: np.ndarray, y: np.ndarray, levels: tuple[float, ...], batch_size: int = 1024) -> dict:
+    """Set ``model``'s quantile offsets from the validation windows ``x [n, time, F]``,
+    ``y [n, horizon]`` (raw units); returns what was done, for model.json and the report.
+
+    Windows whose target did not move (scale at its floor) are left out: their scaled error is
+    meaningless. ValueError when no window is left."""
+    import torch
+
+    model.eval()
+    if not model.has_quantiles:
+        model.add_quantiles(y.shape[1], len(levels))
+    elif tuple(model.quantile_offsets.shape) != (y.shape[1], len(levels)):
+        model.add_quantiles(y.shape[1], len(levels))
+    forecasts, scales = [], []
+    with torch.inference_mode():
+        for start in range(0, len(x), batch_size):
+            part = torch.from_numpy(np.ascontiguousarray(x[start:start + batch_size], dtype=np.float32))
+            forecasts.append(model(part).double().numpy())
+            scales.append(model.interval_scale(part).double().numpy())
+    forecast, scale = np.concatenate(forecasts), np.concatenate(scales)
+    window = x[:, -getattr(model, "lookback", x.shape[1]):, 0].astype(np.float64)
+    moving = np.abs(np.diff(window, axis=1)).mean(axis=1) > 0
+    if not moving.any():
+        raise ValueError(f"no validation window to calibrate the intervals on: all {len(x)} are constant")
+    errors = (y.astype(np.float64) - forecast)[moving] / scale[moving, None]
+    offsets, method = offsets_from_errors(errors, levels)
+    with torch.no_grad():
+        model.quantile_offsets.copy_(torch.from_numpy(offsets.astype(np.float32)))
+    covered = {f"{round(100 * nominal)}": float(np.mean((errors >= offsets[None, :, lo]) & (errors <= offsets[None, :, hi])))
+               for lo, hi, nominal in central_intervals(levels)}
+    log.info("intervals calibrated on %d validation windows (%s): in-sample coverage %s", int(moving.sum()), method,
+             ", ".join(f"{k}%: {v:.3f}" for k, v in covered.items()))
+    return {"method": "split-conformal, scaled per window", "shape": method, "windows": int(moving.sum()),
+            "constant_windows_left_out": int((~moving).sum()), "levels": list(levels),
+            "validation_coverage": covered}
+
+
+# --- judging ------------------------------------------------------------------------------
+
+def pinball(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[float, ...]) -> np.ndarray:
+    """Pinball (quantile) loss ``[..., Q]`` of ``quantiles [..., Q]`` against ``actual [...]``."""
+    diff = np.asarray(actual, np.float64)[..., None] - np.asarray(quantiles, np.float64)
+    tau = np.asarray(levels, np.float64)
+    return np.maximum(tau * diff, (tau - 1.0) * diff)
+
+
+def interval_score(actual: np.ndarray, low: np.ndarray, high: np.ndarray, alpha: float) -> np.ndarray:
+    """The interval score (Gneiting and Raftery 2007) of the central ``1 - alpha`` interval:
+    width plus ``2 / alpha`` times how far the actual falls outside; the M4's MSIS is its mean
+    over the horizon divided by the in-sample seasonal-naive MAE."""
+    actual, low, high = (np.asarray(a, np.float64) for a in (actual, low, high))
+    return (high - low) + (2.0 / alpha) * (np.maximum(low - actual, 0.0) + np.maximum(actual - high, 0.0))
+
+
+def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[float, ...],
+                     scale: float | np.ndarray) -> dict:
+    """The interval measures of ``quantiles [N, horizon, Q]`` against ``actual [N, horizon]``;
+    ``scale`` (a number, or one per row) is the MASE scale.
+
+    ``coverage_<p>``: the share of actuals inside the central p% interval; ``width_<p>``: its
+    mean scaled width; ``msis_<p>``: its mean scaled interval score; ``pinball``: the mean
+    scaled pinball loss over levels, steps and rows (a discrete estimate of half the CRPS when
+    the levels spread over (0, 1)); ``crossing``: the share of (row, step) whose quantiles cross
+    (0 by construction for onnxcast models; other sources are measured as they are)."""
+    actual = np.asarray(actual, np.float64)
+    q = np.asarray(quantiles, np.float64)
+    scale = np.asarray(scale, np.float64)
+    per_row = scale.reshape(-1, 1) if scale.ndim else scale
+    out: dict = {}
+    for lo, hi, nominal in central_intervals(levels):
+        key = f"{round(100 * nominal)}"
+        low, high = q[..., lo], q[..., hi]
+        out[f"coverage_{key}"] = float(np.mean((actual >= low) & (actual <= high)))
+        out[f"width_{key}"] = float(np.mean((high - low) / per_row))
+        out[f"msis_{key}"] = float(np.mean(interval_score(actual, low, high, 1.0 - nominal) / per_row))
+    out["pinball"] = float(np.mean(pinball(actual, q, levels) / np.asarray(per_row)[..., None]))
+    out["crossing"] = float(np.mean(np.any(np.diff(q, axis=-1) < 0, axis=-1))) if q.shape[-1] > 1 else 0.0
+    return out
+
+
+def row_interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[float, ...],
+                         scale: np.ndarray) -> dict[str, np.ndarray]:
+    """Per row of ``[N, horizon]`` (a fleet's series): ``coverage_<p>`` and ``msis_<p>`` of each
+    central interval and ``pinball``, each ``[N]``; the fleet's aggregates are their means."""
+    actual = np.asarray(actual, np.float64)
+    q = np.asarray(quantiles, np.float64)
+    per_row = np.asarray(scale, np.float64).reshape(-1, 1)
+    out: dict[str, np.ndarray] = {}
+    for lo, hi, nominal in central_intervals(levels):
+        key = f"{round(100 * nominal)}"
+        low, high = q[..., lo], q[..., hi]
+        out[f"coverage_{key}"] = np.mean((actual >= low) & (actual <= high), axis=1)
+        out[f"msis_{key}"] = np.mean(interval_score(actual, low, high, 1.0 - nominal) / per_row, axis=1)
+    out["pinball"] = np.mean(pinball(actual, q, levels) / per_row[..., None], axis=(1, 2))
+    return out
+
+
+def coverage_failures(metrics: dict, tolerance: float, nominals: tuple[int, ...] = (80, 95)) -> list[str]:
+    """Gate phrases for each of the ``nominals`` intervals whose coverage is more than
+    ``tolerance`` from nominal; an interval the levels do not hold is not judged."""
+    failures = []
+    for nominal in nominals:
+        got = metrics.get(f"coverage_{nominal}")
+        if got is None:
+            continue
+        if not abs(got - nominal / 100) <= tolerance:  # nan fails
+            failures.append(f"{nominal}% interval covers {got:.1%} of holdout points, more than "
+                            f"{tolerance:.1%} from nominal")
+    return failures
+
+
+def quantiles_from_levels(lo: dict[int, np.ndarray], hi: dict[int, np.ndarray], mean: np.ndarray,
+                          levels: tuple[float, ...]) -> np.ndarray | None:
+    """A statsforecast model's intervals (``lo[80]``, ``hi[95]``... ``[N, horizon]``) as
+    ``quantiles [N, horizon, Q]`` at ``levels``: the 0.5 level is the mean (statsforecast's
+    intervals are symmetric about it), a level ``a < 0.5`` is ``lo[100 (1 - 2a)]``; None when
+    some level has no interval."""
+    columns = []
+    for level in levels:
+        if abs(level - 0.5) < 1e-9:
+            columns.append(mean)
+            continue
+        width = round(100 * abs(1.0 - 2.0 * level), 6)
+        width = int(width) if float(width).is_integer() else width
+        source = lo if level < 0.5 else hi
+        if width not in source:
+            return None
+        columns.append(source[width])
+    return np.stack(columns, axis=-1)
+
+
+def reference_levels(levels: tuple[float, ...]) -> list[int | float]:
+    """The statsforecast ``level=`` list that gives every level of ``levels`` (0.5 aside)."""
+    widths = sorted({round(100 * abs(1.0 - 2.0 * q), 6) for q in levels if abs(q - 0.5) > 1e-9})
+    return [int(w) if float(w).is_integer() else w for w in widths]
