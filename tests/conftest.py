@@ -178,20 +178,47 @@ def tiny_onnx(tmp_path_factory) -> Path:
     return export_onnx(model, path, n_features=2, lookback=16, metadata=metadata)
 
 
+@pytest.fixture(scope="session")
+def tiny_onnx_quantiles(tmp_path_factory) -> Path:
+    """``tiny_onnx`` as every export since forecast distributions makes it: calibrated on 300
+    noisy sine windows (onnxcast.pipeline.intervals.calibrate), so it has the ``quantiles``
+    output [batch, 4, 5] and ``onnxcast.quantile_levels``."""
+    import numpy as np
+
+    from onnxcast.base.contract import DEFAULT_QUANTILE_LEVELS, format_quantile_levels
+    from onnxcast.pipeline.export import export_onnx
+    from onnxcast.pipeline.intervals import calibrate
+    from onnxcast.pipeline.models import ModelSpec, build_model
+
+    spec = ModelSpec(family="lstm", n_features=2, horizon=4, lookback=16, hidden_size=8, num_layers=1, season=4)
+    model = build_model(spec, np.array([100.0, 5.0]), np.array([10.0, 2.0]))
+    rng = np.random.default_rng(3)
+    t = np.arange(20)[None, :] + rng.integers(0, 100, size=(300, 1))
+    series = np.stack([100 + 10 * np.sin(t / 3) + rng.normal(size=t.shape), 5 + rng.normal(size=t.shape)], axis=2)
+    calibrate(model, series[:, :16].astype(np.float32), series[:, 16:, 0].astype(np.float32), DEFAULT_QUANTILE_LEVELS)
+    metadata = {"model_family": "lstm", "lookback": 16, "horizon": 4, "freq": "h", "target": "y",
+                "features": "x1", "precision": "fp32", "trained_until": "2026-01-01T00:00:00Z",
+                "dataset_sha256": "ab" * 32, "quantile_levels": format_quantile_levels(DEFAULT_QUANTILE_LEVELS)}
+    path = tmp_path_factory.mktemp("onnx-quantiles") / "lstm-fp32.onnx"
+    return export_onnx(model, path, n_features=2, lookback=16, metadata=metadata)
+
+
 @pytest.fixture
-def make_run(tmp_path, tiny_onnx):
+def make_run(tmp_path, tiny_onnx, request):
     """Factory: a pipeline run folder (report.json + ONNX variants) whose models differ by
-    ``tag``, for promotion tests. Returns the report path."""
+    ``tag``, for promotion tests; ``quantiles=True``: models with the ``quantiles`` output
+    (tiny_onnx_quantiles), else ones from before it (``forecast`` only). Returns the report path."""
     import hashlib
     import json
 
     import onnx
 
-    def make(tag: str = "a", mlflow_version: str | None = None) -> Path:
+    def make(tag: str = "a", mlflow_version: str | None = None, quantiles: bool = False) -> Path:
         out = tmp_path / f"run-{tag}"
         variants = []
+        source = request.getfixturevalue("tiny_onnx_quantiles") if quantiles else tiny_onnx
         for name in ("fp32", "fp32-opt"):
-            proto = onnx.load(tiny_onnx)
+            proto = onnx.load(source)
             for prop in proto.metadata_props:
                 if prop.key == "onnxcast.trained_until":
                     prop.value = f"2026-01-01T00:00:00Z/{tag}"  # a different model per tag

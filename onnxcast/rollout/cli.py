@@ -80,7 +80,9 @@ def add_device_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-polls", type=int, help="stop after this many polls (default: never)")
     p.set_defaults(handler=run_edge_pull)
 
-    p = commands.add_parser("predict", help="forecast from a CSV with the installed model")
+    p = commands.add_parser("predict", help="forecast from a CSV with the installed model: CSV on stdout, "
+                                            "step, time, forecast, one q<level> column per quantile level of the "
+                                            "model (none for a model without quantiles), version")
     p.add_argument("--dir", required=True, help="device folder given to 'pull --dest'")
     p.add_argument("--input", required=True, help="CSV with the time, target and feature columns")
     p.add_argument("--time-column", default="ds",

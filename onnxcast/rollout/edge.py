@@ -46,8 +46,13 @@ from onnxcast.base.contract import (
     INPUT_NAME,
     METADATA_PREFIX,
     OUTPUT_NAME,
+    QUANTILE_METADATA,
+    QUANTILES_NAME,
     contract_problems,
+    has_quantiles,
     opset_of,
+    parse_quantile_levels,
+    quantile_problems,
     read_metadata,
     signature,
 )
@@ -210,13 +215,16 @@ def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interva
 def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = None,
             threads: int = 1, time_column: str = DEFAULT_TIME_COLUMN) -> np.ndarray:
     """Forecast from the last ``lookback`` rows of ``input_csv`` with ``model_dir/current``;
-    write ``step,<time_column>,forecast,version`` CSV to ``out`` (stdout by default) and
-    return the forecast. The times follow the input's last ``time_column`` value at the
+    write ``step,<time_column>,forecast[,q<level>...],version`` CSV to ``out`` (stdout by
+    default) and return the forecast. A model with the ``quantiles`` output gets one column
+    per level after ``forecast``, in the model's order (``q0.025``, ..., ``q0.975``); one
+    from before it has none. The times follow the input's last ``time_column`` value at the
     model's ``onnxcast.freq``; they are left empty (with a warning) when that value is not
     an ISO 8601 time or the frequency is not one this client steps."""
     model = _open_model(model_dir, threads)
     window = read_input(input_csv, model.columns, model.lookback, time_column)
-    forecast = model.session.run([OUTPUT_NAME], {INPUT_NAME: window.values[None]})[0][0]
+    forecasts, quantiles = model.run(window.values[None])
+    forecast = forecasts[0]
     times = future_times(window.last_time, model.meta.get("freq", ""), len(forecast))
     if times is None:
         log.warning("%s: forecast times left empty (last %s value %s, model frequency %s); the steps count from "
@@ -225,9 +233,10 @@ def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = N
         times = [""] * len(forecast)
     out = out or sys.stdout
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["step", time_column, "forecast", "version"])
+    writer.writerow(["step", time_column, "forecast", *model.quantile_columns, "version"])
     for step, (moment, value) in enumerate(zip(times, forecast, strict=True), start=1):
-        writer.writerow([step, moment, _format_value(value), model.info.get("version")])
+        writer.writerow([step, moment, _format_value(value), *_quantile_cells(quantiles, 0, step - 1),
+                         model.info.get("version")])
     return forecast
 
 
@@ -240,6 +249,7 @@ class FleetForecast:
     series: list[str]
     forecast: np.ndarray  # float32 [n_series, horizon]
     padded: list[str]
+    quantiles: np.ndarray | None = None  # float32 [n_series, horizon, Q]; None: the model has no quantiles output
 
 
 def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: str, out: TextIO | None = None,
@@ -247,8 +257,8 @@ def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: s
                   chunk: int = ORT_CHUNK) -> FleetForecast:
     """Forecast every series of the long table ``input_csv`` (one row per series and time)
     with ``model_dir/current`` in one ONNX Runtime batch (run ``chunk`` series at a time);
-    write ``<series_column>,step,<time_column>,forecast,version`` CSV to ``out`` (stdout by
-    default), ``horizon`` rows per series.
+    write ``<series_column>,step,<time_column>,forecast[,q<level>...],version`` CSV to ``out``
+    (stdout by default), ``horizon`` rows per series (the ``q`` columns as in :func:`predict`).
 
     A fleet model is a global model: the ONNX contract is the one-series one with batch =
     series, so each series' history is its own newest ``lookback`` rows (ordered by time).
@@ -265,26 +275,27 @@ def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: s
         log.warning("%s: the model was trained on one series, not a fleet (no onnxcast.global); it forecasts each "
                     "series from that series' own history all the same", model_dir)
     fleet = read_fleet_input(input_csv, model.columns, model.lookback, series_column, time_column, least)
-    parts = [model.session.run([OUTPUT_NAME], {INPUT_NAME: fleet.histories[i:i + chunk]})[0]
-             for i in range(0, len(fleet.series), chunk)]
-    forecast = np.concatenate(parts)
+    parts = [model.run(fleet.histories[i:i + chunk]) for i in range(0, len(fleet.series), chunk)]
+    forecast = np.concatenate([f for f, _ in parts])
+    quantiles = np.concatenate([q for _, q in parts]) if model.levels else None
     freq, version = model.meta.get("freq", ""), model.info.get("version")
     out = out or sys.stdout
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([series_column, "step", time_column, "forecast", "version"])
+    writer.writerow([series_column, "step", time_column, "forecast", *model.quantile_columns, "version"])
     no_times = []
-    for series, last, values in zip(fleet.series, fleet.last_times, forecast, strict=True):
+    for row, (series, last, values) in enumerate(zip(fleet.series, fleet.last_times, forecast, strict=True)):
         times = future_times(last, freq, len(values))
         if times is None:
             no_times.append(series)
             times = [""] * len(values)
         for step, (moment, value) in enumerate(zip(times, values, strict=True), start=1):
-            writer.writerow([series, step, moment, _format_value(value), version])
+            writer.writerow([series, step, moment, _format_value(value), *_quantile_cells(quantiles, row, step - 1),
+                             version])
     if no_times:
         log.warning("%s: forecast times left empty for %d series (first %s, last %s value %s, model frequency %s); "
                     "their steps count from each series' last row", input_csv, len(no_times), quote(no_times[0]),
                     time_column, quote(fleet.last_times[fleet.series.index(no_times[0])]), quote(freq))
-    return FleetForecast(fleet.series, forecast, fleet.padded)
+    return FleetForecast(fleet.series, forecast, fleet.padded, quantiles)
 
 
 def fleet_min_rows(meta: dict[str, str], lookback: int) -> int:
@@ -305,10 +316,31 @@ class _Model:
     info: dict
     columns: list[str]
     lookback: int
+    levels: tuple[float, ...] = ()  # the quantiles output's levels; empty: a model without it
+
+    @property
+    def quantile_columns(self) -> list[str]:
+        return quantile_columns(self.levels)
+
+    def run(self, histories: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(forecast [batch, horizon], quantiles [batch, horizon, Q] or None)``: one ORT call."""
+        if not self.levels:
+            return self.session.run([OUTPUT_NAME], {INPUT_NAME: histories})[0], None
+        forecast, quantiles = self.session.run([OUTPUT_NAME, QUANTILES_NAME], {INPUT_NAME: histories})
+        if quantiles.shape[1:] != (forecast.shape[1], len(self.levels)):  # a graph whose Q axis is dynamic
+            raise VerificationError(f"the model's {QUANTILES_NAME} output has shape {list(quantiles.shape)}, its "
+                                    f"{METADATA_PREFIX}{QUANTILE_METADATA} lists {len(self.levels)} levels")
+        return forecast, quantiles
+
+
+def quantile_columns(levels) -> list[str]:
+    """The CSV column of each level, in order: ``0.025`` -> ``q0.025``."""
+    return [f"q{float(level)!r}" for level in levels]
 
 
 def _open_model(model_dir: str | Path, threads: int) -> _Model:
-    """The installed model's ORT session, metadata (unprefixed), pulled.json and input columns."""
+    """The installed model's ORT session, metadata (unprefixed), pulled.json, input columns
+    and quantile levels; VerificationError (one line) when its metadata does not fit it."""
     import onnxruntime as ort
 
     model_path, info = installed(model_dir)
@@ -319,12 +351,21 @@ def _open_model(model_dir: str | Path, threads: int) -> _Model:
     missing = [k for k in PREDICT_METADATA if k not in meta]
     if missing:
         raise VerificationError(f"{model_path}: ONNX metadata lacks onnxcast.{', onnxcast.'.join(missing)}")
+    found = _ort_signature(session)
+    problems = quantile_problems(found, meta)
+    if problems:
+        raise VerificationError(f"{model_path}: " + "; ".join(problems))
+    levels = parse_quantile_levels(meta[QUANTILE_METADATA]) if has_quantiles(found) else ()
     columns = [meta["target"], *[c for c in meta["features"].split(",") if c]]
-    return _Model(session, meta, info, columns, int(meta["lookback"]))
+    return _Model(session, meta, info, columns, int(meta["lookback"]), levels)
 
 
 def _format_value(value) -> str:
     return np.format_float_positional(np.float32(value), unique=True, trim="-")
+
+
+def _quantile_cells(quantiles: np.ndarray | None, row: int, step: int) -> list[str]:
+    return [] if quantiles is None else [_format_value(v) for v in quantiles[row, step]]
 
 
 def installed_model(model_dir: str | Path) -> Path:
@@ -834,6 +875,7 @@ def inspect_model(path: str | Path, expected_signature: dict | None = None) -> M
     problems += contract_problems(found)
     metadata = read_metadata(proto)
     problems += [f"metadata lacks onnxcast.{k}" for k in PREDICT_METADATA if k not in metadata]
+    problems += quantile_problems(found, metadata)
     if expected_signature is not None and found != expected_signature:
         problems.append(f"I/O signature {found} differs from the manifest's {expected_signature}")
     if not problems:
@@ -1007,19 +1049,26 @@ def _inspect_with_ort(path: Path, expected_signature: dict | None) -> ModelInfo:
         raise VerificationError(f"{path}: onnxruntime {ort.__version__} cannot load it: "
                                 f"{str(exc).splitlines()[0]}") from None
 
-    def describe(values) -> list[dict]:
-        return [{"name": v.name, "dtype": _ORT_TYPES.get(v.type, v.type),
-                 "shape": [d if isinstance(d, int) or d is None else str(d) for d in v.shape]} for v in values]
-
-    found = {"inputs": describe(session.get_inputs()), "outputs": describe(session.get_outputs())}
+    found = _ort_signature(session)
     problems = contract_problems(found)
     metadata = _prefixed(session.get_modelmeta().custom_metadata_map)
     problems += [f"metadata lacks onnxcast.{k}" for k in PREDICT_METADATA if k not in metadata]
+    problems += quantile_problems(found, metadata)
     if expected_signature is not None and found != expected_signature:
         problems.append(f"I/O signature {found} differs from the manifest's {expected_signature}")
     if problems:
         raise VerificationError(f"{path}: " + "; ".join(problems))
     return ModelInfo(found, scan["opset"], metadata)
+
+
+def _ort_signature(session) -> dict:
+    """:func:`onnxcast.base.contract.signature` of an ORT session (no ``onnx`` package needed)."""
+
+    def describe(values) -> list[dict]:
+        return [{"name": v.name, "dtype": _ORT_TYPES.get(v.type, v.type),
+                 "shape": [d if isinstance(d, int) or d is None else str(d) for d in v.shape]} for v in values]
+
+    return {"inputs": describe(session.get_inputs()), "outputs": describe(session.get_outputs())}
 
 
 def scan_model_bytes(data: bytes) -> dict:

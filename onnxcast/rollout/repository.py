@@ -4,6 +4,7 @@ So that a team running Triton (or KServe with the Triton runtime) can point it a
 and follow the channel without onnxcast::
 
     <store>/_model_repository/<channel>/<model>/config.pbtxt        dynamic batching, I/O dims
+                                                                     (forecast, and quantiles if the model has it)
     <store>/_model_repository/<channel>/<model>/<n>/model.onnx      written once
     <store>/_model_repository/<channel>/<model>/onnxcast.json       n -> onnxcast version
 
@@ -85,9 +86,12 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
 
 
 def triton_config(model: str, signature: dict, max_batch_size: int = 64, max_queue_delay_us: int = 5000) -> str:
-    """A Triton ``config.pbtxt`` for an onnxcast model: batch is Triton's, time is dynamic."""
-    (history,), (forecast,) = signature["inputs"], signature["outputs"]
-    n_features, horizon = history["shape"][2], forecast["shape"][1]
+    """A Triton ``config.pbtxt`` for an onnxcast model: batch is Triton's, time is dynamic;
+    a model with the ``quantiles`` output declares it too (dims ``[horizon, Q]``)."""
+    (history,), outputs = signature["inputs"], signature["outputs"]
+    n_features = history["shape"][2]
+    declared = ", ".join(f'{{ name: "{o["name"]}" data_type: TYPE_FP32 dims: [ '
+                         f'{", ".join(str(_dim(d)) for d in o["shape"][1:])} ] }}' for o in outputs)
     return "\n".join([
         f'name: "{model}"',
         'platform: "onnxruntime_onnx"',
@@ -95,7 +99,7 @@ def triton_config(model: str, signature: dict, max_batch_size: int = 64, max_que
         f"max_batch_size: {max_batch_size}",
         "version_policy: { latest: { num_versions: 1 } }",
         f'input [ {{ name: "{history["name"]}" data_type: TYPE_FP32 dims: [ -1, {_dim(n_features)} ] }} ]',
-        f'output [ {{ name: "{forecast["name"]}" data_type: TYPE_FP32 dims: [ {_dim(horizon)} ] }} ]',
+        f"output [ {declared} ]",
         f"dynamic_batching {{ max_queue_delay_microseconds: {max_queue_delay_us} }}",
         'instance_group [ { kind: KIND_CPU count: 1 } ]',
         "",

@@ -84,3 +84,34 @@ def test_promote_names_the_repository_and_calls_the_verify_folder_temporary(tmp_
     scratch = re.findall(r"(/\S*onnxcast-\S*?)(?:/|\s)", done.stderr)
     assert scratch and all("temporary" in folder for folder in scratch), done.stderr
     assert not any(os.path.exists(folder) for folder in scratch)  # removed once published
+
+
+def _model_config(text: str):
+    """config.pbtxt parsed as Triton's own ModelConfig message: what Triton reads at load."""
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+@pytest.mark.parametrize("quantiles", [True, False], ids=["with-quantiles", "forecast-only"])
+def test_config_declares_every_output_of_the_model_as_triton_parses_it(tmp_path, make_run, quantiles):
+    import numpy as np
+    import onnxruntime as ort
+
+    store = tmp_path / "store"
+    promote(make_run("a", quantiles=quantiles), str(store), "m", "cloud", version="1")
+    config = _model_config((store / "_model_repository/cloud/m/config.pbtxt").read_text())
+    fp32 = pytest.importorskip("tritonclient.grpc.model_config_pb2").TYPE_FP32
+    assert config.input[0].data_type == fp32
+    assert [(i.name, list(i.dims)) for i in config.input] == [("history", [-1, 2])]
+    want = [("forecast", [4])] + ([("quantiles", [4, 5])] if quantiles else [])
+    assert [(o.name, list(o.dims)) for o in config.output] == want
+    assert {o.data_type for o in config.output} == {fp32} and config.max_batch_size == 64
+    # what Triton would run: the published file gives exactly those outputs, at its batch sizes
+    session = ort.InferenceSession(str(store / "_model_repository/cloud/m/1/model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == [name for name, _ in want]
+    for batch in (1, 64):
+        results = session.run(None, {"history": np.ones((batch, 16, 2), np.float32)})
+        assert [r.shape for r in results] == [(batch, *dims) for _, dims in want]
