@@ -351,7 +351,7 @@ def _open_model(model_dir: str | Path, threads: int) -> _Model:
     missing = [k for k in PREDICT_METADATA if k not in meta]
     if missing:
         raise VerificationError(f"{model_path}: ONNX metadata lacks onnxcast.{', onnxcast.'.join(missing)}")
-    found = _ort_signature(session)
+    found = ort_signature(session)
     problems = quantile_problems(found, meta)
     if problems:
         raise VerificationError(f"{model_path}: " + "; ".join(problems))
@@ -1049,7 +1049,7 @@ def _inspect_with_ort(path: Path, expected_signature: dict | None) -> ModelInfo:
         raise VerificationError(f"{path}: onnxruntime {ort.__version__} cannot load it: "
                                 f"{str(exc).splitlines()[0]}") from None
 
-    found = _ort_signature(session)
+    found = ort_signature(session)
     problems = contract_problems(found)
     metadata = _prefixed(session.get_modelmeta().custom_metadata_map)
     problems += [f"metadata lacks onnxcast.{k}" for k in PREDICT_METADATA if k not in metadata]
@@ -1061,7 +1061,7 @@ def _inspect_with_ort(path: Path, expected_signature: dict | None) -> ModelInfo:
     return ModelInfo(found, scan["opset"], metadata)
 
 
-def _ort_signature(session) -> dict:
+def ort_signature(session) -> dict:
     """:func:`onnxcast.base.contract.signature` of an ORT session (no ``onnx`` package needed)."""
 
     def describe(values) -> list[dict]:

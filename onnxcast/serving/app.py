@@ -21,7 +21,7 @@ from fastapi import (  # module level: FastAPI resolves the handlers' annotation
     Response,
 )
 
-from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME
+from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME, QUANTILES_NAME
 from onnxcast.base.errors import ConfigError
 from onnxcast.serving.batching import Batcher, NotReadyError
 from onnxcast.serving.model import ChannelFollower, ServedModel
@@ -218,11 +218,12 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
         return JSONResponse({
             "name": model.name, "versions": [model.version], "platform": "onnxruntime_onnx",
             "inputs": [{"name": INPUT_NAME, "datatype": "FP32", "shape": [-1, -1, model.n_features]}],
-            "outputs": [{"name": OUTPUT_NAME, "datatype": "FP32", "shape": [-1, model.horizon]}],
+            "outputs": output_metadata(model),
             "parameters": {"channel": settings.channel, "sha256": model.sha256, "artifact": model.artifact,
                            "columns": list(model.columns), "lookback": model.lookback,
                            "horizon": model.horizon, **_limits_of(model, settings).__dict__,
-                           "max_body_bytes": settings.max_body_bytes, **fleet_parameters(model.metadata)}},
+                           "max_body_bytes": settings.max_body_bytes, **fleet_parameters(model.metadata),
+                           **({"quantile_levels": list(model.levels)} if model.levels else {})}},
             headers={"x-model-version": model.version})
 
     async def model_ready(name: str, version: str | None = None):
@@ -247,9 +248,9 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
                     raise RequestError(f"request body of {length} bytes is over the {settings.max_body_bytes} "
                                        "limit", 413)
                 body = await read_body()
-                decoded = decode_request(body, headers.get(HEADER_LENGTH), _limits_of(model, settings))
-                forecast, answered_by = await batcher.submit(decoded.history)
-                payload, extra = encode_response(name, answered_by, decoded.id, forecast, decoded.binary_output)
+                decoded = decode_request(body, headers.get(HEADER_LENGTH), _limits_of(model, settings), model.outputs)
+                results, answered_by = await batcher.submit(decoded.history)
+                payload, extra = encode_response(name, answered_by, decoded.id, results, decoded.outputs)
                 extra["content-type"] = "application/octet-stream" if decoded.binary_output else JSON
                 status = 200
         except RequestError as exc:
@@ -388,6 +389,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # another name: it may resolve to any interface
+
+
+def output_metadata(model: ServedModel) -> list[dict]:
+    """The V2 tensor metadata of the model's outputs: ``forecast [-1, horizon]`` and, with
+    quantiles, ``quantiles [-1, horizon, Q]`` (the levels are in the model's parameters:
+    V2 tensor metadata holds only name, datatype and shape)."""
+    shapes = {OUTPUT_NAME: [-1, model.horizon], QUANTILES_NAME: [-1, model.horizon, len(model.levels)]}
+    return [{"name": name, "datatype": "FP32", "shape": shapes[name]} for name in model.outputs]
 
 
 def fleet_parameters(metadata: dict[str, str]) -> dict:

@@ -9,7 +9,8 @@ already received are being decoded on the event loop) and the batch is below
 a lone client is never delayed. Requests with different history lengths go to different
 calls (one tensor per call).
 While a batch runs in the inference thread, the next one fills up, so batches grow with
-load. Every request in a batch is answered by the same model version.
+load. Every request in a batch is answered by the same model version, with every output of
+the model (``forecast``, and ``quantiles`` when it has one) cut to its rows.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class Batcher:
                 pass
         self._executor.shutdown(wait=True)
 
-    async def submit(self, history: np.ndarray) -> tuple[np.ndarray, str]:
-        """The forecast for ``history [batch, time, features]`` and the version that made it."""
+    async def submit(self, history: np.ndarray) -> tuple[dict[str, np.ndarray], str]:
+        """The model's outputs by name for ``history [batch, time, features]`` and the version
+        that made them."""
         if self._model() is None:
             raise NotReadyError("no verified model is loaded yet")
         future = asyncio.get_running_loop().create_future()
@@ -98,9 +100,9 @@ class Batcher:
                 histories = [p.history for p in batch]
                 stacked = histories[0] if len(histories) == 1 else np.concatenate(histories)
                 if len(stacked) <= INLINE_ROWS and not self._queue:
-                    forecast = model.run(stacked)  # alone: handing over to a thread costs more than it saves
+                    outputs = model.run_outputs(stacked)  # alone: handing over to a thread costs more than it saves
                 else:
-                    forecast = await loop.run_in_executor(self._executor, model.run, stacked)
+                    outputs = await loop.run_in_executor(self._executor, model.run_outputs, stacked)
             except Exception as exc:  # answer every waiting request; the loop must go on
                 for pending in batch:
                     if not pending.future.done():
@@ -110,7 +112,8 @@ class Batcher:
             for pending in batch:
                 rows = len(pending.history)
                 if not pending.future.done():  # a client may have gone away
-                    pending.future.set_result((forecast[start:start + rows], model.version))
+                    pending.future.set_result(({name: values[start:start + rows] for name, values in outputs.items()},
+                                               model.version))
                 start += rows
             if self._observe:
                 self._observe(start, len(batch), model.version)

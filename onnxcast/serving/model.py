@@ -20,9 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME
+from onnxcast.base.contract import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    QUANTILE_METADATA,
+    QUANTILES_NAME,
+    has_quantiles,
+    parse_quantile_levels,
+    quantile_problems,
+)
 from onnxcast.base.errors import OnnxcastError, VerificationError
-from onnxcast.rollout.edge import PULLED, installed_model, pull
+from onnxcast.rollout.edge import PULLED, installed_model, ort_signature, pull
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +50,26 @@ class ServedModel:
     columns: tuple[str, ...]
     metadata: dict[str, str] = field(default_factory=dict)
     min_history: int = 0  # shortest history this version answers (its metadata); 0: its lookback
+    levels: tuple[float, ...] = ()  # the levels of its quantiles output; empty: a model without one
 
     def __post_init__(self):
         if not self.min_history:
             object.__setattr__(self, "min_history", self.lookback)
 
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Its output names, in the order a request that names none gets them."""
+        return (OUTPUT_NAME, QUANTILES_NAME) if self.levels else (OUTPUT_NAME,)
+
     def run(self, history: np.ndarray) -> np.ndarray:
+        """The forecast alone [batch, horizon]."""
         return self.session.run([OUTPUT_NAME], {INPUT_NAME: history})[0]
+
+    def run_outputs(self, history: np.ndarray) -> dict[str, np.ndarray]:
+        """Every output by name, from one ONNX Runtime call."""
+        if not self.levels:
+            return {OUTPUT_NAME: self.run(history)}
+        return dict(zip(self.outputs, self.session.run(list(self.outputs), {INPUT_NAME: history}), strict=True))
 
 
 def load_installed(model_dir: Path, name: str, threads: int = 1, min_history: int | None = None) -> ServedModel:
@@ -85,11 +106,13 @@ def _load(model_dir: Path, name: str, threads: int, min_history: int | None) -> 
     except (KeyError, ValueError) as exc:
         raise VerificationError(f"{path}: ONNX metadata lacks a usable onnxcast.{exc}") from None
     model = ServedModel(name, pulled["version"], pulled["artifact"], pulled["sha256"], session,
-                        lookback, horizon, len(columns), columns, meta)
+                        lookback, horizon, len(columns), columns, meta, levels=_levels(session, meta, path))
     for batch in (1, 8):  # first runs allocate; do it before any request waits on them
-        out = model.run(np.zeros((batch, lookback, len(columns)), np.float32))
-        if out.shape != (batch, horizon):
-            raise VerificationError(f"{path}: forecast shape {out.shape}, expected {(batch, horizon)}")
+        outs = model.run_outputs(np.zeros((batch, lookback, len(columns)), np.float32))
+        want = {OUTPUT_NAME: (batch, horizon), QUANTILES_NAME: (batch, horizon, len(model.levels))}
+        for output, out in outs.items():
+            if out.shape != want[output]:
+                raise VerificationError(f"{path}: {output} shape {out.shape}, expected {want[output]}")
     shortest = model_min_history(meta, lookback, path)
     if shortest < lookback:  # declared: check it runs there before any request relies on it
         out = model.run(np.repeat(np.linspace(0, 1, shortest, dtype=np.float32)[None, :, None], len(columns), 2))
@@ -100,6 +123,16 @@ def _load(model_dir: Path, name: str, threads: int, min_history: int | None) -> 
                     "for this version (shorter histories get a 400)", name, model.version, shortest, min_history,
                     shortest)
     return replace(model, min_history=shortest)
+
+
+def _levels(session, meta: dict[str, str], path: Path) -> tuple[float, ...]:
+    """The levels of the model's quantiles output (empty without one); VerificationError when
+    its ``onnxcast.quantile_levels`` is missing, malformed, or disagrees with the output."""
+    found = ort_signature(session)
+    problems = quantile_problems(found, meta)
+    if problems:
+        raise VerificationError(f"{path}: " + "; ".join(problems))
+    return parse_quantile_levels(meta[QUANTILE_METADATA]) if has_quantiles(found) else ()
 
 
 def model_min_history(meta: dict[str, str], lookback: int, path: Path) -> int:

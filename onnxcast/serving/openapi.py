@@ -2,7 +2,8 @@
 
 The inference body is decoded by hand for speed, so its schema is written here, once, as
 the Open Inference Protocol (KServe V2) REST specification gives it, narrowed to the
-onnxcast model contract (one FP32 input ``history``, one output ``forecast``).
+onnxcast model contract (one FP32 input ``history``; the outputs ``forecast`` and, for a model
+that has it, ``quantiles``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ _INPUT = {"type": "object", "required": ["name", "shape", "datatype"], "properti
     "data": {"type": "array", "items": {"type": "number"},
              "description": "row-major values (flat; omit when sent as binary data)"}}}
 _REQUESTED_OUTPUT = {"type": "object", "required": ["name"], "properties": {
-    "name": {"type": "string", "enum": ["forecast"]},
+    "name": {"type": "string", "enum": ["forecast", "quantiles"],
+             "description": "forecast [batch, horizon]; quantiles [batch, horizon, Q] (levels in the model "
+                            "metadata's parameters.quantile_levels), for a model that has it"},
     "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}}}}
 INFER_REQUEST = {"type": "object", "required": ["inputs"], "properties": {
     "id": {"type": "string"},
     "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
     "inputs": {"type": "array", "items": _INPUT, "minItems": 1, "maxItems": 1},
-    "outputs": {"type": "array", "items": _REQUESTED_OUTPUT}}}
+    "outputs": {"type": "array", "items": _REQUESTED_OUTPUT,
+                "description": "the outputs to answer with, in this order; none named: every output of the model, "
+                               "forecast first"}}}
 INFER_RESPONSE = {"type": "object", "required": ["model_name", "model_version", "outputs"], "properties": {
     "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
     "outputs": {"type": "array", "items": {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
@@ -93,11 +98,13 @@ INFER = {"summary": "Inference (V2)", "tags": ["inference"],
                                           "description": "binary tensor extension: JSON header of "
                                                          "Inference-Header-Content-Length bytes, then tensors"}}}},
          "responses": {
-             200: {"description": "forecast [batch, horizon] from the version named in model_version",
+             200: {"description": "forecast [batch, horizon] and, for a model with quantiles, quantiles "
+                                  "[batch, horizon, Q], from the version named in model_version",
                    "headers": _VERSION_HEADER, "content": {
                        "application/json": {"schema": INFER_RESPONSE},
                        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-             400: _error("the request does not fit the model: shape, datatype, non-finite values, history length"),
+             400: _error("the request does not fit the model: shape, datatype, non-finite values, history length, "
+                         "an output it does not have"),
              404: _error("unknown model, or a version that is not the one served"),
              408: _error("the request was not received within the server's read timeout"),
              413: _error("too many histories in one request, or body too large"),

@@ -4,6 +4,11 @@ an inference request, encode the response.
 Both the JSON form and the binary tensor extension (``Inference-Header-Content-Length``, as
 ``tritonclient[http]`` sends by default) are understood. Every problem with a request is a
 :class:`RequestError` carrying the HTTP status and a one-line message naming what is wrong.
+
+A model answers with ``forecast`` [batch, horizon] and, when it has one, ``quantiles``
+[batch, horizon, Q]: a request that names no ``outputs`` gets every output of the model, in
+that order; one that names some gets those, in its order, each as JSON or binary data as its
+``binary_data`` parameter (or the request's ``binary_data_output``) says.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import numpy as np
 import orjson
 
 from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME
+from onnxcast.base.untrusted import quote
 
 TOO_DEEP = "request body is nested too deep (a V2 request nests 4 levels)"
 
@@ -41,14 +47,27 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool  # sent as binary data after the JSON header, not as "data"
+
+
+@dataclass(frozen=True)
 class InferRequest:
     id: str | None
     history: np.ndarray  # float32 [batch, time, n_features], finite
-    binary_output: bool
+    outputs: tuple[RequestedOutput, ...]  # what to answer with, in order
+
+    @property
+    def binary_output(self) -> bool:
+        """Whether the response uses the binary tensor extension (any output as binary data)."""
+        return any(output.binary for output in self.outputs)
 
 
-def decode_request(body: bytes, header_length: str | None, limits: Limits) -> InferRequest:
-    """Parse and check a V2 infer request body (JSON, or JSON + binary tensors)."""
+def decode_request(body: bytes, header_length: str | None, limits: Limits,
+                   outputs: tuple[str, ...] = (OUTPUT_NAME,)) -> InferRequest:
+    """Parse and check a V2 infer request body (JSON, or JSON + binary tensors); ``outputs``
+    are the served model's output names, in the order a request naming none gets them."""
     binary = b""
     if header_length is not None:
         try:
@@ -84,25 +103,36 @@ def decode_request(body: bytes, header_length: str | None, limits: Limits) -> In
     request_id = request.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestError("'id' must be a string")
-    return InferRequest(request_id, history, _wants_binary(request))
+    return InferRequest(request_id, history, _requested_outputs(request, outputs))
 
 
-def encode_response(model: str, version: str, request_id: str | None, forecast: np.ndarray,
-                    binary: bool) -> tuple[bytes, dict[str, str]]:
-    """The V2 response body and its extra headers; ``forecast`` is float32 [batch, horizon]."""
-    output = {"name": OUTPUT_NAME, "datatype": "FP32", "shape": list(forecast.shape)}
-    response = {"model_name": model, "model_version": version, "outputs": [output]}
+def encode_response(model: str, version: str, request_id: str | None, results: dict[str, np.ndarray] | np.ndarray,
+                    binary: bool | tuple[RequestedOutput, ...]) -> tuple[bytes, dict[str, str]]:
+    """The V2 response body and its extra headers. ``results``: the model's outputs by name
+    (a bare array is ``forecast``); ``binary``: the request's outputs (a bool: ``forecast``
+    alone, binary or not). Binary outputs follow the JSON header in the order listed."""
+    if not isinstance(results, dict):
+        results = {OUTPUT_NAME: results}
+    wanted = (RequestedOutput(OUTPUT_NAME, binary),) if isinstance(binary, bool) else binary
+    response = {"model_name": model, "model_version": version, "outputs": []}
     if request_id is not None:
         response["id"] = request_id
     headers = {"x-model-version": version}
-    if binary:
-        raw = np.ascontiguousarray(forecast, dtype="<f4").tobytes()
-        output["parameters"] = {"binary_data_size": len(raw)}
-        header = orjson.dumps(response)
+    raws = []
+    for requested in wanted:
+        values = results[requested.name]
+        output = {"name": requested.name, "datatype": "FP32", "shape": list(values.shape)}
+        if requested.binary:
+            raws.append(np.ascontiguousarray(values, dtype="<f4").tobytes())
+            output["parameters"] = {"binary_data_size": len(raws[-1])}
+        else:
+            output["data"] = np.ascontiguousarray(values, dtype=np.float32).ravel()
+        response["outputs"].append(output)
+    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if raws:
         headers[HEADER_LENGTH] = str(len(header))
-        return header + raw, headers
-    output["data"] = np.ascontiguousarray(forecast, dtype=np.float32).ravel()
-    return orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY), headers
+        return header + b"".join(raws), headers
+    return header, headers
 
 
 def error_body(message: str) -> bytes:
@@ -162,17 +192,27 @@ def _check_history(history: np.ndarray, limits: Limits) -> None:
         raise RequestError(f"{INPUT_NAME}: value at [{b}, {t}, {f}] is not finite (NaN, infinity, or beyond float32)")
 
 
-def _wants_binary(request: dict) -> bool:
+def _requested_outputs(request: dict, names: tuple[str, ...]) -> tuple[RequestedOutput, ...]:
+    """The outputs a request asks for (all of the model's, in its order, when it names none
+    or lists none), each binary as its ``binary_data`` parameter says, else as the request's
+    ``binary_data_output`` does."""
     parameters = request.get("parameters") if isinstance(request.get("parameters"), dict) else {}
+    default = parameters.get("binary_data_output") is True
     outputs = request.get("outputs")
-    if isinstance(outputs, list):
-        for output in outputs:
-            if not isinstance(output, dict) or output.get("name") != OUTPUT_NAME:
-                name = output.get("name") if isinstance(output, dict) else output
-                raise RequestError(f"unknown output {name!r}: this model gives {OUTPUT_NAME!r}")
-            out_parameters = output.get("parameters")
-            if isinstance(out_parameters, dict) and "binary_data" in out_parameters:
-                return out_parameters["binary_data"] is True
-    elif outputs is not None:
+    if outputs is None or outputs == []:
+        return tuple(RequestedOutput(name, default) for name in names)
+    if not isinstance(outputs, list):
         raise RequestError("'outputs' must be a list")
-    return parameters.get("binary_data_output") is True
+    wanted: list[RequestedOutput] = []
+    for output in outputs:
+        name = output.get("name") if isinstance(output, dict) else output
+        if not isinstance(output, dict) or name not in names:
+            gives = " and ".join(repr(n) for n in names)
+            raise RequestError(f"unknown output {quote(name)}: this model gives {gives}")
+        if any(w.name == name for w in wanted):
+            raise RequestError(f"output {name!r} is named twice in 'outputs'")
+        out_parameters = output.get("parameters")
+        binary = out_parameters["binary_data"] is True \
+            if isinstance(out_parameters, dict) and "binary_data" in out_parameters else default
+        wanted.append(RequestedOutput(name, binary))
+    return tuple(wanted)

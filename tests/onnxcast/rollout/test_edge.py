@@ -123,7 +123,7 @@ class TestInspect:
         proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
         path = tmp_path / "bad.onnx"
         onnx.save(proto, path)
-        with pytest.raises(VerificationError, match=r"bad.onnx: expected one input 'history', found \['x'\]"):
+        with pytest.raises(VerificationError, match=r"bad.onnx: expected inputs 'history', found \['x'\]"):
             inspect_model(path)
 
     def test_signature_must_match_the_manifest(self, tiny_onnx):

@@ -217,7 +217,8 @@ class TestBadInput:
         report = json.loads(path.read_text())
         report["models"][0]["variants"][0]["sha256"] = __import__("hashlib").sha256(onnx_file.read_bytes()).hexdigest()
         path.write_text(json.dumps(report))
-        with pytest.raises(VerificationError, match="expected one output 'forecast', found \\['prediction'\\]"):
+        with pytest.raises(VerificationError, match=r"expected outputs 'forecast' or \['forecast', 'quantiles'\], "
+                                                   r"found \['prediction'\]"):
             promote(path, str(tmp_path / "store"), "m", "edge")
         assert not (tmp_path / "store").exists()
 

@@ -17,15 +17,16 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_onnx, release_key):
-    """A server with version 1 of model 'm' on the cloud channel, for the whole module."""
+def served(tmp_path_factory, tiny_onnx_quantiles, release_key):
+    """A server with version 1 of model 'm' on the cloud channel, for the whole module: a model
+    with both outputs (forecast and quantiles), as every export since forecast distributions."""
     import hashlib
     import shutil
 
     folder = tmp_path_factory.mktemp("fuzz")
     target = folder / "run/models/lstm/onnx/fp32.onnx"
     target.parent.mkdir(parents=True)
-    shutil.copy(tiny_onnx, target)
+    shutil.copy(tiny_onnx_quantiles, target)
     data = target.read_bytes()
     variant = {"name": "fp32", "onnx_path": "models/lstm/onnx/fp32.onnx", "sha256": hashlib.sha256(data).hexdigest(),
                "size_bytes": len(data), "opset": 18, "eligible": True, "reasons": [], "gates": {},

@@ -57,6 +57,50 @@ class TestProtocol:
             decode_request(json.dumps(body).encode(), None, LIMITS)
 
 
+    def test_outputs_default_to_every_output_and_the_request_chooses(self):
+        history = np.zeros((1, 16, 2), np.float32)
+        both = ("forecast", "quantiles")
+
+        def decode(**extra):
+            body = json.dumps({"inputs": [{"name": "history", "datatype": "FP32", "shape": [1, 16, 2],
+                                           "data": [0.0] * 32}], **extra}).encode()
+            return [(o.name, o.binary) for o in decode_request(body, None, LIMITS, both).outputs]
+
+        assert decode() == [("forecast", False), ("quantiles", False)]
+        assert decode(outputs=[]) == [("forecast", False), ("quantiles", False)]
+        assert decode(parameters={"binary_data_output": True}) == [("forecast", True), ("quantiles", True)]
+        assert decode(outputs=[{"name": "quantiles"}]) == [("quantiles", False)]
+        assert decode(outputs=[{"name": "quantiles", "parameters": {"binary_data": True}}, {"name": "forecast"}]) \
+            == [("quantiles", True), ("forecast", False)]
+        with pytest.raises(RequestError, match="unknown output 'q': this model gives 'forecast' and 'quantiles'$"):
+            decode(outputs=[{"name": "q"}])
+        with pytest.raises(RequestError, match="output 'forecast' is named twice"):
+            decode(outputs=[{"name": "forecast"}, {"name": "forecast"}])
+        with pytest.raises(RequestError, match="unknown output 'quantiles': this model gives 'forecast'$"):
+            decode_request(json.dumps({**infer_json(history), "outputs": [{"name": "quantiles"}]}).encode(), None,
+                           LIMITS)
+
+    def test_mixed_binary_and_json_outputs(self):
+        """A binary output's bytes follow the header; a JSON one stays in it (as Triton answers)."""
+        from onnxcast.serving.protocol import RequestedOutput
+
+        forecast = np.arange(8, dtype=np.float32).reshape(2, 4)
+        quantiles = np.arange(40, dtype=np.float32).reshape(2, 4, 5)
+        payload, headers = encode_response("m", "1", None, {"forecast": forecast, "quantiles": quantiles},
+                                           (RequestedOutput("quantiles", True), RequestedOutput("forecast", False)))
+        size = int(headers["inference-header-content-length"])
+        header = orjson.loads(payload[:size])
+        assert [(o["name"], o["shape"]) for o in header["outputs"]] == [("quantiles", [2, 4, 5]), ("forecast", [2, 4])]
+        assert header["outputs"][0]["parameters"] == {"binary_data_size": 160} and "data" not in header["outputs"][0]
+        assert header["outputs"][1]["data"] == forecast.ravel().tolist()
+        assert np.array_equal(np.frombuffer(payload[size:], "<f4").reshape(2, 4, 5), quantiles)
+
+
+def infer_json(history: np.ndarray) -> dict:
+    return {"inputs": [{"name": "history", "datatype": "FP32", "shape": list(history.shape),
+                        "data": history.ravel().tolist()}]}
+
+
 class _Recorder:
     """A stand-in model that records the batch size of every call."""
 
@@ -89,10 +133,37 @@ class TestBatcher:
             return histories, results
 
         histories, results = asyncio.run(scenario())
-        for history, (forecast, version) in zip(histories, results, strict=True):
-            assert version == "1" and np.array_equal(forecast, history[:, -4:, 0])
+        for history, (outputs, version) in zip(histories, results, strict=True):
+            assert version == "1" and list(outputs) == ["forecast"]
+            assert np.array_equal(outputs["forecast"], history[:, -4:, 0])
         assert all(rows <= 4 for rows, _ in recorder.calls) and sum(r for r, _ in recorder.calls) == 10
         assert len(recorder.calls) < 10  # coalesced
+
+    def test_every_output_is_cut_to_its_requests_rows(self):
+        """A model with quantiles: each request of a coalesced batch gets its own rows of both."""
+        class TwoOutputs:
+            def run(self, history, feed=None):
+                if feed is not None:  # session.run(names, {"history": x})
+                    history = feed["history"]
+                    forecast = history[:, -4:, 0] * 1.0
+                    return [forecast, forecast[:, :, None] + np.arange(5, dtype=np.float32)]
+                raise AssertionError("the batcher runs every output in one call")
+
+        model = ServedModel("m", "1", "a.onnx", "00", TwoOutputs(), 16, 4, 2, ("y", "x1"), levels=(0.1, 0.3, 0.5, 0.7, 0.9))
+
+        async def scenario():
+            batcher = Batcher(lambda: model, max_batch_size=8, max_delay=0.05)
+            await batcher.start()
+            histories = [np.full((1 + i % 2, 16, 2), i, np.float32) for i in range(6)]
+            results = await asyncio.gather(*(batcher.submit(h) for h in histories))
+            await batcher.stop()
+            return histories, results
+
+        histories, results = asyncio.run(scenario())
+        for history, (outputs, version) in zip(histories, results, strict=True):
+            assert list(outputs) == ["forecast", "quantiles"] and version == "1"
+            assert np.array_equal(outputs["forecast"], history[:, -4:, 0])
+            assert np.array_equal(outputs["quantiles"], history[:, -4:, 0, None] + np.arange(5))
 
     def test_a_lone_request_is_not_delayed(self):
         recorder = _Recorder()
