@@ -298,8 +298,9 @@ def naive_quantiles(fleet: FleetData, plan: Plan, naive: dict, lookback: int, le
                     shard: int | None = None) -> dict[str, np.ndarray]:
     """Split-conformal intervals for every naive method, calibrated as the models' are
     (intervals.calibrate): the method's errors at each series' validation window (the horizon
-    just before the holdout), scaled by the window's mean absolute one-step change over the
-    ``lookback`` steps before its origin, give ``offsets [horizon, Q]``
+    just before the holdout), scaled by the window's interval scale (the mean absolute change
+    over the fleet's season, models.interval_lag) over the ``lookback`` steps before its
+    origin, give ``offsets [horizon, Q]``
     (intervals.offsets_from_errors); at every holdout origin ``quantiles = forecast + scale *
     offsets``. ``{name: [series, origins, horizon, Q]}``.
 
@@ -339,13 +340,14 @@ def _actuals_at(fleet: FleetData, back: np.ndarray, horizon: int) -> np.ndarray:
 def _window_scales(fleet: FleetData, back: np.ndarray, lookback: int) -> np.ndarray:
     """``[series, len(back)]``: the models' interval scale (QuantileOutput.interval_scale) of the
     ``lookback`` steps (edge-padded) before each origin, in numpy."""
-    from onnxcast.pipeline.models import EPS_FLOOR, SCALE_EPS_RELATIVE
+    from onnxcast.pipeline.models import EPS_FLOOR, SCALE_EPS_RELATIVE, interval_lag
 
     n, k = fleet.n_series, len(back)
     series = np.repeat(np.arange(n), k)
     ends = (fleet.lengths[:, None] - back[None, :]).reshape(-1)
     window = histories(fleet, series, np.maximum(ends, 1), lookback)[:, :, 0].astype(np.float64)
-    change = np.abs(np.diff(window, axis=1)).mean(axis=1)
+    lag = interval_lag(fleet.season, lookback)
+    change = np.abs(window[:, lag:] - window[:, :-lag]).mean(axis=1)
     return (change + SCALE_EPS_RELATIVE * np.abs(window).mean(axis=1) + EPS_FLOOR).reshape(n, k)
 
 
