@@ -395,3 +395,28 @@ def test_a_model_without_quantiles_has_no_interval_columns_nor_levels(tmp_path):
     assert interval_names(table.columns, "fp32") == [] and interval_aggregate(table, "fp32", (0.1, 0.9)) is None
     got = interval_aggregate(table, "fp32-opt", (0.1, 0.9))
     assert got["coverage_80"] == 0.75 and got["msis_95"] == 4.0 and got["series"] == 2
+
+
+def test_the_naives_interval_scale_is_the_models_in_graph_scale():
+    """The naives' intervals are calibrated on the same window scale the ONNX graph computes
+    (QuantileOutput.interval_scale: the mean absolute change over the season, 12 here)."""
+    import torch
+
+    from onnxcast.pipeline.fleet_eval import _window_scales
+    from onnxcast.pipeline.models import ModelSpec, build_model
+
+    panel = load_panel("m3-monthly", limit=5, seed=2)
+    fleet = fleet_of(panel)
+    spec = ModelSpec(family="dlinear", n_features=1, horizon=18, lookback=36, season=12, seasons=(12,))
+    model = build_model(spec, np.zeros(1), np.ones(1)).eval()
+    assert model.interval_lag == 12
+    back = np.array([18, 30])  # M3 monthly series have at least 66 points: 36 real steps before each origin
+    ours = _window_scales(fleet, back, 36)
+    for i in range(fleet.n_series):
+        for j, b in enumerate(back):
+            end = fleet.lengths[i] - b
+            window = fleet.target(i)[end - 36:end].astype(np.float64)
+            by_hand = np.abs(window[12:] - window[:-12]).mean() + 1e-6 * np.abs(window).mean()  # + the level floor
+            assert ours[i, j] == pytest.approx(by_hand, rel=1e-9)
+            graph = model.interval_scale(torch.from_numpy(window[None, :, None].astype(np.float32)))
+            assert ours[i, j] == pytest.approx(float(graph[0]), rel=1e-5)
