@@ -42,8 +42,20 @@ browser:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "note: chromium not installed; browser tests will skip"; }
 
+# The suite in two runs: the tests that start Airflow (its stack, DAG runs, operators) and the
+# documented commands one at a time, the rest on two workers (pytest-xdist, a test file per
+# worker, so module fixtures stay shared). PYTEST_ARGS: one run of what they select, serial.
+SERIAL_TESTS := tests/stack tests/dags tests/operators tests/docs
+PYTEST := CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q --durations=25
 test: $(STAMP) $(INFRA_STAMP) browser
-	CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q --durations=40 $(PYTEST_ARGS)
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@status=0; \
+	$(PYTEST) -n 2 --dist loadfile $(addprefix --ignore=,$(SERIAL_TESTS)) || status=$$?; \
+	$(PYTEST) $(SERIAL_TESTS) || status=$$?; \
+	exit $$status
+else
+	$(PYTEST) $(PYTEST_ARGS)
+endif
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

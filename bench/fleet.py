@@ -53,6 +53,12 @@ FAMILIES = ("nhits", "dlinear", "lstm", "transformer")  # cheap families first
 DEFAULT_MINUTES = {"m3-monthly": 5.0}
 BOOTSTRAP_SAMPLES = 1000
 METRICS = ("mae", "smape", "mape")
+# forecast distributions (issue 21): the pipeline's default quantile levels; statsforecast's
+# level=[80, 95] intervals give the same quantiles (intervals.quantiles_from_levels)
+INTERVAL_LEVELS = (0.025, 0.1, 0.5, 0.9, 0.975)
+INTERVALS = ("coverage_80", "coverage_95", "msis_80", "msis_95", "pinball")
+SCALED_INTERVALS = ("msis_80", "msis_95", "pinball")  # divided by the MASE scale: rescaled to the bench's
+COVERAGE_GOAL = 0.03  # issue 21: the edge model's 80% and 95% intervals within 3 points of nominal
 
 log = logging.getLogger("bench.fleet")
 
@@ -119,22 +125,38 @@ def statsforecast_per_series(panel, *, n_jobs: int = 1, models: tuple[str, ...] 
     """Per-series metrics of statsforecast's models on the official test of every series.
 
     Returns ``(table, seconds)``: one row per series (``series``, ``train_steps``, ``mase_scale``,
-    ``<model>.mae/.smape/.mape/.mase``, ``best_naive``, ``best_naive.*``) and the fit-and-forecast
-    seconds per model (each model fitted on its own, so its cost is its own)."""
+    ``<model>.mae/.smape/.mape/.mase``, the models' own ``level=[80, 95]`` prediction intervals
+    judged as ``<model>.coverage_80/.coverage_95/.msis_80/.msis_95/.pinball`` (scaled by the
+    same MASE scale), ``best_naive``, ``best_naive.*``) and the fit-and-forecast seconds per
+    model (each model fitted on its own, so its cost is its own; intervals included)."""
     import pandas as pd
     from statsforecast import StatsForecast
 
+    from onnxcast.pipeline.intervals import (
+        quantiles_from_levels,
+        reference_levels,
+        row_interval_metrics,
+    )
+
     train, test = split_official(panel)
     ids = np.asarray(sorted(train["unique_id"].unique()))
-    forecasts, seconds = {}, {}
+    widths = reference_levels(INTERVAL_LEVELS)
+    forecasts, quantiles, seconds = {}, {}, {}
     for name in models:
         model = make_model(name, panel.season)
         sf = StatsForecast(models=[model], freq=1, n_jobs=n_jobs, fallback_model=make_model("SeasonalNaive", panel.season))
         started = time.monotonic()
-        out = sf.forecast(h=panel.horizon, df=train)
+        out = sf.forecast(h=panel.horizon, df=train, level=widths)
         seconds[name] = round(time.monotonic() - started, 2)
         out = out.sort_values(["unique_id", "ds"])
-        forecasts[name] = out[name].to_numpy(np.float64).reshape(len(ids), panel.horizon)
+
+        def column(key: str, frame=out) -> np.ndarray:
+            return frame[key].to_numpy(np.float64).reshape(len(ids), panel.horizon)
+
+        forecasts[name] = column(name)
+        quantiles[name] = quantiles_from_levels({w: column(f"{name}-lo-{w}") for w in widths},
+                                                {w: column(f"{name}-hi-{w}") for w in widths}, forecasts[name],
+                                                INTERVAL_LEVELS)
         log.info("%s: %s on %d series in %.1fs", panel.name, name, len(ids), seconds[name])
     actual = test.sort_values(["unique_id", "ds"])["y"].to_numpy(np.float64).reshape(len(ids), panel.horizon)
     x_by_id = {k: g.to_numpy(np.float64) for k, g in train.groupby("unique_id", sort=True)["y"]}
@@ -142,6 +164,8 @@ def statsforecast_per_series(panel, *, n_jobs: int = 1, models: tuple[str, ...] 
     table = pd.DataFrame({"series": ids, "train_steps": [len(x_by_id[i]) for i in ids], "mase_scale": scales})
     for name, predicted in forecasts.items():
         for metric, values in series_metrics(actual, predicted, scales).items():
+            table[f"{name}.{metric}"] = values
+        for metric, values in row_interval_metrics(actual, quantiles[name], INTERVAL_LEVELS, scales).items():
             table[f"{name}.{metric}"] = values
     return add_best_naive(table), seconds
 
@@ -237,7 +261,32 @@ def aggregate(table, forecaster: str, *, reference: str | None = REFERENCE) -> d
         test = paired_test(mase[both], other[both], block=1)
         result[f"vs_{reference}"] = {"p_value": test["p_value"], "mean_diff": test["mean_diff"],
                                      "significant": test["significant"], "series": test["origins"]}
+    intervals = interval_aggregate(table, forecaster, reference=reference)
+    if intervals:
+        result["intervals"] = intervals
     return result
+
+
+def interval_aggregate(table, forecaster: str, *, reference: str | None = REFERENCE) -> dict | None:
+    """Means over series of the forecaster's interval columns (coverage is then the pooled
+    coverage: every series has its h test points), a bootstrap interval of the mean MSIS of the
+    95% interval and the paired test of per-series MSIS (95%) vs ``reference``'s; None when the
+    forecaster has no intervals."""
+    from onnxcast.pipeline.evaluation import paired_test
+
+    if f"{forecaster}.msis_95" not in table:
+        return None
+    values = {m: table[f"{forecaster}.{m}"].to_numpy(np.float64) for m in INTERVALS if f"{forecaster}.{m}" in table}
+    ran = np.all([np.isfinite(v) for v in values.values()], axis=0)
+    out = {"series": int(ran.sum()), **{m: float(v[ran].mean()) if ran.any() else None for m, v in values.items()},
+           "msis_95_ci95": mean_interval(values["msis_95"][ran])}
+    if reference and forecaster != reference and f"{reference}.msis_95" in table:
+        other = table[f"{reference}.msis_95"].to_numpy(np.float64)
+        both = ran & np.isfinite(other)
+        test = paired_test(values["msis_95"][both], other[both], block=1)
+        out[f"msis_95_vs_{reference}"] = {"p_value": test["p_value"], "mean_diff": test["mean_diff"],
+                                          "significant": test["significant"], "series": test["origins"]}
+    return out
 
 
 # --- the pipeline side -------------------------------------------------------------------------
@@ -311,29 +360,50 @@ def run_fleet_steps(cfg) -> tuple[dict, str, list[dict]]:
     return report, status, timings
 
 
-def pipeline_per_series(cfg, family: str, variant: str = "fp32"):
-    """A family's per-series MAE, sMAPE and MAPE of one variant, from the run's Parquet table."""
+def pipeline_per_series(cfg, family: str, variant: str = "fp32", path: Path | None = None):
+    """A family's per-series MAE, sMAPE and MAPE of one variant, and its interval columns
+    (``coverage_*``, ``msis_*``, ``pinball``: a model without quantiles has none) with the
+    pipeline's MASE scale (``pipeline_scale``), from the run's Parquet table (``path``: another
+    per-series table of the run, e.g. the reference's)."""
     import pandas as pd
 
-    table = pd.read_parquet(cfg.layout.per_series(family))
-    keep = {"series": table["series"].astype(str)}
-    for metric in METRICS:
+    table = pd.read_parquet(path or cfg.layout.per_series(family))
+    keep = {"series": table["series"].astype(str), "pipeline_scale": table["mase_scale"]}
+    for metric in (*METRICS, *INTERVALS):
         column = f"{variant}.{metric}"
-        keep[metric] = table[column] if column in table else np.nan
+        if column in table:
+            keep[metric] = table[column]
+        elif metric in METRICS:
+            keep[metric] = np.nan
     return pd.DataFrame(keep)
 
 
 def join_pipeline(table, cfg, families: list[str], variants: dict[str, list[str]]):
     """The statsforecast table restricted to the series the pipeline judged, with each family's
-    variants as forecasters ``<family>/<variant>``; MASE recomputed on our scale (the MAE over
-    the scale of ``x``), so every row of the table uses one scale."""
+    variants as forecasters ``<family>/<variant>`` and the pipeline's fleet naive with its
+    split-conformal intervals as ``pipeline/<naive>``; MASE recomputed on our scale (the MAE over
+    the scale of ``x``) and MSIS and pinball brought to it (times the pipeline's scale over
+    ours), so every row of the table uses one scale."""
+    from onnxcast.pipeline.fleet_eval import FLEET_NAIVE
+
     merged = table.copy()
-    for family in families:
-        for variant in variants.get(family, ["fp32"]):
-            part = pipeline_per_series(cfg, family, variant).rename(
-                columns={m: f"{family}/{variant}.{m}" for m in METRICS})
-            merged = merged.merge(part, on="series", how="inner")
-            merged[f"{family}/{variant}.mase"] = merged[f"{family}/{variant}.mae"] / merged["mase_scale"]
+    parts = [(f"{family}/{variant}", pipeline_per_series(cfg, family, variant))
+             for family in families for variant in variants.get(family, ["fp32"])]
+    if cfg.layout.reference_table.exists():
+        import pandas as pd
+
+        naive = str(pd.read_parquet(cfg.layout.reference_table, columns=[FLEET_NAIVE])[FLEET_NAIVE].iloc[0])
+        parts.append((f"pipeline/{naive}", pipeline_per_series(cfg, "", FLEET_NAIVE, cfg.layout.reference_table)))
+    for key, part in parts:
+        ratio = part.pop("pipeline_scale")
+        part = part.rename(columns={m: f"{key}.{m}" for m in (*METRICS, *INTERVALS)})
+        part["_ratio"] = ratio
+        merged = merged.merge(part, on="series", how="inner")
+        merged[f"{key}.mase"] = merged[f"{key}.mae"] / merged["mase_scale"]
+        for metric in SCALED_INTERVALS:
+            if f"{key}.{metric}" in merged:
+                merged[f"{key}.{metric}"] = merged[f"{key}.{metric}"] * merged["_ratio"] / merged["mase_scale"]
+        merged = merged.drop(columns="_ratio")
     return merged
 
 
@@ -369,7 +439,14 @@ def statsforecast_side(panel, args):
     cache = None
     if args.statsforecast_cache:
         cache = Path(args.statsforecast_cache) / f"{panel.name}-{args.limit or 'all'}-statsforecast.parquet"
+        cached = None
         if cache.exists():
+            import pyarrow.parquet as pq
+
+            cached = pq.read_schema(cache).names
+        if cached and f"{REFERENCE}.msis_95" not in cached:
+            log.info("%s: %s has no intervals (an earlier bench): fitted again", panel.name, cache)
+        elif cached:
             meta = json.loads(cache.with_suffix(".json").read_text())
             log.info("%s: statsforecast side read from %s (fitted %s)", panel.name, cache, meta["fitted"])
             return pd.read_parquet(cache), meta["seconds"], f"read from {cache.name}, fitted {meta['fitted']}"
@@ -403,6 +480,7 @@ def run_panel_pipeline(panel, table, args, work: Path) -> tuple[dict, object]:
     judged_families = [f for f in cfg.models if cfg.layout.per_series(f).exists()]
     judged = join_pipeline(table, cfg, judged_families, variants)
     forecasters = [f"{f}/{v}" for f in judged_families for v in variants[f]]
+    forecasters += [c[: -len(".mase")] for c in judged.columns if c.startswith("pipeline/") and c.endswith(".mase")]
     log.info("%s: pipeline %s in %.0fs; %d of %d series judged by both", panel.name, status, seconds, len(judged),
              len(table))
     return {"status": status, "seconds": seconds, "minutes_per_family": minutes, "families": list(cfg.models),
@@ -436,6 +514,17 @@ def goals(row: dict) -> dict:
     for family in ("lstm", "transformer"):
         key = f"{family}/fp32"
         result[f"{family}_beats_best_naive"] = by[key]["mase_mean"] < naive if key in by and naive else None
+    # issue 21: the edge model's 80% and 95% intervals cover within 3 points of nominal, with a
+    # lower mean MSIS (95%) than AutoETS's own intervals on the same series and test period
+    edge_iv = (by.get(edge_key) or {}).get("intervals") or {}
+    ets_iv = (by.get(REFERENCE) or {}).get("intervals") or {}
+    gaps = [abs(edge_iv[f"coverage_{p}"] - p / 100) for p in (80, 95) if edge_iv.get(f"coverage_{p}") is not None]
+    result.update(edge_coverage_80=edge_iv.get("coverage_80"), edge_coverage_95=edge_iv.get("coverage_95"),
+                  edge_msis_95=edge_iv.get("msis_95"), autoets_msis_95=ets_iv.get("msis_95"),
+                  edge_coverage_within_3_points=(len(gaps) == 2 and max(gaps) <= COVERAGE_GOAL) if edge_iv else None)
+    result["edge_msis_below_autoets"] = (edge_iv["msis_95"] < ets_iv["msis_95"]
+                                         if edge_iv.get("msis_95") is not None and ets_iv.get("msis_95") is not None
+                                         else None)
     return result
 
 
@@ -589,6 +678,7 @@ def render_panel(row: dict) -> list[str]:
                      f"{_f(a['mase_median'])} | {_f(a['smape_mean'], '.2f')} [{_f(a['smape_ci95'][0], '.2f')}, "
                      f"{_f(a['smape_ci95'][1], '.2f')}] | {_f(a['mape_mean'], '.2f')} | {_f(a['loses_share'], '.1%')} | "
                      f"{_f(versus.get('p_value'), '.3g')} |")
+    lines += render_intervals(row)
     g = row["goals"]
     lines += ["", f"Edge choice: {g['edge'] or 'none'}. Goal 'edge model mean MASE < AutoETS': "
               + (_yes(g["edge_beats_autoets"]) + f" ({_f(g['edge_mase_mean'])} vs {_f(g['autoets_mase_mean'])})"
@@ -596,6 +686,33 @@ def render_panel(row: dict) -> list[str]:
               f"aggregate' (mean MASE < {g.get('best_naive')}'s {_f(g['best_naive_mase_mean'])}): LSTM {_yes(g['lstm_beats_best_naive'])}, "
               f"Transformer {_yes(g['transformer_beats_best_naive'])}.", ""]
     lines += render_literature(row.get("literature"))
+    return lines
+
+
+def render_intervals(row: dict) -> list[str]:
+    """The forecast distributions of every forecaster with intervals, and issue 21's goal."""
+    rows = [a for a in row["forecasters"] if a.get("intervals")]
+    if not rows:
+        return []
+    lines = ["", "Forecast intervals on the same series and test period (coverage: share of test points inside "
+             "the central interval; MSIS: the M4's mean scaled interval score, on the same MASE scale; pinball: "
+             "mean scaled pinball loss over the levels 0.025, 0.1, 0.5, 0.9, 0.975; statsforecast models: their "
+             "own level=[80, 95] intervals; pipeline/*: the pipeline's fleet naive with split-conformal "
+             "intervals; p: paired test of per-series MSIS (95%) vs AutoETS):", "",
+             "| forecaster | coverage 80% | coverage 95% | MSIS 80% | MSIS 95% [95 % CI] | pinball | p MSIS vs AutoETS |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    for a in rows:
+        iv = a["intervals"]
+        versus = iv.get(f"msis_95_vs_{REFERENCE}") or {}
+        ci = iv.get("msis_95_ci95") or [None, None]
+        lines.append(f"| {a['forecaster']} | {_f(iv.get('coverage_80'), '.1%')} | {_f(iv.get('coverage_95'), '.1%')} | "
+                     f"{_f(iv.get('msis_80'))} | {_f(iv.get('msis_95'))} [{_f(ci[0])}, {_f(ci[1])}] | "
+                     f"{_f(iv.get('pinball'), '.4f')} | {_f(versus.get('p_value'), '.3g')} |")
+    g = row["goals"]
+    lines += ["", f"Goal (issue 21) 'the edge model's 80% and 95% intervals within 3 points of nominal': "
+              f"{_yes(g.get('edge_coverage_within_3_points'))} ({_f(g.get('edge_coverage_80'), '.1%')}, "
+              f"{_f(g.get('edge_coverage_95'), '.1%')}); 'its MSIS (95%) below AutoETS's': "
+              f"{_yes(g.get('edge_msis_below_autoets'))} ({_f(g.get('edge_msis_95'))} vs {_f(g.get('autoets_msis_95'))})."]
     return lines
 
 

@@ -14,7 +14,7 @@ as the `challenger` and promotes it to the rollout channels **only if it beats t
 | 2 | `reference` | a fleet: baselines and statsforecast per series, one task per shard, in parallel with training |
 | 3 | `export` / `optimize` / `evaluate` / `validate` | ONNX fp32, fp32-opt, int8, fp16; a fleet: every series evaluated, one task per shard; parity, accuracy, latency |
 | 4 | `register` | report.json, MLflow runs, model version with alias `challenger` |
-| 5 | `champion_challenger` | compares holdout MAE of challenger and champion |
+| 5 | `champion_challenger` | compares challenger and champion on the holdout: MAE (a fleet: mean MASE), or with `champion_metric` msis the 95% interval's MSIS |
 | 6 | `promote` | rollout store version + channel pointers, alias `champion` (skipped if the champion wins) |
 | 7 | `wait_until_serving` | with the *serving_url* param: deferrable wait until `onnxcast serve` answers with the promoted version |
 
@@ -99,7 +99,8 @@ with DAG(
                                        description="Evaluate the registered champion on this run's holdout and "
                                                    "promote only a challenger that beats it"),
         "min_improvement": Param(0.0, type="number", minimum=0,
-                                 description="Relative MAE improvement over the champion required to promote"),
+                                 description="Relative improvement over the champion required to promote (on "
+                                             "champion_metric: MAE/MASE or MSIS)"),
         "serving_url": Param(None, type=["null", "string"],
                              description="onnxcast serve following the cloud channel (http://host:port): when "
                                          "set, wait until it serves the promoted version"),

@@ -149,11 +149,15 @@ def summarize_report(report: dict, out: str) -> str:
         lines.append(f"holdout: {origins['count']} forecast origins, one every {origins['stride']} steps "
                      "(every phase of the season); MAE with its 95% interval")
     for name, row in (baselines.get("candidates") or {"seasonal_naive": base}).items():
+        best = name == baselines.get("best") or not baselines.get("candidates")
         mark = "  <- the baseline to beat" if name == baselines.get("best") else ""
-        lines.append(f"  {name:<20} MAE {_mae(row)}  MASE {row['mase']:.3f}{mark}")
+        # the best baseline's intervals (split-conformal, calibrated as the models') are on seasonal_naive
+        bands = _intervals(row.get("intervals") or (base.get("intervals") if best else None))
+        lines.append(f"  {name:<20} MAE {_mae(row)}  MASE {row['mase']:.3f}{bands}{mark}")
     reference = report.get("reference")
     if reference:
-        lines.append(f"  reference {reference['model']}: MAE {_mae(reference)}  MASE {reference['mase']:.3f}")
+        lines.append(f"  reference {reference['model']}: MAE {_mae(reference)}  MASE {reference['mase']:.3f}"
+                     f"{_intervals(reference.get('intervals'))}")
     for m in report["models"]:
         t = m["torch"]
         status = "" if m.get("gates_passed", True) else "  EXCLUDED: " + "; ".join(m.get("failures", []))
@@ -164,7 +168,8 @@ def summarize_report(report: dict, out: str) -> str:
         for v in m["variants"]:
             h = v["holdout"] or {}
             speed = v.get("speedup_vs_torch", {})
-            lines.append(f"  {v['name']:<8} MAE {h.get('mae', float('nan')):.4g}  size {v['size_bytes'] / 1024:.0f} KiB  "
+            lines.append(f"  {v['name']:<8} MAE {h.get('mae', float('nan')):.4g}{_intervals(h.get('intervals'))}"
+                         f"  size {v['size_bytes'] / 1024:.0f} KiB  "
                          f"b1 x{speed.get('batch1_p50', float('nan')):.2f}  b64 x{speed.get('batch64_p50', float('nan')):.2f}  "
                          f"{'eligible' if v['eligible'] else 'not eligible: ' + '; '.join(v['reasons'])}")
     choice = report.get("family_choice") or {}
@@ -198,7 +203,8 @@ def summarize_fleet_report(report: dict, out: str) -> str:
         lines.append(f"  reference on a random sample of {reference.get('sample_size')} series")
     for name, row in aggregates.items():
         if row:
-            lines.append(f"  {name:<20} MASE {_mase(row)}  sMAPE {row.get('smape_mean', float('nan')):.4g}")
+            lines.append(f"  {name:<20} MASE {_mase(row)}  sMAPE {row.get('smape_mean', float('nan')):.4g}"
+                         f"{_intervals(row.get('intervals'))}")
     bars = {"best naive": aggregates["best naive"], "AutoETS": aggregates.get("AutoETS") or {}}
     tests = fleet.get("tests") or {}
     for m in report["models"]:
@@ -214,12 +220,25 @@ def summarize_fleet_report(report: dict, out: str) -> str:
         lines.append(f"{family}: fp32 MASE {_mase(fp32) if fp32 else 'n/a'}{versus}{loses}{status}")
         for v in m.get("variants", []):
             row = variants.get(v["name"]) or {}
-            lines.append(f"  {v['name']:<8} MASE {row.get('mase_mean', float('nan')):.4g}  "
+            bands = _intervals(row.get("intervals") or (v.get("holdout") or {}).get("intervals"))
+            lines.append(f"  {v['name']:<8} MASE {row.get('mase_mean', float('nan')):.4g}{bands}  "
                          f"size {v['size_bytes'] / 1024:.0f} KiB  "
                          f"{'eligible' if v.get('eligible') else 'not eligible: ' + '; '.join(v.get('reasons', []))}")
     for channel, pick in (report.get("selected") or {}).items():
         lines.append(f"selected for {channel}: {pick['family']} {pick['variant']}")
     return "\n".join(lines)
+
+
+def _intervals(figures: dict | None) -> str:
+    """``  80%/95% cover 79.2%/94.1%  MSIS 5.12`` (the 95% interval's; a fleet: means over
+    series), or nothing for a report from before forecast distributions."""
+    figures = figures or {}
+    numbers = [figures.get(k) for k in ("coverage_80", "coverage_95", "msis_95")]
+    if not any(isinstance(n, int | float) for n in numbers):
+        return ""
+    c80, c95, msis = (f"{n:{spec}}" if isinstance(n, int | float) else "n/a"
+                      for n, spec in zip(numbers, (".1%", ".1%", ".4g"), strict=True))
+    return f"  80%/95% cover {c80}/{c95}  MSIS {msis}"
 
 
 def _count(value: Any) -> str:

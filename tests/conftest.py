@@ -11,6 +11,17 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (``make test`` runs most files on two workers) each worker gets an
+    ONNXCAST_HOME of its own: what defaults to it (the embedded MLflow SQLite store, dev keys)
+    must not be shared by two processes writing at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        import tempfile
+
+        os.environ["ONNXCAST_HOME"] = tempfile.mkdtemp(prefix=f"onnxcast-home-{worker}-")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

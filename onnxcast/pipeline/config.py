@@ -39,6 +39,9 @@ CHANNEL_LABELS = {"edge": "edge (devices)", "cloud": "cloud (onnxcast serve)"}
 EXAMPLE_DATA = "example"
 # the rollout store's names (onnxcast.rollout.store.NAME_PATTERN): checked in the trigger form
 MODEL_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# what champion/challenger compares (onnxcast.registry.champion): the point forecast or the 95% interval
+CHAMPION_METRICS = ("mase", "msis")
+CHAMPION_METRIC_PATTERN = "^(" + "|".join(CHAMPION_METRICS) + ")$"
 
 # the groups of `onnxcast pipeline --help`
 DATA, FORECAST, TRAINING, EXPORT = "data", "forecast", "models and training", "export and validation"
@@ -190,6 +193,13 @@ class PipelineConfig:
     coverage_tolerance: float = setting(
         0.05, help="gate: the holdout coverage of the 80% and 95% intervals must be within this of nominal "
                    "(0.05: 5 points)", cli="--coverage-tolerance", group=EXPORT, low=0.0, high=1.0)
+    # onnxcast.registry.champion; a str has no `choices` (those are list settings'): checked in __post_init__
+    champion_metric: str = setting(
+        "mase", help="what the challenger must beat the champion on: mase (holdout MAE, a fleet's mean MASE) or "
+                     "msis (the 95% interval's mean scaled interval score)", cli="--champion-metric",
+        group=EXPORT, dag=True, pattern=CHAMPION_METRIC_PATTERN, metavar="METRIC",
+        description="What the challenger must beat the champion on: mase (point forecast) or msis (the 95% "
+                    "interval)")
     parity_rtol: float = setting(1e-3, help="relative tolerance of ONNX vs torch outputs", low=0.0, high=1.0)
     parity_atol: float = setting(1e-4, help="absolute tolerance of ONNX vs torch outputs", low=0.0)
     latency_repeats: int = setting(30, help="timed runs per batch size for the latency figures",
@@ -233,6 +243,8 @@ class PipelineConfig:
             parse_quantile_levels(self.quantile_levels)
         except ValueError as exc:
             problems.append(str(exc))
+        if self.champion_metric not in CHAMPION_METRICS:
+            problems.append(f"champion_metric must be one of {list(CHAMPION_METRICS)}, got {self.champion_metric!r}")
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.target_column in self.feature_columns:

@@ -2,7 +2,7 @@
 measures they are judged by on holdout.
 
 **How the quantiles are made** (docs/intervals.md). After training, the model forecasts the
-validation windows; each error is divided by its window's scale (the mean absolute one-step
+validation windows; each error is divided by its window's scale (the mean absolute seasonal
 change of the target over the window, :meth:`onnxcast.pipeline.models.QuantileOutput.interval_scale`),
 and the split-conformal quantile of those scaled errors at every level and horizon step
 becomes the constant ``offsets[horizon, Q]`` of the graph: ``quantiles = forecast + scale *

@@ -18,7 +18,9 @@ from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fleet_tracking import is_fleet_report
 
 CHAMPION_FAMILY = "champion"
+MSIS_TAG = "onnxcast.fp32_msis_95"  # a version's fp32 95% MSIS (tracking.interval_tags)
 FLEET_METRIC = "mase"
+MSIS = "msis"  # champion_metric: the 95% interval's MSIS (onnxcast.pipeline.config.CHAMPION_METRICS)
 
 
 class PlanError(OnnxcastError):
@@ -69,7 +71,7 @@ def champion_entry(run_dir: str | Path) -> dict | None:
 
 
 def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,
-           tracking_uri: str | None = None) -> dict:
+           tracking_uri: str | None = None, metric: str | None = None) -> dict:
     """Compare the report's selected challenger with the champion evaluated in this run.
 
     The challenger wins when its fp32 holdout MAE is lower than the champion's by more than
@@ -78,19 +80,23 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
     the champion stays. No champion: the challenger wins.
     A fleet run compares mean MASE across series instead (:func:`decide_fleet`; it reads
     the champion version's tags from the registry at ``tracking_uri``).
+    ``metric`` (default: the run's ``champion_metric`` setting, else ``mase``): ``msis`` compares
+    the fp32 95% interval's MSIS instead (:func:`_judge_on_msis`), recorded as ``metric``.
     Writes ``champion_challenger.json`` and returns the decision.
     """
     from onnxcast.base.files import read_json, write_json
 
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
+    metric = champion_metric(layout, metric)
     if is_fleet_report(report):
         return decide_fleet(run_dir, min_improvement=min_improvement,
-                            require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
+                            require_beats_champion=require_beats_champion, tracking_uri=tracking_uri,
+                            metric=metric)
     family = report["selected"]["edge"]["family"]
     entry = next(m for m in report["models"] if m["family"] == family)
     decision = {
-        "challenger_family": family,
+        "metric": metric, "challenger_family": family,
         "challenger_mae": entry["fp32_holdout_mae"],
         "holdout_start": report["split"]["holdout_start"],
         "holdout_end": report["split"]["holdout_end"],
@@ -113,6 +119,11 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
         improvement = 1.0 - decision["challenger_mae"] / champion_mae if champion_mae else 0.0
         decision.update(champion_version=champion.get("version"), champion_family=spec["family"],
                         champion_mae=champion_mae, improvement=improvement)
+        if metric == MSIS:
+            _judge_on_msis(layout, report, entry, validation, champion.get("version"), decision,
+                           min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+            write_json(layout.decision, decision)
+            return decision
         test = _paired(entry, validation, report)
         decision["paired_test"] = test
         better = decision["challenger_mae"] < champion_mae and improvement > min_improvement
@@ -162,7 +173,7 @@ def fleet_differences(tags: dict[str, str], *, series_column: str | None, horizo
 
 
 def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,
-                 tracking_uri: str | None = None) -> dict:
+                 tracking_uri: str | None = None, metric: str | None = None) -> dict:
     """Champion/challenger on a fleet: fp32 mean MASE over series, a paired test across series.
 
     The champion's per-series fp32 MASE comes from this run (``models/champion/per_series.parquet``:
@@ -173,16 +184,18 @@ def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_b
     says so). A champion that is not a global model, or has another series column, horizon or
     frequency, is not comparable and is not replaced automatically (as a champion of another
     horizon, see :func:`write_plan`). ``challenger_mae``/``champion_mae`` hold the mean MASE,
-    as ``fp32_holdout_mae`` does in a fleet report; ``metric`` says ``mase``.
+    as ``fp32_holdout_mae`` does in a fleet report; ``metric`` says ``mase``. With ``metric``
+    ``msis`` the per-series ``fp32.msis_95`` are compared the same way (:func:`_judge_fleet_on_msis`).
     """
     from onnxcast.base.files import read_json, write_json
 
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
+    metric = champion_metric(layout, metric)
     family = report["selected"]["edge"]["family"]
     mase, interval = _fleet_mase(report, family)
     decision = {
-        "metric": FLEET_METRIC, "challenger_family": family, "challenger_mae": mase, "challenger_mase": mase,
+        "metric": metric, "challenger_family": family, "challenger_mae": mase, "challenger_mase": mase,
         "challenger_mase_ci95": interval, "series": (report.get("fleet") or {}).get("n_series"),
         "holdout_start": report["split"].get("holdout_start"), "holdout_end": report["split"].get("holdout_end"),
         "min_improvement": float(min_improvement), "comparison": None,
@@ -238,6 +251,10 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
     improvement = 1.0 - challenger_mase / champion_mase if champion_mase else 0.0
     decision.update(champion_family=champion_family, champion_mae=champion_mase, champion_mase=champion_mase,
                     champion_mase_ci95=fp32.get("mase_ci95"), improvement=improvement)
+    if decision["metric"] == MSIS:
+        _judge_fleet_on_msis(layout, report, validation, judged, version, decision, min_improvement=min_improvement,
+                             require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
+        return
     pairs, source = _paired_tables(layout, decision["challenger_family"], version, tracking_uri)
     if pairs is not None:
         test = paired_across_series(*pairs)
@@ -284,8 +301,10 @@ def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict,
     mase = float(tags["onnxcast.fp32_holdout_mase"])
     interval = json.loads(tags.get("onnxcast.fp32_mase_ci95") or "null")
     decision["champion_figures"] = f"from its own run {version.run_id}: the champion was not evaluated in this run"
-    return {"fp32_holdout_mase": mase}, {"metric": tags.get("onnxcast.metric"),
-                                         "variants": {"fp32": {"mase_mean": mase, "mase_ci95": interval}}}
+    fp32 = {"mase_mean": mase, "mase_ci95": interval}
+    if tags.get(MSIS_TAG):  # a version registered with forecast distributions (tracking.interval_tags)
+        fp32["intervals"] = {"msis_95": float(tags[MSIS_TAG])}
+    return {"fp32_holdout_mase": mase}, {"metric": tags.get("onnxcast.metric"), "variants": {"fp32": fp32}}
 
 
 def paired_across_series(a, b) -> dict:
@@ -330,9 +349,10 @@ def _champion_version(champion: dict, tracking_uri: str | None):
         return None, f"{error}: the champion's registry tags were not checked"
 
 
-def _paired_tables(layout: RunLayout, family: str, version, tracking_uri: str | None):
-    """((challenger fp32 MASE, champion fp32 MASE) on the series both have, where from), or
-    (None, why not)."""
+def _paired_tables(layout: RunLayout, family: str, version, tracking_uri: str | None, column: str = "fp32.mase"):
+    """((challenger's ``column``, champion's ``column``) on the series both have, where from), or
+    (None, why not). A table without ``column`` (``fp32.msis_95`` of a run from before forecast
+    distributions) is a why-not for the interval columns, a DataError for MASE."""
     import tempfile
 
     from onnxcast.registry.fleet_tracking import SERIES, read_per_series
@@ -341,17 +361,21 @@ def _paired_tables(layout: RunLayout, family: str, version, tracking_uri: str | 
     if not mine.is_file():
         return None, f"no per-series table of the challenger ({mine})"
     theirs, source = layout.per_series(CHAMPION_FAMILY), "this run's series and origins"
+    required = [column] if column == "fp32.mase" else []
     with tempfile.TemporaryDirectory(prefix="onnxcast-champion-") as scratch:
         if not theirs.is_file():
             theirs = _download_per_series(version, Path(scratch), tracking_uri)
             if theirs is None:
                 return None, "no per-series table of the champion in this run or in its MLflow run"
             source = f"the champion's table from its own MLflow run {version.run_id}, its own holdout"
-        champion_table = read_per_series(theirs, ["fp32.mase"])
-    challenger_table = read_per_series(mine, ["fp32.mase"])
-    joined = challenger_table[[SERIES, "fp32.mase"]].merge(
-        champion_table[[SERIES, "fp32.mase"]], on=SERIES, how="inner", suffixes=(".challenger", ".champion")).dropna()
-    return (joined["fp32.mase.challenger"].to_numpy(), joined["fp32.mase.champion"].to_numpy()), source
+        champion_table = read_per_series(theirs, required)
+    challenger_table = read_per_series(mine, required)
+    for who, table in (("challenger", challenger_table), ("champion", champion_table)):
+        if column not in table.columns:
+            return None, f"the {who}'s per-series table has no column {column!r}"
+    joined = challenger_table[[SERIES, column]].merge(
+        champion_table[[SERIES, column]], on=SERIES, how="inner", suffixes=(".challenger", ".champion")).dropna()
+    return (joined[f"{column}.challenger"].to_numpy(), joined[f"{column}.champion"].to_numpy()), source
 
 
 def _download_per_series(version, folder: Path, tracking_uri: str | None) -> Path | None:
@@ -405,3 +429,168 @@ def _p_text(test: dict) -> str:
     if test.get("p_value") is None:
         return test.get("note") or f"{test.get('origins', 0)} paired origins"
     return f"p={test['p_value']:.3g} on {test['origins']} paired origins, alpha {test['alpha']}"
+
+
+# --- deciding on the 95% interval (champion_metric "msis") ---------------------------------
+
+def champion_metric(layout: RunLayout, metric: str | None = None) -> str:
+    """``metric`` when given, else the run's ``champion_metric`` setting (config.json), else
+    ``mase`` (a run directory from before the setting); ConfigError for anything else."""
+    from onnxcast.base.errors import ConfigError
+    from onnxcast.pipeline.config import CHAMPION_METRICS
+
+    if metric is None and layout.config.is_file():
+        from onnxcast.base.files import read_json
+
+        metric = read_json(layout.config).get("champion_metric")
+    metric = metric or FLEET_METRIC
+    if metric not in CHAMPION_METRICS:
+        raise ConfigError(f"champion_metric must be one of {list(CHAMPION_METRICS)}, got {metric!r}")
+    return metric
+
+
+def _judge_on_msis(layout: RunLayout, report: dict, challenger: dict, champion: dict, number, decision: dict, *,
+                   min_improvement: float, require_beats_champion: bool) -> None:
+    """One series: the fp32 95% MSIS of both, with a Diebold-Mariano test on the per-origin
+    interval scores (:func:`_per_origin_msis`), else the aggregates only."""
+    import numpy as np
+
+    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.registry.interval_figures import MSIS_KEY, variant_intervals
+
+    mine = variant_intervals(challenger).get(MSIS_KEY)
+    theirs = variant_intervals(champion).get(MSIS_KEY)
+    decision.update(challenger_msis_95=mine, champion_msis_95=theirs, improvement=None, paired_test=None)
+    missing = _missing_msis(mine, theirs, number, "holdout")
+    if missing:
+        return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
+    scores, why = _per_origin_msis(layout, report, challenger, champion)
+    if scores is not None:
+        block = int(((report.get("baselines") or {}).get("origins") or {}).get("block", 1))
+        test = paired_test(np.asarray(scores[0]), np.asarray(scores[1]), block)
+        decision.update(paired_test=test, comparison=f"paired on {test['origins']} origins ({why})")
+        significant, evidence = bool(test["significant"]), _p_text(test)
+    else:
+        significant, evidence = _aggregate_evidence(decision, challenger, champion, why)
+    _msis_verdict(decision, number, mine, theirs, significant, evidence, where="on the same holdout",
+                  min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+
+
+def _judge_fleet_on_msis(layout: RunLayout, report: dict, validation: dict, judged: dict, version, decision: dict, *,
+                         min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
+    """A fleet: mean fp32 95% MSIS over series, paired across series on the per-series
+    ``fp32.msis_95`` joined by series id, else the aggregates only."""
+    from onnxcast.registry.interval_figures import MSIS_KEY, fleet_intervals, variant_intervals
+
+    number = decision["champion_version"]
+    family = decision["challenger_family"]
+    mine = fleet_intervals(report, family).get(MSIS_KEY)
+    fp32 = (judged.get("variants") or {}).get("fp32") or {}
+    theirs_block = fp32.get("intervals") or variant_intervals(validation)
+    theirs = theirs_block.get(MSIS_KEY)
+    decision.update(challenger_msis_95=mine, champion_msis_95=theirs, improvement=None, paired_test=None)
+    missing = _missing_msis(mine, theirs, number, "fleet")
+    if missing:
+        return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
+    pairs, source = _paired_tables(layout, family, version, tracking_uri, column=f"fp32.{MSIS_KEY}")
+    if pairs is not None:
+        test = paired_across_series(*pairs)
+        decision.update(paired_test=test, comparison=f"paired across {test['origins']} series ({source})")
+        significant, evidence = bool(test["significant"]), _fleet_p_text(test)
+    else:
+        significant, evidence = _aggregate_evidence(decision, {"intervals": fleet_intervals(report, family)},
+                                                    {"intervals": theirs_block}, source)
+    _msis_verdict(decision, number, mine, theirs, significant, evidence, where="across series",
+                  min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+
+
+def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion: dict):
+    """((challenger's, champion's) 95% interval score per holdout origin, where from), or
+    (None, why not): the variant entries' ``per_origin_msis_95`` when both have them, else both
+    fp32 ONNX models' quantiles at this run's holdout origins (the origins validation used)."""
+    from onnxcast.registry.interval_figures import MSIS_KEY
+
+    key = f"per_origin_{MSIS_KEY}"
+    recorded = [next((v.get(key) for v in e.get("variants", []) if v.get("name") == "fp32"), None)
+                for e in (challenger, champion)]
+    if all(recorded) and len(recorded[0]) == len(recorded[1]):
+        return (recorded[0], recorded[1]), "the validation's per-origin scores"
+    paths = [layout.onnx(challenger["family"]), layout.onnx(CHAMPION_FAMILY)]
+    absent = [str(p) for p in (*paths, layout.config, layout.data) if not p.exists()]
+    if absent:
+        return None, f"no per-origin interval scores: {', '.join(absent)} not in the run directory"
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.validate import holdout_windows
+    from onnxcast.registry.interval_figures import per_origin_msis
+
+    cfg = PipelineConfig.load(layout.config)
+    series = SeriesData.load(layout.data)
+    scale = (report.get("baselines") or {}).get("mase_scale")
+    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg), mase_scale=scale)
+    scores = []
+    for path in paths:
+        found, why = per_origin_msis(path, holdout.history, holdout.actual, holdout.mase_scale)
+        if found is None:
+            return None, f"no per-origin interval scores: {why}"
+        scores.append(found)
+    return tuple(scores), "both fp32 models' quantiles at this run's holdout origins"
+
+
+def _missing_msis(mine, theirs, number, where: str) -> str | None:
+    """Why the two cannot be compared on MSIS, or None."""
+    if not isinstance(theirs, int | float) or theirs != theirs:
+        return (f"champion v{number} has no fp32 95% interval figures ({where} msis_95): a model evaluated "
+                "before forecast distributions")
+    if not isinstance(mine, int | float) or mine != mine:
+        return f"the challenger has no fp32 95% interval figures ({where} msis_95)"
+    return None
+
+
+def _not_comparable_on_msis(decision: dict, number, why: str, require_beats_champion: bool) -> None:
+    decision.update(comparison="not comparable on msis", msis_missing=why)
+    if require_beats_champion:
+        decision.update(promote=False, reason=f"not comparable on msis: {why}; the champion stays (decide on "
+                                              "champion_metric mase, or promote explicitly with onnxcast_promote)")
+    else:
+        decision.update(promote=True, reason=f"not comparable on msis ({why}); the challenger is promoted as "
+                                             "asked (require_beats_champion is off)")
+
+
+def _aggregate_evidence(decision: dict, challenger: dict, champion: dict, why: str) -> tuple[bool, str]:
+    """Without per-origin or per-series scores: significant when both 95% intervals of the MSIS
+    (``msis_95_ci95``) are given and do not overlap; without them nothing shows the difference
+    is more than noise, so it is not significant (as a MAE without per-origin errors)."""
+    from onnxcast.registry.interval_figures import variant_intervals
+
+    def interval(entry: dict):
+        block = entry.get("intervals") or variant_intervals(entry)
+        return block.get("msis_95_ci95")
+
+    mine, theirs = interval(challenger), interval(champion)
+    if mine and theirs:
+        significant = mine[1] < theirs[0]
+        decision.update(comparison=f"aggregate only ({why}): a difference counts when the 95% intervals do "
+                                   "not overlap")
+        return significant, "aggregate only, the 95% intervals " + ("do not overlap" if significant else "overlap")
+    decision.update(comparison=f"aggregate only ({why}): no test of significance possible")
+    return False, "aggregate only, nothing to test the difference on"
+
+
+def _msis_verdict(decision: dict, number, mine: float, theirs: float, significant: bool, evidence: str, *,
+                  where: str, min_improvement: float, require_beats_champion: bool) -> None:
+    improvement = 1.0 - mine / theirs if theirs else 0.0
+    decision["improvement"] = improvement
+    better = mine < theirs and improvement > min_improvement
+    head = f"challenger fp32 MSIS (95% interval) {mine:.4g}"
+    them = f"champion v{number} {theirs:.4g} ({improvement:+.2%})"
+    if better and significant:
+        decision.update(promote=True, reason=f"{head} beats {them} {where} ({evidence})")
+    elif better and require_beats_champion:
+        decision.update(promote=False, reason=f"{head} is lower than {them} but not significantly ({evidence}): "
+                                              "the champion stays")
+    elif not require_beats_champion:
+        decision.update(promote=True, reason=f"{head} does not beat {them}, promoted as asked "
+                                             "(require_beats_champion is off)")
+    else:
+        decision.update(promote=False, reason=f"{head} does not beat {them} by more than {min_improvement:.2%}")

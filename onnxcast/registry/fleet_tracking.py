@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from onnxcast.pipeline.layout import RunLayout
+from onnxcast.registry.interval_figures import numbers
 
 SERIES = "series"  # the id column of every per-series table
 MAX_TABLE_ROWS = 50_000  # above this, the UI table is skipped and only the Parquet files are logged
@@ -63,9 +64,12 @@ def parent_metrics(report: dict, scalars) -> dict[str, float]:
     best = (fleet.get("baselines") or {}).get("best_naive")
     if best:
         metrics.update({f"fleet.best_naive.{k}": v for k, v in scalars(_aggregate_numbers(best)).items()})
+        metrics.update({f"fleet.best_naive.{k}": v for k, v in numbers(best.get("intervals") or {}).items()})
     reference = fleet.get("reference") or {}
     for model, aggregate in (reference.get("aggregates") or {}).items():
         metrics.update({f"fleet.reference.{model}.{k}": v for k, v in scalars(_aggregate_numbers(aggregate)).items()})
+        # its own level=[80, 95] intervals, means over series (absent before forecast distributions)
+        metrics.update({f"fleet.reference.{model}.{k}": v for k, v in numbers(aggregate.get("intervals") or {}).items()})
     if isinstance(reference.get("sample_size"), int | float):
         metrics["fleet.reference.sample_size"] = reference["sample_size"]
     return metrics
@@ -124,21 +128,26 @@ def per_series_artifacts(layout: RunLayout, families: list[str]) -> Iterator[dic
 def compact_table(layout: RunLayout, families: list[str], selected: str | None):
     """One row per series for the MLflow UI: the id, the best naive's and each reference
     model's MASE, each family's fp32 MASE, and ``loses`` (the selected family's fp32 MASE
-    above the best naive's). None when there is no per-series table, or more than
+    above the best naive's); with forecast distributions, the reference's and each family's
+    fp32 95% MSIS after them. None when there is no per-series table, or more than
     :data:`MAX_TABLE_ROWS` series (the Parquet artifacts hold them)."""
     import pandas as pd
 
-    columns = []
+    columns, intervals = [], []
     if layout.reference_table.is_file():
         reference = read_per_series(layout.reference_table)
         keep = [c for c in reference.columns if c.endswith(".mase") and c.split(".")[0] in
                 ("best_naive", "AutoETS", "AutoTheta", "MSTL")]
         columns.append(reference[[SERIES, *keep]].set_index(SERIES))
+        msis = [c.replace(".mase", ".msis_95") for c in keep if c.replace(".mase", ".msis_95") in reference]
+        intervals.append(reference[[SERIES, *msis]].set_index(SERIES))
     for family in families:
         path = layout.per_series(family)
         if path.is_file():
-            table = read_per_series(path, ["fp32.mase"])
-            columns.append(table.set_index(SERIES)[["fp32.mase"]].rename(columns={"fp32.mase": f"{family}.fp32.mase"}))
+            table = read_per_series(path, ["fp32.mase"]).set_index(SERIES)
+            columns.append(table[["fp32.mase"]].rename(columns={"fp32.mase": f"{family}.fp32.mase"}))
+            if "fp32.msis_95" in table:
+                intervals.append(table[["fp32.msis_95"]].rename(columns={"fp32.msis_95": f"{family}.fp32.msis_95"}))
     if not columns:
         return None
     table = pd.concat(columns, axis=1, join="outer")
@@ -148,6 +157,8 @@ def compact_table(layout: RunLayout, families: list[str], selected: str | None):
     if edge in table and "best_naive.mase" in table:
         table["loses"] = (table[edge] > table["best_naive.mase"]).where(
             table[edge].notna() & table["best_naive.mase"].notna())
+    if any(len(part.columns) for part in intervals):  # after ``loses``: the MASE columns keep their places
+        table = pd.concat([table, *[p for p in intervals if len(p.columns)]], axis=1, join="outer")
     table = table.reset_index().rename(columns={"index": SERIES})
     # JSON has no NaN: a series outside the reference sample gets null
     return table.astype(object).where(table.notna(), None)

@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base.contract import QUANTILES_NAME
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.base.files import onnxcast_home, sha256_file
 from onnxcast.pipeline.layout import RunLayout
-from onnxcast.registry import fleet_tracking
+from onnxcast.registry import fleet_tracking, interval_figures
 from onnxcast.registry.fleet_tracking import is_fleet_report
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ REPORT_SHA_TAG = "onnxcast.report_sha256"
 MODEL_ARTIFACT = "model"
 PYTORCH_FILES = ("model.pt", "model.json")
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
+BANDS = ((0.95, 0.15), (0.8, 0.3))  # the forecast plot's intervals (nominal, opacity), widest first
 
 
 class TrackingError(OnnxcastError):
@@ -228,6 +230,11 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
         metrics.update({f"baseline.{name}.{k}": v for k, v in _scalars(row).items()})
     if report.get("reference"):  # the statistical reference on the same origins
         metrics.update({f"reference.{k}": v for k, v in _scalars(report["reference"]).items()})
+    # the intervals of the best baseline and the reference (absent from reports before forecast distributions)
+    metrics.update({f"baseline.seasonal_naive.{k}": v
+                    for k, v in interval_figures.numbers(baselines["seasonal_naive"].get("intervals") or {}).items()})
+    metrics.update({f"reference.{k}": v
+                    for k, v in interval_figures.numbers((report.get("reference") or {}).get("intervals") or {}).items()})
     for model in report.get("models", []):
         for name, test in (model.get("fp32_vs") or {}).items():
             metrics.update({f"{model['family']}.fp32_vs_{name}.{k}": v for k, v in _scalars(test).items()})
@@ -310,14 +317,16 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
         example = fleet_tracking.input_example(layout, PipelineConfig.load(layout.config).lookback)
     else:
         example = _holdout_example(layout)
-    session = _session(layout.onnx(family))
-    output = session.run(["forecast"], {"history": example})[0]
+    output, quantiles, levels = interval_figures.forecast_and_quantiles(layout.onnx(family), example)
     inferred = infer_signature({"history": example}, {"forecast": output})
-    # the contract: batch and time are dynamic (infer_signature fixes time at the example's)
+    # the contract: batch and time are dynamic (infer_signature fixes time at the example's);
+    # a model with forecast distributions also has quantiles [batch, horizon, Q]
+    outputs = [TensorSpec(np.dtype("float32"), (-1, output.shape[1]), "forecast")]
+    if quantiles is not None:
+        outputs.append(TensorSpec(np.dtype("float32"), (-1, *quantiles.shape[1:]), QUANTILES_NAME))
     signature = type(inferred)(
         inputs=Schema([TensorSpec(np.dtype("float32"), (-1, -1, example.shape[2]), "history")]),
-        outputs=Schema([TensorSpec(np.dtype("float32"), (-1, output.shape[1]), "forecast")]),
-        params=inferred.params)
+        outputs=Schema(outputs), params=inferred.params)
     # every variant (fp32 too, byte for byte: the flavor re-serializes its own copy)
     extra_files = [str(p) for p in sorted(onnx_dir.glob("*.onnx"))]
     extra_files += [str(family_dir / name) for name in PYTORCH_FILES]
@@ -337,6 +346,7 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
             "onnxcast.selected": json.dumps(report["selected"], sort_keys=True)}
     if fleet:  # what a later run checks before it compares with this version (champion.decide)
         tags.update(fleet_tracking.version_tags(layout, report, family))
+    tags.update(interval_tags(report, family, levels))
     _ensure_registered_model(client, model_name)
     version = mlflow.register_model(info.model_uri, model_name, tags=tags)
     client.set_registered_model_alias(model_name, CHALLENGER, version.version)
@@ -344,6 +354,27 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     log.info("registered %s version %s (%s) with alias %s", model_name, version.version, family, CHALLENGER)
     return RegisteredVersion(model_name, str(version.version), child, f"models:/{model_name}/{version.version}",
                              family, created=True)
+
+
+def interval_tags(report: dict, family: str, levels: tuple[float, ...] | None) -> dict[str, str]:
+    """Tags of the version's forecast distribution: the quantile levels of its ONNX model and
+    fp32's holdout coverage of the 80% and 95% intervals and 95% MSIS (a fleet: means over
+    series), what a later champion/challenger on ``msis`` reads when the champion is not
+    evaluated again. None of them for a model without quantiles or a report without the figures."""
+    from onnxcast.base.contract import format_quantile_levels
+
+    tags = {}
+    if levels:
+        tags["onnxcast.quantile_levels"] = format_quantile_levels(levels)
+    if is_fleet_report(report):
+        figures = interval_figures.fleet_intervals(report, family)
+    else:
+        figures = interval_figures.variant_intervals(_family_entry(report, family))
+    for key in ("coverage_80", "coverage_95", "msis_95"):
+        value = interval_figures.numbers(figures).get(key)
+        if value is not None and value == value:
+            tags[f"onnxcast.fp32_{key}"] = repr(value)
+    return tags
 
 
 def find_version(client, model_name: str, run_key: str):
@@ -430,7 +461,9 @@ def download_version_files(model_name: str, version: str, dest: str | Path,
 # --- the plot -----------------------------------------------------------------------------
 
 def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: str = "fp32") -> Path:
-    """Forecast (ONNX ``variant``) vs actual over the holdout, with the seasonal-naive baseline."""
+    """Forecast (ONNX ``variant``) vs actual over the holdout, with the seasonal-naive baseline,
+    and the model's 80% and 95% intervals as bands when it has a quantiles output (from the
+    same ONNX run as the forecast, at the same origins)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -440,7 +473,7 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.data import SeriesData, split_by_time
     from onnxcast.pipeline.metrics import seasonal_naive
-    from onnxcast.pipeline.validate import holdout_windows, onnx_predict
+    from onnxcast.pipeline.validate import holdout_windows
 
     layout = RunLayout(run_dir)
     cfg = PipelineConfig.load(layout.config)
@@ -457,7 +490,8 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
             end = origin + cfg.horizon
     holdout = replace(holdout, history=holdout.history[keep], actual=holdout.actual[keep],
                       origins=holdout.origins[keep])
-    predicted = onnx_predict(_session(layout.onnx(family, variant)), holdout.history)
+    predicted, quantiles, levels = interval_figures.forecast_and_quantiles(layout.onnx(family, variant),
+                                                                           holdout.history)
     naive_name = read_json(layout.report)["baselines"].get("best", "seasonal_naive") \
         if layout.report.exists() else "seasonal_naive"
     season = int(naive_name.rsplit("_", 1)[1]) if naive_name.startswith("seasonal_naive_") else (
@@ -468,6 +502,11 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     figure, axis = plt.subplots(figsize=(12, 4))
     axis.plot(times, holdout.actual.ravel(), label="actual", color="black", linewidth=1)
     axis.plot(times, naive.ravel(), label=naive_name.replace("_", " "), color="grey", linewidth=0.8, alpha=0.7)
+    for nominal, alpha in BANDS:
+        interval = interval_figures.band(quantiles, levels, nominal) if quantiles is not None else None
+        if interval is not None:
+            axis.fill_between(times, interval[0].ravel(), interval[1].ravel(), color="tab:blue", alpha=alpha,
+                              linewidth=0, label=f"{family} {variant} {round(100 * nominal)}% interval")
     axis.plot(times, predicted.ravel(), label=f"{family} {variant}", color="tab:blue", linewidth=1)
     axis.set_title(f"{cfg.target_column}: holdout forecast vs actual (horizon {cfg.horizon})")
     axis.legend(loc="upper right")
@@ -536,6 +575,10 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_repor
         name = variant["name"]
         for key, value in _scalars(variant.get("holdout") or {}).items():
             metrics[f"{name}.holdout_{key}"] = value
+        intervals = interval_figures.variant_intervals(entry, name)
+        if not intervals and fleet_report is not None:
+            intervals = interval_figures.fleet_intervals(fleet_report, family, name)
+        metrics.update({f"{name}.{key}": value for key, value in interval_figures.numbers(intervals).items()})
         for key, value in variant.get("latency_ms", {}).items():
             metrics[f"{name}.latency_{key}_ms"] = value
         metrics[f"{name}.size_bytes"] = variant["size_bytes"]
@@ -586,12 +629,6 @@ def _holdout_example(layout: RunLayout):
     series = SeriesData.load(layout.data)
     holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg))
     return np.ascontiguousarray(holdout.history[:2], dtype=np.float32)
-
-
-def _session(path: Path):
-    from onnxcast.pipeline.validate import onnx_session
-
-    return onnx_session(path, threads=1)
 
 
 def _family_entry(report: dict, family: str) -> dict:

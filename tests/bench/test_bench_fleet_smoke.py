@@ -66,6 +66,30 @@ def test_statsforecast_side_scores_every_series_on_its_official_test(bench, pane
     assert (table["best_naive.mae"] == np.minimum(table["SeasonalNaive.mae"], table["Naive.mae"])).all()
 
 
+def test_statsforecast_intervals_are_judged_per_series_on_the_same_scale(bench, panel, table):
+    """Each model's own level=[80, 95] intervals: coverage, MSIS and pinball per series, scaled
+    like MASE; by hand on one series, statsforecast's SeasonalNaive intervals refitted here."""
+    from statsforecast import StatsForecast
+    from statsforecast.models import SeasonalNaive
+
+    from onnxcast.pipeline.intervals import interval_score
+
+    for model in MODELS:
+        for metric in bench.INTERVALS:
+            assert np.isfinite(table[f"{model}.{metric}"]).all(), (model, metric)
+        assert (table[f"{model}.coverage_95"] >= table[f"{model}.coverage_80"]).all()
+    train, test = bench.split_official(panel)
+    first = table["series"].iloc[0]
+    one = train[train["unique_id"] == first]
+    out = StatsForecast(models=[SeasonalNaive(season_length=12)], freq=1).forecast(h=18, df=one, level=[95])
+    actual = test.loc[test["unique_id"] == first, "y"].to_numpy(float)
+    low, high = out["SeasonalNaive-lo-95"].to_numpy(float), out["SeasonalNaive-hi-95"].to_numpy(float)
+    row = table.iloc[0]
+    assert row["SeasonalNaive.coverage_95"] == pytest.approx(np.mean((actual >= low) & (actual <= high)))
+    assert row["SeasonalNaive.msis_95"] == pytest.approx(np.mean(interval_score(actual, low, high, 0.05))
+                                                        / row["mase_scale"])
+
+
 def test_aggregates_have_intervals_losses_and_the_paired_test(bench, table):
     theta = bench.aggregate(table, "AutoTheta", reference="AutoTheta")
     low, high = theta["mase_ci95"]
@@ -75,6 +99,11 @@ def test_aggregates_have_intervals_losses_and_the_paired_test(bench, table):
     naive = bench.aggregate(table, "SeasonalNaive", reference="AutoTheta")
     assert 0 <= naive["vs_AutoTheta"]["p_value"] <= 1 and naive["vs_AutoTheta"]["series"] == 20
     assert bench.aggregate(table, "best_naive")["loses_share"] == 0.0
+    intervals = naive["intervals"]  # forecast intervals: means over series, MSIS paired vs the reference
+    assert intervals["coverage_80"] == pytest.approx(table["SeasonalNaive.coverage_80"].mean())
+    low, high = intervals["msis_95_ci95"]
+    assert low < intervals["msis_95"] < high and 0 <= intervals["msis_95_vs_AutoTheta"]["p_value"] <= 1
+    assert "intervals" not in bench.aggregate(table, "best_naive")  # no method: no intervals
 
 
 def test_a_step_runs_in_a_spawn_child_that_reports_wall_time_and_peak_memory(bench, panel):
@@ -112,3 +141,4 @@ def test_the_tables_render_every_forecaster_and_both_sections(bench, panel, tabl
     assert "| 100 | 12,000 | reference (per shard, concurrent) | 6.0 | 6.0 | 420 |" in text
     assert "| 100 | 12,000 | check_data | 2.0 | 2.0 | 300 |" in text
     assert "not measured in this run" in text
+    assert "| coverage 80% | coverage 95% |" in text and "Goal (issue 21)" in text

@@ -70,3 +70,52 @@ def test_fleet_summary_names_series_and_judges_each_family_on_mean_mase(tmp_path
     assert lines[-2:] == [f"selected for edge: {report['selected']['edge']['family']} int8",
                           f"selected for cloud: {report['selected']['cloud']['family']} fp32"]
     assert not any("MAE" in line for line in lines)  # a fleet is judged on MASE, never one series' MAE
+
+
+def with_intervals(report: dict) -> dict:
+    """REPORT with the interval figures of forecast distributions (report.json's keys)."""
+    report = json.loads(json.dumps(report))
+    figures = {"coverage_80": 0.812, "coverage_95": 0.9375, "msis_95": 5.1234, "pinball": 0.3}
+    report["baselines"]["seasonal_naive"]["intervals"] = {**figures, "coverage_80": 0.75, "msis_95": 9.87}
+    report["reference"]["intervals"] = {**figures, "coverage_95": 0.96, "msis_95": 6.5}
+    report["models"][0]["variants"][0]["holdout"]["intervals"] = figures
+    return report
+
+
+def test_one_series_summary_shows_coverage_and_msis_where_the_report_has_them():
+    from onnxcast.cli import summarize_report
+
+    lines = summarize_report(with_intervals(REPORT), "out/").splitlines()
+    assert lines[3] == ("  seasonal_naive_336   MAE 451 [430, 470]  MASE 1.000  80%/95% cover 75.0%/93.8%  MSIS 9.87"
+                        "  <- the baseline to beat")
+    assert lines[2] == SINGLE_SERIES_SUMMARY.splitlines()[2]  # naive: no intervals of its own
+    assert lines[4] == "  reference MSTL: MAE 294 [280, 310]  MASE 0.650  80%/95% cover 81.2%/96.0%  MSIS 6.5"
+    assert lines[6] == ("  fp32     MAE 300.1  80%/95% cover 81.2%/93.8%  MSIS 5.123  size 80 KiB  b1 x2.50  "
+                        "b64 x1.80  eligible")
+    assert lines[7] == SINGLE_SERIES_SUMMARY.splitlines()[7]  # int8 without figures: as before
+
+
+def test_fleet_summary_shows_mean_coverage_and_msis_over_series(tmp_path):
+    from fleet_run_fixtures import add_intervals
+
+    from onnxcast.cli import summarize_report
+
+    run = add_intervals(build_fleet_run(tmp_path / "run", skills={"nhits": 0.8, "dlinear": 0.95}),
+                        {"nhits": 0.8, "dlinear": 0.95})
+    report = json.loads((run / "report.json").read_text())
+    lines = summarize_report(report, str(run)).splitlines()
+    fleet = report["fleet"]
+
+    def bands(figures: dict) -> str:
+        return (f"80%/95% cover {figures['coverage_80']:.1%}/{figures['coverage_95']:.1%}  "
+                f"MSIS {figures['msis_95']:.4g}")
+
+    assert lines[2].endswith(bands(fleet["baselines"]["best_naive"]["intervals"]))
+    assert lines[3].startswith("  AutoETS ") and lines[3].endswith(bands(fleet["reference"]["aggregates"]["AutoETS"]
+                                                                         ["intervals"]))
+    family = report["selected"]["edge"]["family"]
+    start = lines.index(next(line for line in lines if line.startswith(f"{family}: ")))
+    int8 = fleet["families"][family]["int8"]
+    size = next(m for m in report["models"] if m["family"] == family)["variants"][1]["size_bytes"]
+    assert lines[start + 2] == (f"  int8     MASE {int8['mase_mean']:.4g}  {bands(int8['intervals'])}  size "
+                                f"{size / 1024:.0f} KiB  eligible")

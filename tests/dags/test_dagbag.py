@@ -87,6 +87,9 @@ class TestDagBag:
         assert [o.name for o in dag.get_task("promote").outlets] == ["onnxcast_rollout"]
         assert dag.params["families"] == ["nhits", "dlinear", "lstm", "transformer"]
         assert dag.params["serving_url"] is None  # waiting for onnxcast serve is opt-in
+        # what champion/challenger compares (the setting, so it reaches config.json and decide())
+        assert dag.params["champion_metric"] == "mase"
+        assert dag.params.get_param("champion_metric").schema == {"type": "string", "pattern": "^(mase|msis)$"}
         assert dag.get_task("wait_until_serving").upstream_task_ids == {"promote"}
         for task in dag.tasks:
             assert [link.name for link in task.operator_extra_links] == ["MLflow run"], task.task_id

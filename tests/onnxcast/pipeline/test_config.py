@@ -127,6 +127,7 @@ def test_bad_quality_settings_name_the_setting(values, fragment):
      "lookback 20,000 makes the transformer model about 2,457.6 GB of attention scores per batch"),
     (["--models", "dlinear", "--lookback", "100000", "--horizon", "1000"], "use lookback 23,497 or less"),
     (["--baseline-margin", "1.5"], "baseline_margin must be in [0, 1)"),
+    (["--champion-metric", "crps"], "champion_metric must be one of ['mase', 'msis'], got 'crps'"),
 ])
 def test_bad_settings_through_the_cli_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
     from onnxcast import cli

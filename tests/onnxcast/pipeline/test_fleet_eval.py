@@ -21,6 +21,8 @@ from onnxcast.pipeline.fleet_eval import (
 )
 from tests.real_panels import load_panel
 
+INTERVAL_COLUMNS = ("coverage_80", "coverage_95", "msis_80", "msis_95", "pinball")
+
 
 def fleet_of(panel, *, cut: dict | None = None) -> FleetData:
     """The panel as a FleetData (series sorted by id); ``cut``: id -> points dropped at the
@@ -130,11 +132,12 @@ def fleet_run(tmp_path_factory):
     period 12) exported and optimised by the pipeline's own functions, every fleet step run."""
     import torch
 
+    from onnxcast.base.contract import format_quantile_levels
     from onnxcast.base.files import write_json
     from onnxcast.pipeline.export import export_onnx
     from onnxcast.pipeline.fleet_eval import evaluate_shard, reference_shard, validate_fleet_family
     from onnxcast.pipeline.models import ModelSpec, build_model
-    from onnxcast.pipeline.run import optimize_family, save_model
+    from onnxcast.pipeline.run import calibrate_family, optimize_family, save_model
 
     out = tmp_path_factory.mktemp("fleet-run")
     panel = load_panel("m3-monthly", limit=100, seed=0)
@@ -153,11 +156,12 @@ def fleet_run(tmp_path_factory):
                      seasons=(12,))
     model = build_model(spec, np.zeros(1), np.ones(1)).eval()  # the identity scaler of global models
     save_model(cfg, "dlinear", model, spec, {"source": "untrained (test)"})
+    model, spec = calibrate_family(cfg, "dlinear")  # the quantiles, from the fleet's validation windows
     export_onnx(model, cfg.layout.onnx("dlinear"), n_features=1, lookback=cfg.lookback,
                 metadata={"model_family": "dlinear", "lookback": cfg.lookback, "horizon": cfg.horizon,
                           "freq": "MS", "target": "y", "features": "", "precision": "fp32",
                           "trained_until": "2000-01-01T00:00:00Z", "dataset_sha256": "0" * 64, "season": 12,
-                          "version": "test"})
+                          "version": "test", "quantile_levels": format_quantile_levels(spec.quantile_levels)})
     optimize_family(cfg, "dlinear")
     for k in range(2):
         reference_shard(cfg, k)
@@ -179,6 +183,16 @@ def test_every_series_gets_baselines_and_the_sample_gets_the_reference(fleet_run
             assert f"{model}.{metric}" in table.columns
         assert sampled[f"{model}.mase"].notna().all() and table.loc[~table["in_reference_sample"],
                                                                    f"{model}.mase"].isna().all()
+    for model in ("AutoETS", "AutoTheta"):  # statsforecast's own level=[80, 95] intervals, on the sample
+        for metric in INTERVAL_COLUMNS:
+            assert sampled[f"{model}.{metric}"].notna().all()
+            assert table.loc[~table["in_reference_sample"], f"{model}.{metric}"].isna().all()
+        assert sampled[f"{model}.coverage_80"].between(0, 1).all()
+        assert (sampled[f"{model}.coverage_95"] >= sampled[f"{model}.coverage_80"]).all()
+    # the naives' split-conformal intervals on every series where the naive runs
+    for metric in INTERVAL_COLUMNS:
+        assert table[f"naive.{metric}"].notna().all()
+    assert (table["seasonal_naive_12.msis_95"].notna() == table["seasonal_naive_12.mase"].notna()).all()
     assert (table["best_naive.mae"] <= table["naive.mae"] + 1e-12).all()
     assert set(table["best_naive"]) <= {"naive", "seasonal_naive_12"}
     assert (table["origins"] == 1).all()
@@ -197,6 +211,36 @@ def test_the_untrained_model_is_the_seasonal_naive_on_every_series(fleet_run):
                                rtol=2e-4)
     assert (ours.loc[short, "padded_steps"] > 0).all() and (ours.loc[long_enough, "padded_steps"] == 0).all()
     assert ours["fp32.mase"].notna().all()
+
+
+@pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
+def test_per_series_interval_columns_are_the_onnx_quantiles_judged_on_each_series_holdout(fleet_run):
+    """Each variant's ``<variant>.coverage_80`` ... ``.pinball`` per series are interval_metrics of
+    the ONNX model's own ``quantiles`` output at that series' holdout, on its MASE scale (a short,
+    padded series among them)."""
+    import onnxruntime as ort
+
+    from onnxcast.pipeline.intervals import interval_metrics
+
+    cfg, fleet, _, short = fleet_run
+    ours = pd.read_parquet(cfg.layout.per_series("dlinear")).set_index("series")
+    variants = json.loads(cfg.layout.variants("dlinear").read_text())
+    for v in variants:  # NaN exactly where the variant's forecast is (fp16 overflows at M3's levels)
+        assert {f"{v['name']}.{m}" for m in INTERVAL_COLUMNS} <= set(ours.columns)
+        assert (ours[f"{v['name']}.coverage_95"].notna() == ours[f"{v['name']}.mase"].notna()).all()
+    assert ours["fp32.coverage_95"].notna().all()
+    session = ort.InferenceSession(str(cfg.layout.onnx("dlinear")), providers=["CPUExecutionProvider"])
+    levels = cfg.levels
+    for sid in (short[0], fleet.ids[50]):
+        i = fleet.ids.index(sid)
+        y = fleet.target(i).astype(np.float64)
+        origin = len(y) - cfg.horizon
+        history = y[max(0, origin - cfg.lookback):origin]
+        history = np.concatenate([np.full(cfg.lookback - len(history), y[0]), history])  # edge-padded
+        quantiles = session.run(["quantiles"], {"history": history[None, :, None].astype(np.float32)})[0]
+        want = interval_metrics(y[None, origin:], quantiles, levels, ours.loc[sid, "mase_scale"])
+        for metric in INTERVAL_COLUMNS:
+            assert ours.loc[sid, f"fp32.{metric}"] == pytest.approx(want[metric], rel=1e-5), (sid, metric)
 
 
 @pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
@@ -223,6 +267,40 @@ def test_validation_gates_on_mean_mase_and_keeps_per_series_arrays_out(fleet_run
 
 
 @pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
+def test_interval_aggregates_are_means_over_series_and_every_variant_is_gated_on_them(fleet_run):
+    cfg, fleet, _, _ = fleet_run
+    saved = json.loads(cfg.layout.validation("dlinear").read_text())
+    table = pd.read_parquet(cfg.layout.per_series("dlinear"))
+    judged = [e for e in saved["variants"] if e["holdout"]]
+    assert {"fp32", "fp32-opt"} <= {e["name"] for e in judged}
+    for entry in saved["variants"]:
+        if not entry["holdout"]:  # did not forecast every series: judged on nothing, intervals included
+            assert not {"interval_coverage", "interval_accuracy_vs_fp32"} & set(entry["gates"])
+    for entry in judged:
+        name, figures = entry["name"], entry["holdout"]["intervals"]
+        assert figures == saved["fleet"]["variants"][name]["intervals"]
+        # the series the variant forecast (fp16 overflows on the larger M3 levels: fewer, and its
+        # finite_on_every_series gate fails), the means over those series
+        assert figures["series"] == saved["fleet"]["variants"][name]["series"] == table[f"{name}.msis_95"].notna().sum()
+        assert figures["levels"] == list(cfg.levels)
+        for metric in INTERVAL_COLUMNS:
+            assert figures[metric] == pytest.approx(table[f"{name}.{metric}"].mean(), rel=1e-12)
+        low, high = figures["msis_95_ci95"]
+        assert low < figures["msis_95"] < high
+        coverage = entry["gates"]["interval_coverage"]
+        gap = max(abs(figures["coverage_80"] - 0.8), abs(figures["coverage_95"] - 0.95))
+        assert coverage["value"] == pytest.approx(gap) and coverage["threshold"] == cfg.coverage_tolerance
+        assert coverage["passed"] == (gap <= cfg.coverage_tolerance)
+        if not coverage["passed"] and name in ("fp32", "fp32-opt"):
+            assert any(f.startswith(f"{name} ") and "interval covers" in f for f in saved["failures"])
+        assert ("interval_accuracy_vs_fp32" in entry["gates"]) == (name != "fp32")
+    assert len(saved["failures"]) == len(set(saved["failures"]))
+    # the gate's bar: the fleet naive, with its split-conformal intervals
+    naive = saved["fleet"]["best_naive"]["intervals"]
+    assert naive["series"] == fleet.n_series and 0 < naive["coverage_80"] < naive["coverage_95"] <= 1
+
+
+@pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
 def test_the_report_validates_against_the_schema_with_a_fleet_object(fleet_run):
     from onnxcast.base.errors import GateError
     from onnxcast.pipeline.report import validate_report
@@ -238,6 +316,13 @@ def test_the_report_validates_against_the_schema_with_a_fleet_object(fleet_run):
     assert report["baselines"]["seasonal_naive"]["mase"] == report["fleet"]["baselines"]["best_naive"]["mase_mean"]
     assert report["dataset"]["rows"] == int(fleet.lengths.sum())
     assert cfg.layout.reference_table.exists()
+    # forecast intervals: per variant, per reference model and for the baseline
+    assert report["fleet"]["families"]["dlinear"]["fp32"]["intervals"]["series"] == fleet.n_series
+    for model in ("AutoETS", "AutoTheta"):
+        figures = report["fleet"]["reference"]["aggregates"][model]["intervals"]
+        assert figures["series"] == 8 and set(INTERVAL_COLUMNS) <= set(figures)
+    assert report["fleet"]["baselines"]["best_naive"]["intervals"] == report["baselines"]["seasonal_naive"]["intervals"]
+    assert report["reference"]["intervals"]["series"] == 8
 
 
 def test_the_gate_baseline_is_the_naive_best_over_the_fleet_not_each_series_own_pick():
@@ -265,3 +350,74 @@ def test_the_gate_baseline_is_the_naive_best_over_the_fleet_not_each_series_own_
     np.testing.assert_array_equal(out[f"{FLEET_NAIVE}.mase"], [0.5, 1.0, 0.5, 1.0])
     # the per-series pick (before the second case: fmin of the first) is lower than either method
     assert np.fmin(naive, np.array([0.5, 1.0, np.nan, 3.0])).mean() < min(naive.mean(), 1.25)
+
+
+def _entry(name: str, coverage_80: float, coverage_95: float, msis_95: float, pinball: float) -> dict:
+    return {"name": name, "gates": {}, "holdout": {"mae": 1.0, "intervals": {
+        "series": 10, "coverage_80": coverage_80, "coverage_95": coverage_95, "msis_95": msis_95,
+        "pinball": pinball}}}
+
+
+def test_interval_gates_fail_the_family_on_fp32_coverage_and_judge_int8_against_fp32():
+    from onnxcast.pipeline.fleet_eval import interval_gates
+
+    entries = [_entry("fp32", 0.70, 0.94, 10.0, 1.0), _entry("fp32-opt", 0.79, 0.95, 10.0, 1.0),
+               _entry("int8", 0.80, 0.95, 10.4, 1.06), _entry("fp16", 0.80, 0.95, 10.1, 1.01),
+               {"name": "old", "gates": {}, "holdout": {"mae": 1.0}}]
+    failures = interval_gates(entries, tolerance=0.05, budget=0.05)
+    assert failures == ["fp32 80% interval covers 70.0% of holdout points, more than 5.0% from nominal"]
+    fp32, opt, int8, fp16, old = (e["gates"] for e in entries)
+    assert not fp32["interval_coverage"]["passed"] and fp32["interval_coverage"]["value"] == pytest.approx(0.10)
+    assert "interval_accuracy_vs_fp32" not in fp32
+    assert opt["interval_coverage"]["passed"] and opt["interval_accuracy_vs_fp32"]["passed"]
+    # int8's pinball is 6% above fp32's: beyond the 5% budget, though its MSIS is within it
+    assert not int8["interval_accuracy_vs_fp32"]["passed"]
+    assert int8["interval_accuracy_vs_fp32"]["value"] == pytest.approx(0.06)
+    assert fp16["interval_accuracy_vs_fp32"]["passed"]
+    assert old == {}  # a model without quantiles is not judged on intervals
+
+
+def test_a_model_without_quantiles_has_no_interval_columns_nor_levels(tmp_path):
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from onnxcast.pipeline.fleet_eval import interval_aggregate, interval_names, session_levels
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["history"], ["forecast"], axes=[2], keepdims=0)], "old",
+        [helper.make_tensor_value_info("history", TensorProto.FLOAT, ["batch", "time", 1])],
+        [helper.make_tensor_value_info("forecast", TensorProto.FLOAT, ["batch", "time"])])
+    path = tmp_path / "old.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert session_levels(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])) is None
+    table = pd.DataFrame({"series": ["a", "b"], "fp32.mase": [1.0, 2.0], "fp32-opt.coverage_80": [0.5, 1.0],
+                          "fp32-opt.msis_95": [3.0, 5.0], "fp32-opt.pinball": [0.2, 0.4]})
+    assert interval_names(table.columns, "fp32") == [] and interval_aggregate(table, "fp32", (0.1, 0.9)) is None
+    got = interval_aggregate(table, "fp32-opt", (0.1, 0.9))
+    assert got["coverage_80"] == 0.75 and got["msis_95"] == 4.0 and got["series"] == 2
+
+
+def test_the_naives_interval_scale_is_the_models_in_graph_scale():
+    """The naives' intervals are calibrated on the same window scale the ONNX graph computes
+    (QuantileOutput.interval_scale: the mean absolute change over the season, 12 here)."""
+    import torch
+
+    from onnxcast.pipeline.fleet_eval import _window_scales
+    from onnxcast.pipeline.models import ModelSpec, build_model
+
+    panel = load_panel("m3-monthly", limit=5, seed=2)
+    fleet = fleet_of(panel)
+    spec = ModelSpec(family="dlinear", n_features=1, horizon=18, lookback=36, season=12, seasons=(12,))
+    model = build_model(spec, np.zeros(1), np.ones(1)).eval()
+    assert model.interval_lag == 12
+    back = np.array([18, 30])  # M3 monthly series have at least 66 points: 36 real steps before each origin
+    ours = _window_scales(fleet, back, 36)
+    for i in range(fleet.n_series):
+        for j, b in enumerate(back):
+            end = fleet.lengths[i] - b
+            window = fleet.target(i)[end - 36:end].astype(np.float64)
+            by_hand = np.abs(window[12:] - window[:-12]).mean() + 1e-6 * np.abs(window).mean()  # + the level floor
+            assert ours[i, j] == pytest.approx(by_hand, rel=1e-9)
+            graph = model.interval_scale(torch.from_numpy(window[None, :, None].astype(np.float32)))
+            assert ours[i, j] == pytest.approx(float(graph[0]), rel=1e-5)

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fleet_run_fixtures import build_fleet_run, fleet_tracking_uri  # noqa: F401  (fixture)
+from fleet_run_fixtures import add_intervals, build_fleet_run, fleet_tracking_uri  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def registry(tmp_path_factory, fleet_tracking_uri):  # noqa: F811
 
     root = tmp_path_factory.mktemp("fleet-champion")
     uri = fleet_tracking_uri
-    run = build_fleet_run(root / "champion-run", skills={"nhits": 0.9}, noise=0.1)
+    run = add_intervals(build_fleet_run(root / "champion-run", skills={"nhits": 0.9}, noise=0.1), {"nhits": 1.0})
     tracked = log_pipeline_run(run, model_name=MODEL, run_key="dag/champion", families=["nhits"], tracking_uri=uri)
     version = register_model(run, tracked, model_name=MODEL, run_key="dag/champion", tracking_uri=uri)
     set_champion(MODEL, version.version, record={"by": "test"}, tracking_uri=uri)
@@ -155,3 +155,102 @@ def test_no_champion_promotes_a_fleet_challenger(tmp_path):
     decision = decide(run)
     assert decision["promote"] is True and decision["metric"] == "mase"
     assert "no champion registered" in decision["reason"]
+
+
+# --- champion_metric "msis": the 95% interval's mean scaled interval score ------------------
+
+def msis_run(tmp_path: Path, champion_run: Path, version: str, msis_skill: float, **kwargs) -> Path:
+    """A challenger run (dlinear, MASE 0.7 of the naive's) whose fp32 95% MSIS is ``msis_skill``
+    of the champion's typical one, per series, on the same series."""
+    return add_intervals(challenger_run(tmp_path, champion_run, version, 0.7, **kwargs), {"dlinear": msis_skill},
+                         noise_seed=5)
+
+
+def test_on_msis_a_challenger_with_better_intervals_wins_paired_across_series(registry, tmp_path):
+    from onnxcast.registry.champion import decide
+
+    uri, champion_run, version = registry
+    run = msis_run(tmp_path, champion_run, version, 0.8)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "champion_metric": "msis"}))  # the run's setting
+    decision = decide(run, tracking_uri=uri)
+    champion = json.loads((champion_run / "report.json").read_text())["fleet"]["families"]["nhits"]["fp32"]
+    assert decision["metric"] == "msis" and decision["promote"] is True, decision["reason"]
+    assert decision["champion_msis_95"] == pytest.approx(champion["intervals"]["msis_95"])
+    assert decision["challenger_msis_95"] < decision["champion_msis_95"]
+    assert decision["improvement"] == pytest.approx(1 - decision["challenger_msis_95"] / decision["champion_msis_95"])
+    assert decision["comparison"] == "paired across 60 series (this run's series and origins)"
+    assert decision["paired_test"]["p_value"] < 0.05 and "MSIS (95% interval)" in decision["reason"]
+    assert json.loads((run / "champion_challenger.json").read_text()) == decision
+
+
+def test_on_msis_better_point_forecasts_do_not_win_with_worse_intervals(registry, tmp_path):
+    """The same challenger wins on MASE and loses on MSIS: the metric decides."""
+    from onnxcast.registry.champion import decide
+
+    uri, champion_run, version = registry
+    run = msis_run(tmp_path, champion_run, version, 1.3)
+    assert decide(run, tracking_uri=uri)["promote"] is True  # the run's setting: mase
+    decision = decide(run, tracking_uri=uri, metric="msis")
+    assert decision["promote"] is False and "does not beat" in decision["reason"]
+    assert decision["challenger_msis_95"] > decision["champion_msis_95"]
+
+
+def test_on_msis_a_champion_without_interval_figures_is_not_comparable(registry, tmp_path):
+    """A champion evaluated before forecast distributions: no msis_95 anywhere, never a crash."""
+    import pandas as pd
+
+    from onnxcast.registry.champion import decide
+
+    uri, champion_run, version = registry
+    run = msis_run(tmp_path, champion_run, version, 0.8)
+    validation = run / "models/champion/validation.json"
+    entry = json.loads(validation.read_text())
+    for variant in entry["variants"]:
+        variant["holdout"].pop("intervals")
+        entry["fleet"]["variants"][variant["name"]].pop("intervals")
+    validation.write_text(json.dumps(entry))
+    table = pd.read_parquet(run / "models/champion/per_series.parquet")
+    table[[c for c in table.columns if not c.endswith(("msis_95", "msis_80", "coverage_80", "coverage_95",
+                                                       "pinball"))]].to_parquet(
+        run / "models/champion/per_series.parquet", index=False)
+    decision = decide(run, tracking_uri=uri, metric="msis")
+    assert decision["promote"] is False and decision["comparison"] == "not comparable on msis"
+    assert decision["champion_msis_95"] is None and "no fp32 95% interval figures" in decision["msis_missing"]
+    assert decision["reason"].startswith(f"not comparable on msis: champion v{version} has no fp32 95% interval")
+    assert decide(run, tracking_uri=uri, metric="msis", require_beats_champion=False)["promote"] is True
+
+
+def test_on_msis_without_per_series_columns_only_the_aggregates_are_compared(registry, tmp_path):
+    """The challenger's table lacks the interval columns: aggregate only, and with no interval
+    of the mean MSIS nothing shows the difference is more than noise."""
+    import pandas as pd
+
+    from onnxcast.registry.champion import decide
+
+    uri, champion_run, version = registry
+    run = msis_run(tmp_path, champion_run, version, 0.8)
+    path = run / "models/dlinear/per_series.parquet"
+    pd.read_parquet(path).drop(columns=["fp32.msis_95"]).to_parquet(path, index=False)
+    decision = decide(run, tracking_uri=uri, metric="msis")
+    assert decision["paired_test"] is None
+    assert decision["comparison"].startswith("aggregate only (the challenger's per-series table has no column "
+                                             "'fp32.msis_95')")
+    assert decision["challenger_msis_95"] < decision["champion_msis_95"]
+    assert decision["promote"] is False and "not significantly" in decision["reason"]
+
+
+def test_on_msis_a_champion_not_evaluated_in_this_run_is_judged_on_its_registered_figures(registry, tmp_path):
+    """Its MSIS from its version's tag, its per-series table (with fp32.msis_95) from its MLflow run."""
+    from onnxcast.registry.champion import decide
+    from onnxcast.registry.tracking import client_for
+
+    uri, champion_run, version = registry
+    tags = client_for(uri).get_model_version(MODEL, version).tags
+    fp32 = json.loads((champion_run / "report.json").read_text())["fleet"]["families"]["nhits"]["fp32"]
+    assert float(tags["onnxcast.fp32_msis_95"]) == pytest.approx(fp32["intervals"]["msis_95"])
+    assert float(tags["onnxcast.fp32_coverage_80"]) == pytest.approx(fp32["intervals"]["coverage_80"])
+    decision = decide(msis_run(tmp_path, champion_run, version, 0.8, evaluated=False), tracking_uri=uri, metric="msis")
+    assert decision["champion_msis_95"] == pytest.approx(fp32["intervals"]["msis_95"])
+    assert decision["promote"] is True and "from its own MLflow run" in decision["comparison"]
+    assert decision["paired_test"]["origins"] == 60

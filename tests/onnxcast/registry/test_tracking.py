@@ -55,7 +55,9 @@ class TestLogAndRegister:
         signature = info.signature.to_dict()  # JSON strings, as stored in MLmodel
         assert json.loads(signature["inputs"]) == [
             {"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, -1, 1]}, "name": "history"}]
-        assert json.loads(signature["outputs"])[0]["tensor-spec"]["shape"] == [-1, 12]
+        outputs = json.loads(signature["outputs"])
+        assert [(o["name"], o["tensor-spec"]["shape"]) for o in outputs] == [
+            ("forecast", [-1, 12]), ("quantiles", [-1, 12, 5])]  # the default five quantile levels
         files = mlflow.artifacts.download_artifacts(version.model_uri, dst_path=str(tmp_path / "dl"))
         names = {p.name for p in __import__("pathlib").Path(files).rglob("*") if p.is_file()}
         assert {"model.onnx", "fp32.onnx", "int8.onnx", "model.pt", "model.json", "report.json",
@@ -137,3 +139,91 @@ def test_using_one_tracking_uri_does_not_change_the_default(tmp_path, monkeypatc
     monkeypatch.setenv("ONNXCAST_HOME", str(tmp_path))
     client_for("http://127.0.0.1:9")
     assert default_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+
+
+FIGURES = {"coverage_80": 0.78, "coverage_95": 0.93, "width_80": 2.1, "width_95": 3.4, "msis_80": 4.4,
+           "msis_95": 6.25, "pinball": 0.31, "crossing": 0.0, "levels": [0.025, 0.1, 0.5, 0.9, 0.975]}
+
+
+def give_intervals(run: Path) -> Path:
+    """Interval figures (hand-made numbers, the report's keys) on every variant, the best baseline
+    and the reference, in report.json and validation.json."""
+    report = json.loads((run / "report.json").read_text())
+    for i, variant in enumerate(report["models"][0]["variants"]):
+        variant["holdout"]["intervals"] = {**FIGURES, "msis_95": FIGURES["msis_95"] + i}
+    report["baselines"]["seasonal_naive"]["intervals"] = {**FIGURES, "msis_95": 9.5}
+    report["reference"]["intervals"] = {**FIGURES, "coverage_95": 0.97, "msis_95": 7.5}
+    (run / "report.json").write_text(json.dumps(report))
+    (run / "models/lstm/validation.json").write_text(json.dumps(report["models"][0]))
+    return run
+
+
+def test_interval_figures_become_metrics_and_version_tags(tiny_lstm_run_copy, tracking_uri):  # noqa: F811
+    from onnxcast.registry.tracking import client_for, log_pipeline_run, register_model
+
+    run = give_intervals(tiny_lstm_run_copy)
+    tracked = log_pipeline_run(run, model_name="m", run_key="dag/iv", families=["lstm"], tracking_uri=tracking_uri)
+    version = register_model(run, tracked, model_name="m", run_key="dag/iv", tracking_uri=tracking_uri)
+    client = client_for(tracking_uri)
+    parent = client.get_run(tracked.parent_run_id).data.metrics
+    assert (parent["baseline.seasonal_naive.msis_95"], parent["reference.msis_95"], parent["reference.coverage_95"]) \
+        == (9.5, 7.5, 0.97)
+    child = client.get_run(tracked.family_run_ids["lstm"]).data.metrics
+    names = [v["name"] for v in json.loads((run / "report.json").read_text())["models"][0]["variants"]]
+    for i, name in enumerate(names):
+        assert child[f"{name}.msis_95"] == FIGURES["msis_95"] + i
+        assert (child[f"{name}.coverage_80"], child[f"{name}.pinball"]) == (0.78, 0.31)
+    tags = client.get_model_version("m", version.version).tags
+    assert tags["onnxcast.quantile_levels"] == "0.025,0.1,0.5,0.9,0.975"  # from the ONNX model's metadata
+    assert (tags["onnxcast.fp32_coverage_80"], tags["onnxcast.fp32_coverage_95"], tags["onnxcast.fp32_msis_95"]) == (
+        "0.78", "0.93", "6.25")
+
+
+def test_a_report_without_interval_figures_gets_no_interval_tags(registered, tracking_uri):
+    from onnxcast.registry.tracking import client_for
+
+    tracked, version = registered
+    tags = client_for(tracking_uri).get_model_version("m", version.version).tags
+    assert "onnxcast.fp32_msis_95" not in tags and tags["onnxcast.quantile_levels"]  # the model has quantiles
+    assert not any(k.endswith(".msis_95") for k in client_for(tracking_uri).get_run(
+        tracked.family_run_ids["lstm"]).data.metrics)
+
+
+def test_the_forecast_plot_draws_the_80_and_95_bands_from_the_fp32_quantiles(
+        tiny_lstm_run_copy, tmp_path, monkeypatch):  # noqa: F811
+    """The bands are the fp32 ONNX model's quantiles at the plotted (back-to-back) origins."""
+    import matplotlib.axes
+    import numpy as np
+
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.validate import holdout_windows
+    from onnxcast.registry.interval_figures import forecast_and_quantiles
+    from onnxcast.registry.tracking import plot_forecast
+
+    drawn = []
+    original = matplotlib.axes.Axes.fill_between
+
+    def spy(axis, x, low, high, **kwargs):
+        drawn.append((kwargs.get("label"), np.asarray(low), np.asarray(high)))
+        return original(axis, x, low, high, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", spy)
+    path = plot_forecast(tiny_lstm_run_copy, "lstm", tmp_path / "plot.png")
+    assert path.stat().st_size > 10_000
+    assert [label for label, _, _ in drawn] == ["lstm fp32 95% interval", "lstm fp32 80% interval"]
+
+    cfg = PipelineConfig.load(tiny_lstm_run_copy / "config.json")
+    series = SeriesData.load(tiny_lstm_run_copy / "data")
+    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg), mase_scale=1.0)
+    plotted = [0]
+    for i, origin in enumerate(holdout.origins[1:], 1):
+        if origin >= holdout.origins[plotted[-1]] + cfg.horizon:
+            plotted.append(i)
+    _, quantiles, levels = forecast_and_quantiles(tiny_lstm_run_copy / "models/lstm/onnx/fp32.onnx",
+                                                  holdout.history[plotted])
+    assert levels == (0.025, 0.1, 0.5, 0.9, 0.975)
+    np.testing.assert_allclose(drawn[0][1], quantiles[..., 0].ravel(), rtol=1e-6)
+    np.testing.assert_allclose(drawn[0][2], quantiles[..., 4].ravel(), rtol=1e-6)
+    np.testing.assert_allclose(drawn[1][1], quantiles[..., 1].ravel(), rtol=1e-6)
+    assert np.all(drawn[0][2] - drawn[0][1] > drawn[1][2] - drawn[1][1])  # the 95% band holds the 80% one

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fleet_run_fixtures import build_fleet_run, fleet_tracking_uri  # noqa: F401  (fixture)
+from fleet_run_fixtures import add_intervals, build_fleet_run, fleet_tracking_uri  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +92,8 @@ def test_fleet_run_logs_aggregates_tables_and_a_global_version(fleet_run, tracki
         fleet["families"][version.family]["fp32"]["mase_mean"])
     signature = mlflow.models.get_model_info(version.model_uri).signature.to_dict()
     assert json.loads(signature["inputs"])[0]["tensor-spec"]["shape"] == [-1, -1, 1]
-    assert json.loads(signature["outputs"])[0]["tensor-spec"]["shape"] == [-1, 18]
+    outputs = json.loads(signature["outputs"])  # a model without a quantiles output: forecast only
+    assert [(o["name"], o["tensor-spec"]["shape"]) for o in outputs] == [("forecast", [-1, 18])]
 
 
 def test_a_fleet_run_from_an_older_layout_logs_what_it_has(fleet_run, tracking_uri):
@@ -121,3 +122,39 @@ def test_a_fleet_run_from_an_older_layout_logs_what_it_has(fleet_run, tracking_u
     assert child.data.metrics["fp32.fleet_mase_mean"] == pytest.approx(  # from the report's families
         report["fleet"]["families"]["nhits"]["fp32"]["mase_mean"])
     assert "fp32_vs_best_naive.p_value" not in child.data.metrics
+
+
+def test_fleet_interval_figures_are_logged_as_aggregates_and_tags(fleet_run, tracking_uri, tmp_path):
+    """Means over series of the 80%/95% coverage and MSIS: metrics on the runs, tags on the
+    version, the per-series 95% MSIS in the UI table; still never one metric per series."""
+    from onnxcast.registry.tracking import client_for, log_pipeline_run, register_model
+
+    add_intervals(fleet_run, {"nhits": 0.8, "dlinear": 1.1})
+    report = json.loads((fleet_run / "report.json").read_text())
+    fleet = report["fleet"]
+    tracked = log_pipeline_run(fleet_run, model_name=MODEL, run_key="dag/fleet-iv", families=list(FAMILIES),
+                               tracking_uri=tracking_uri)
+    version = register_model(fleet_run, tracked, model_name=MODEL, run_key="dag/fleet-iv", tracking_uri=tracking_uri)
+    client = client_for(tracking_uri)
+    parent = client.get_run(tracked.parent_run_id).data.metrics
+    ets = fleet["reference"]["aggregates"]["AutoETS"]["intervals"]
+    assert parent["fleet.reference.AutoETS.msis_95"] == pytest.approx(ets["msis_95"])
+    assert parent["fleet.reference.AutoETS.coverage_80"] == pytest.approx(ets["coverage_80"])
+    assert parent["fleet.best_naive.msis_95"] == pytest.approx(fleet["baselines"]["best_naive"]["intervals"]["msis_95"])
+    for family in FAMILIES:
+        child = client.get_run(tracked.family_run_ids[family]).data.metrics
+        for variant in ("fp32", "int8"):
+            figures = fleet["families"][family][variant]["intervals"]
+            assert child[f"{variant}.msis_95"] == pytest.approx(figures["msis_95"])
+            assert child[f"{variant}.coverage_95"] == pytest.approx(figures["coverage_95"])
+        assert len(child) < 100
+    tags = client.get_model_version(MODEL, version.version).tags
+    fp32 = fleet["families"][version.family]["fp32"]["intervals"]
+    assert float(tags["onnxcast.fp32_msis_95"]) == pytest.approx(fp32["msis_95"])
+    assert float(tags["onnxcast.fp32_coverage_80"]) == pytest.approx(fp32["coverage_80"])
+    assert "onnxcast.quantile_levels" not in tags  # these test graphs have no quantiles output
+    table = json.loads(Path(client.download_artifacts(tracked.parent_run_id, "per_series.json",
+                                                      str(tmp_path / "dl"))).read_text())
+    assert table["columns"] == ["series", "best_naive.mase", "AutoETS.mase", "nhits.fp32.mase", "dlinear.fp32.mase",
+                                "loses", "best_naive.msis_95", "AutoETS.msis_95", "nhits.fp32.msis_95",
+                                "dlinear.fp32.msis_95"]
