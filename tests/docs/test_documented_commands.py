@@ -394,8 +394,11 @@ def check_output(args: list[str], result: subprocess.CompletedProcess, workspace
         assert (workspace / _option(args, "--dest") / "current").is_symlink()
     elif line.startswith("edge predict"):
         rows = result.stdout.splitlines()
-        assert rows[0] == "step,ds,forecast,version" and len(rows) == 1 + HORIZON
+        # the documented run's model has the quantiles output at the default levels (docs/intervals.md)
+        assert rows[0] == "step,ds,forecast,q0.025,q0.1,q0.5,q0.9,q0.975,version" and len(rows) == 1 + HORIZON
         assert all(float(row.split(",")[2]) > 0 for row in rows[1:])
+        quantiles = [[float(v) for v in row.split(",")[3:8]] for row in rows[1:]]
+        assert all(q == sorted(q) and q[0] < q[-1] for q in quantiles)
 
 
 @pytest.mark.slow
