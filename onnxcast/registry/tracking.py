@@ -87,15 +87,17 @@ def client_for(tracking_uri: str | None = None):
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    users_uri = os.environ.get("MLFLOW_TRACKING_URI")
+    users = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    # mlflow also exports the URI as MLFLOW_TRACKING_URI (for subprocesses); restore the
-    # user's own setting, or the next default_tracking_uri() would return this one
-    if users_uri is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = users_uri
+    # mlflow also exports the URIs as MLFLOW_TRACKING_URI and MLFLOW_REGISTRY_URI (for
+    # subprocesses); restore the user's own settings, or the next default_tracking_uri() (and
+    # every subprocess started later) would talk to this server
+    for name, value in users.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -137,8 +138,11 @@ def test_using_one_tracking_uri_does_not_change_the_default(tmp_path, monkeypatc
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("ONNXCAST_HOME", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     client_for("http://127.0.0.1:9")
     assert default_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    # nor a subprocess started later (bench/serve.py registered to the dead server in one run)
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
 
 
 FIGURES = {"coverage_80": 0.78, "coverage_95": 0.93, "width_80": 2.1, "width_95": 3.4, "msis_80": 4.4,
