@@ -30,6 +30,11 @@ from onnxcast.base.contract import central_intervals
 log = logging.getLogger(__name__)
 
 MIN_WINDOWS_PER_STEP = 200  # fewer validation windows: the horizon steps share one error shape
+# The interval scale of a window: its mean absolute step change plus a floor relative to its
+# level, so a constant window gets a tiny, not a zero, scale and the scale of c * x is c times
+# the scale of x. Shared by the graph (models.QuantileOutput.interval_scale) and window_scale.
+SCALE_EPS_RELATIVE = 1e-6
+SCALE_FLOOR = 1e-30
 
 
 def conformal_quantile(sorted_values: np.ndarray, level: float) -> float:
@@ -100,6 +105,35 @@ def calibrate(model, x: np.ndarray, y: np.ndarray, levels: tuple[float, ...], ba
     return {"method": "split-conformal, scaled per window", "shape": method, "windows": int(moving.sum()),
             "constant_windows_left_out": int((~moving).sum()), "levels": list(levels),
             "validation_coverage": covered}
+
+
+def window_scale(windows: np.ndarray) -> np.ndarray:
+    """``[N]``: the interval scale of each target window ``[N, steps]``, the numpy twin of
+    :meth:`onnxcast.pipeline.models.QuantileOutput.interval_scale`, for forecasters outside
+    the graph (the seasonal-naive baseline) calibrated the same way as the models."""
+    windows = np.asarray(windows, np.float64)
+    change = np.abs(np.diff(windows, axis=1)).mean(axis=1)
+    return change + SCALE_EPS_RELATIVE * np.abs(windows).mean(axis=1) + SCALE_FLOOR
+
+
+def conformal_quantiles(calibration: tuple[np.ndarray, np.ndarray, np.ndarray],
+                        target: tuple[np.ndarray, np.ndarray], levels: tuple[float, ...]) -> tuple[np.ndarray, dict]:
+    """Split-conformal ``quantiles [N, horizon, Q]`` for a forecaster outside the graph, made
+    as :func:`calibrate` makes the models': ``calibration`` is ``(forecast [n, horizon],
+    actual [n, horizon], windows [n, steps])`` on the validation windows, ``target`` is
+    ``(forecast [N, horizon], windows [N, steps])`` where the quantiles are wanted; windows
+    are the target steps the scale reads. Constant calibration windows are left out; ValueError
+    when none is left. Returns the quantiles and what was done."""
+    forecast, actual, windows = (np.asarray(a, np.float64) for a in calibration)
+    moving = np.abs(np.diff(windows, axis=1)).mean(axis=1) > 0
+    if not moving.any():
+        raise ValueError(f"no validation window to calibrate the intervals on: all {len(windows)} are constant")
+    errors = (actual - forecast)[moving] / window_scale(windows[moving])[:, None]
+    offsets, method = offsets_from_errors(errors, levels)
+    point, where = (np.asarray(a, np.float64) for a in target)
+    quantiles = point[..., None] + window_scale(where)[:, None, None] * offsets[None]
+    return quantiles, {"method": "split-conformal, scaled per window", "shape": method,
+                       "windows": int(moving.sum()), "constant_windows_left_out": int((~moving).sum())}
 
 
 # --- judging ------------------------------------------------------------------------------

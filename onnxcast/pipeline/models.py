@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from onnxcast.pipeline.intervals import SCALE_EPS_RELATIVE, SCALE_FLOOR
+
 EPS = 1e-5
 # Global models (identity scaler, raw units): the per-window spread floor is relative to the
 # window's level, sqrt(var + EPS_RELATIVE * level**2 + EPS_FLOOR), so a model's forecast of
@@ -113,10 +115,8 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
     return model
 
 
-# The interval scale of a window (QuantileOutput.interval_scale): its mean absolute step change
-# plus a floor relative to its level, so a constant window gets a tiny, not a zero, scale and
-# the scale of c * x is c times the scale of x.
-SCALE_EPS_RELATIVE = 1e-6
+# The interval scale of a window (QuantileOutput.interval_scale; its numpy twin, for the
+# baselines, is onnxcast.pipeline.intervals.window_scale, which owns the constants).
 
 
 class QuantileOutput(nn.Module):
@@ -149,7 +149,7 @@ class QuantileOutput(nn.Module):
         mean ``|y|`` and a float32-safe floor."""
         window = self.interval_window(history)
         change = (window[:, 1:] - window[:, :-1]).abs().mean(dim=1)
-        return change + SCALE_EPS_RELATIVE * window.abs().mean(dim=1) + EPS_FLOOR
+        return change + SCALE_EPS_RELATIVE * window.abs().mean(dim=1) + SCALE_FLOOR
 
     def forecast_and_quantiles(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         forecast = self(history)
