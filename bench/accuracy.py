@@ -126,27 +126,38 @@ def summarize(dataset: Dataset, report: dict, status: str, seconds: float) -> di
                          "vs_best_naive": mae / best["mae"] if mae else None,
                          "vs_reference": mae / reference["mae"] if mae and reference else None,
                          "p_vs_reference": ((m.get("fp32_vs") or {}).get("reference") or {}).get("p_value"),
+                         "intervals": interval_figures(_fp32(m).get("intervals")),
                          "gates_passed": m["gates_passed"]})
     edge = (report.get("selected") or {}).get("edge")
-    edge_mae = None
+    edge_mae, edge_intervals = None, None
     if edge:
         model = next(m for m in report["models"] if m["family"] == edge["family"])
-        edge_mae = next(v for v in model["variants"] if v["name"] == edge["variant"])["holdout"]["mae"]
+        edge_holdout = next(v for v in model["variants"] if v["name"] == edge["variant"])["holdout"]
+        edge_mae, edge_intervals = edge_holdout["mae"], interval_figures(edge_holdout.get("intervals"))
     vs_ref = edge_mae / reference["mae"] if edge_mae and reference else None
     return {
         "dataset": dataset.name, "description": dataset.description, "published": dataset.published,
         "rows": report["dataset"]["rows"], "freq": report["dataset"]["freq"], "horizon": report["config"]["horizon"],
         "lookback": report["config"]["lookback"], "origins": baselines["origins"],
         "baselines": {k: {"mae": v["mae"], "mase": v["mase"]} for k, v in baselines["candidates"].items()},
-        "best_naive": {"name": baselines["best"], "mae": best["mae"], "mae_ci95": best.get("mae_ci95")},
+        "best_naive": {"name": baselines["best"], "mae": best["mae"], "mae_ci95": best.get("mae_ci95"),
+                       "intervals": interval_figures(best.get("intervals"))},
         "reference": {"model": reference.get("model"), "mae": reference.get("mae"),
-                      "mae_ci95": reference.get("mae_ci95")},
-        "families": families, "edge": edge, "edge_mae": edge_mae,
+                      "mae_ci95": reference.get("mae_ci95"), "intervals": interval_figures(reference.get("intervals"))},
+        "families": families, "edge": edge, "edge_mae": edge_mae, "edge_intervals": edge_intervals,
         "edge_vs_reference": vs_ref, "edge_vs_best_naive": edge_mae / best["mae"] if edge_mae else None,
         "goal_within_10pct_of_reference": vs_ref is not None and vs_ref <= GOAL_VS_REFERENCE,
         "goal_beats_best_naive": edge_mae is not None and edge_mae < best["mae"],
         "status": status, "seconds": round(seconds, 1),
     }
+
+
+INTERVAL_FIGURES = ("coverage_80", "coverage_95", "msis_95", "pinball")
+
+
+def interval_figures(intervals: dict | None) -> dict | None:
+    """The interval figures the tables show (None where the forecaster has no intervals)."""
+    return {k: intervals.get(k) for k in INTERVAL_FIGURES} if intervals else None
 
 
 def _fp32(model: dict) -> dict:
@@ -186,6 +197,21 @@ def write_markdown(results: dict, path: Path) -> None:
             lines.append(f"| {r['dataset']} | {x['family']} | {f(x.get('epochs'), 'd')} | {f(x.get('best_epoch'), 'd')} | "
                          f"{f(x.get('validation_loss_epoch0'))} | {f(x.get('validation_loss_best'))} | {f(x['mae'])} | "
                          f"{f(r['best_naive']['mae'])} | {f(x['vs_best_naive'], '.3f')} |")
+    lines += ["", "Forecast distributions on the same origins: coverage of the central 80% and 95% intervals "
+              "(nominal 0.80 and 0.95), MSIS of the 95% interval and the mean pinball loss over the levels, both "
+              "scaled like MASE (lower is better). The models' and the best naive's intervals are split-conformal, "
+              "calibrated on the validation windows; the reference's are statsforecast's own.", "",
+              "| dataset | forecaster | cov 80 | cov 95 | MSIS 95 | pinball |", "|---|---|---:|---:|---:|---:|"]
+    for r in results["datasets"]:
+        shown = [(f"best naive ({r['best_naive']['name']})", r["best_naive"].get("intervals")),
+                 (f"reference ({r['reference']['model']})", r["reference"].get("intervals")),
+                 *((f"{x['family']} fp32", x.get("intervals")) for x in r["families"])]
+        if r["edge"]:
+            shown.append((f"edge: {r['edge']['family']} {r['edge']['variant']}", r.get("edge_intervals")))
+        for who, iv in shown:
+            iv = iv or {}
+            lines.append(f"| {r['dataset']} | {who} | {f(iv.get('coverage_80'), '.3f')} | {f(iv.get('coverage_95'), '.3f')} "
+                         f"| {f(iv.get('msis_95'), '.3f')} | {f(iv.get('pinball'), '.4f')} |")
     lines += ["", "Datasets:"] + [f"- {r['dataset']}: {r['description']}" + (f" Published: {r['published']}" if r["published"] else "")
                                   for r in results["datasets"]]
     path.write_text("\n".join(lines) + "\n")

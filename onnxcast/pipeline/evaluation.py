@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -195,53 +196,132 @@ def reference_model(seasons: tuple[int, ...], n_history: int):
     return "AutoETS", AutoETS(model="ZZN"), window
 
 
-def reference_forecasts(target: np.ndarray, origins: Origins, horizon: int,
-                        seasons: tuple[int, ...]) -> tuple[str, np.ndarray, float]:
-    """Forecasts of the statistical reference at every origin; (description, forecasts, seconds)."""
+class ReferenceForecasts(NamedTuple):
+    """The statistical reference at every origin: its mean forecasts ``[origins, horizon]``, its
+    own intervals as ``quantiles [origins, horizon, Q]`` (None when no levels were asked for
+    or some level has no interval) and the seconds it took."""
+
+    name: str
+    mean: np.ndarray
+    quantiles: np.ndarray | None
+    seconds: float
+
+
+def reference_forecasts(target: np.ndarray, origins: Origins, horizon: int, seasons: tuple[int, ...],
+                        levels: tuple[float, ...] = ()) -> ReferenceForecasts:
+    """Forecasts of the statistical reference at every origin, with statsforecast's own
+    intervals (``level=[80, 95]`` for the default levels) at ``levels``."""
     import warnings
+
+    from onnxcast.pipeline.intervals import quantiles_from_levels, reference_levels
 
     started = time.monotonic()
     first = int(origins.index.min())
     name, model, window = reference_model(seasons, first)
-    forecasts = []
+    widths = reference_levels(levels) if levels else []
+    forecasts, lows, highs = [], {w: [] for w in widths}, {w: [] for w in widths}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for origin in origins.index:
             history = target[max(0, origin - window):origin].astype(np.float64)
-            forecasts.append(np.asarray(model.forecast(y=history, h=horizon)["mean"], np.float64))
-    return name, np.stack(forecasts), time.monotonic() - started
+            out = model.forecast(y=history, h=horizon, level=widths) if widths else model.forecast(y=history, h=horizon)
+            forecasts.append(np.asarray(out["mean"], np.float64))
+            for w in widths:
+                lows[w].append(np.asarray(out[f"lo-{w}"], np.float64))
+                highs[w].append(np.asarray(out[f"hi-{w}"], np.float64))
+    mean = np.stack(forecasts)
+    quantiles = None
+    if widths:
+        quantiles = quantiles_from_levels({w: np.stack(v) for w, v in lows.items()},
+                                          {w: np.stack(v) for w, v in highs.items()}, mean, levels)
+    return ReferenceForecasts(name, mean, quantiles, time.monotonic() - started)
 
 
 def evaluate_baselines(target: np.ndarray, origins: Origins, horizon: int, seasons: tuple[int, ...],
-                       train_end: int, reference: bool = True) -> dict:
+                       train_end: int, reference: bool = True, *, levels: tuple[float, ...] = (),
+                       lookback: int | None = None, validation_end: int | None = None) -> dict:
     """Every baseline and the reference on ``origins``; the best baseline is THE baseline.
 
     Returns the ``baselines`` entry of report.json plus ``per_origin_mae`` arrays (by name) for
     paired tests, and the MASE scale (in-sample MAE of the best baseline's rule on training).
+    With ``levels``, the best baseline gets split-conformal intervals calibrated on the
+    validation windows ``[train_end, validation_end)`` with the models' window scale over the
+    last ``lookback`` steps (:func:`baseline_intervals`), and the reference its own intervals,
+    each judged by ``intervals.interval_metrics`` under ``"intervals"``.
     """
     actual = actuals(target, origins, horizon)
     rows, errors = {}, {}
-    for name, (season, forecast) in baseline_forecasts(target, origins, horizon, seasons).items():
+    forecasts = baseline_forecasts(target, origins, horizon, seasons)
+    for name, (season, forecast) in forecasts.items():
         metrics = forecast_metrics(actual, forecast, 1.0)
         rows[name] = {"season": season, **metrics}
     best = min(rows, key=lambda k: rows[k]["mae"])
     scale = mase_scale(target[:train_end], rows[best]["season"])
-    for name, (season, forecast) in baseline_forecasts(target, origins, horizon, seasons).items():
+    for name, (season, forecast) in forecasts.items():
         rows[name], errors[name] = judged(actual, forecast, scale, origins)
         rows[name]["season"] = season
+    if levels and validation_end is not None:
+        rows[best]["intervals"] = baseline_intervals(target, origins, horizon, rows[best]["season"], scale,
+                                                     levels, lookback or rows[best]["season"], train_end,
+                                                     validation_end)
     out = {"best": best, "mase_scale": scale, "candidates": rows,
            "seasonal_naive": {**rows[best], "name": best},
            "origins": {"count": int(len(origins.index)), "stride": origins.stride, "block": origins.block,
                        "first": int(origins.index[0]), "last": int(origins.index[-1])}}
     if reference:
-        name, forecast, seconds = reference_forecasts(target, origins, horizon, seasons)
-        metrics, errors["reference"] = judged(actual, forecast, scale, origins)
-        out["reference"] = {"model": name, "seconds": round(seconds, 2), **metrics,
+        ref = reference_forecasts(target, origins, horizon, seasons, levels)
+        metrics, errors["reference"] = judged(actual, ref.mean, scale, origins)
+        out["reference"] = {"model": ref.name, "seconds": round(ref.seconds, 2), **metrics,
                             "vs_best_baseline": paired_test(errors["reference"], errors[best], origins.block)}
-        log.info("reference %s: MAE %.4g (best baseline %s %.4g) in %.1fs", name, metrics["mae"], best,
-                 rows[best]["mae"], seconds)
+        if levels:
+            out["reference"]["intervals"] = reference_intervals(actual, ref, levels, scale)
+        log.info("reference %s: MAE %.4g (best baseline %s %.4g) in %.1fs", ref.name, metrics["mae"], best,
+                 rows[best]["mae"], ref.seconds)
     out["per_origin_mae"] = {k: v.tolist() for k, v in errors.items()}
     return out
+
+
+def baseline_intervals(target: np.ndarray, origins: Origins, horizon: int, season: int, scale: float,
+                       levels: tuple[float, ...], lookback: int, train_end: int, validation_end: int) -> dict | None:
+    """The seasonal-naive baseline's split-conformal intervals on the holdout ``origins``,
+    calibrated as the models' are (onnxcast.pipeline.run.calibrate_family): its errors on
+    every validation window (forecast steps in ``[train_end, validation_end)``, stride 1),
+    scaled by the mean absolute seasonal change of the last ``lookback`` target steps
+    (``intervals.window_scale`` at ``interval_lag(season, lookback)``, as the models'), give the offsets; judged by ``interval_metrics`` with the MASE
+    ``scale``. None, with a log line, when the validation split holds no usable window."""
+    from onnxcast.pipeline.intervals import conformal_quantiles, interval_lag, interval_metrics
+
+    lag = season * math.ceil(horizon / season)
+    calibration = np.arange(max(train_end, lookback, lag), validation_end - horizon + 1, dtype=np.int64)
+    if len(calibration) == 0 or int(origins.index.min()) < lookback:
+        log.info("seasonal naive %d: no validation window to calibrate intervals on", season)
+        return None
+    cal_forecast = seasonal_naive(target, calibration, horizon, season)
+    cal_actual = np.stack([target[o:o + horizon] for o in calibration])
+    cal_windows = np.stack([target[o - lookback:o] for o in calibration])
+    holdout_windows = np.stack([target[o - lookback:o] for o in origins.index])
+    try:
+        quantiles, info = conformal_quantiles((cal_forecast, cal_actual, cal_windows),
+                                              (seasonal_naive(target, origins.index, horizon, season),
+                                               holdout_windows), levels, lag=interval_lag(season, lookback))
+    except ValueError as exc:
+        log.info("seasonal naive %d: %s", season, exc)
+        return None
+    return {**interval_metrics(actuals(target, origins, horizon), quantiles, levels, scale, block=origins.block),
+            "levels": list(levels),
+            **info, "lookback": int(lookback)}
+
+
+def reference_intervals(actual: np.ndarray, ref: ReferenceForecasts, levels: tuple[float, ...],
+                        scale: float) -> dict | None:
+    """The reference's own intervals judged like the models' (None when statsforecast gave no
+    interval for some level)."""
+    from onnxcast.pipeline.intervals import interval_metrics, reference_levels
+
+    if ref.quantiles is None:
+        return None
+    return {**interval_metrics(actual, ref.quantiles, levels, scale), "levels": list(levels),
+            "method": f"statsforecast level={reference_levels(levels)}"}
 
 
 # --- fleets: many series judged per series and in aggregate (docs/design/fleet.md section 4) -----

@@ -252,56 +252,9 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0) -> dict
         out[name] = float(column[ran].mean()) if ran.any() else None
     if "msis_95" in values:
         out["msis_95_ci95"] = series_interval(values["msis_95"][ran], seed=seed)
+    for name in [n for n in values if n.startswith("coverage_")]:  # the gate's sampling error
+        out[f"{name}_ci95"] = series_interval(values[name][ran], seed=seed)
     return out
-
-
-def interval_gates(entries: list[dict], tolerance: float, budget: float) -> list[str]:
-    """Add ``interval_coverage`` (80% and 95% coverage each within ``tolerance`` of nominal) to
-    every variant with interval figures and ``interval_accuracy_vs_fp32`` (msis_95 and pinball
-    each within ``budget`` relative to fp32's) to every variant but fp32; return the failures
-    that fail the family (fp32 or fp32-opt missing coverage). Call before judge_variants, which
-    turns every gate into ``reasons`` and ``eligible``. The gates and phrases are those of the
-    single-series judge (same names, keys and wording), so a judge_variants that decides them
-    itself overwrites them with equal ones and the caller drops the repeated phrases."""
-    from onnxcast.pipeline.intervals import coverage_failures
-    from onnxcast.pipeline.validate import REQUIRED_VARIANTS, gate
-
-    def figures(entry: dict | None) -> dict | None:
-        return ((entry or {}).get("holdout") or {}).get("intervals")
-
-    fp32 = figures(next((e for e in entries if e["name"] == "fp32"), None))
-    failures = []
-    for entry in entries:
-        got, name = figures(entry), entry["name"]
-        if not got:
-            continue
-        distances = [abs(got[f"coverage_{p}"] - p / 100) if got.get(f"coverage_{p}") is not None else float("nan")
-                     for p in (80, 95) if f"coverage_{p}" in got]
-        if distances:
-            problems = coverage_failures(got, tolerance)
-            entry["gates"]["interval_coverage"] = {
-                **gate(not problems, float(np.max(distances)), tolerance),
-                "coverage": {f"{p}": got.get(f"coverage_{p}") for p in (80, 95)}, "failures": problems}
-            if problems and name in REQUIRED_VARIANTS:
-                failures += [f"{name} {phrase}" for phrase in problems]
-        if name != "fp32":
-            entry["gates"]["interval_accuracy_vs_fp32"] = _interval_accuracy(got, fp32, budget)
-    return failures
-
-
-def _interval_accuracy(got: dict, fp32: dict | None, budget: float) -> dict:
-    """msis_95 and pinball each at most ``budget`` (relative) worse than fp32's; ``value`` is
-    the larger loss (NaN fails)."""
-    from onnxcast.pipeline.validate import gate
-
-    if not fp32:
-        return gate(False, "fp32 has no interval figures", budget)
-    losses = {k: got[k] / fp32[k] - 1.0 for k in ("msis_95", "pinball")
-              if got.get(k) is not None and fp32.get(k)}
-    if not losses:
-        return gate(False, "no msis_95 or pinball to compare", budget)
-    worst = float(np.max(list(losses.values())))
-    return {**gate(worst <= budget, worst, budget), "losses": losses}
 
 
 def naive_quantiles(fleet: FleetData, plan: Plan, naive: dict, lookback: int, levels: tuple[float, ...],
@@ -350,15 +303,13 @@ def _actuals_at(fleet: FleetData, back: np.ndarray, horizon: int) -> np.ndarray:
 def _window_scales(fleet: FleetData, back: np.ndarray, lookback: int) -> np.ndarray:
     """``[series, len(back)]``: the models' interval scale (QuantileOutput.interval_scale) of the
     ``lookback`` steps (edge-padded) before each origin, in numpy."""
-    from onnxcast.pipeline.models import EPS_FLOOR, SCALE_EPS_RELATIVE, interval_lag
+    from onnxcast.pipeline.intervals import interval_lag, window_scale
 
     n, k = fleet.n_series, len(back)
     series = np.repeat(np.arange(n), k)
     ends = (fleet.lengths[:, None] - back[None, :]).reshape(-1)
     window = histories(fleet, series, np.maximum(ends, 1), lookback)[:, :, 0].astype(np.float64)
-    lag = interval_lag(fleet.season, lookback)
-    change = np.abs(window[:, lag:] - window[:, :-lag]).mean(axis=1)
-    return (change + SCALE_EPS_RELATIVE * np.abs(window).mean(axis=1) + EPS_FLOOR).reshape(n, k)
+    return window_scale(window, interval_lag(fleet.season, lookback)).reshape(n, k)
 
 
 def _moving(fleet: FleetData, back: int, lookback: int) -> np.ndarray:
@@ -602,13 +553,13 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
                                cfg.seed)
     naive_name = str(reference[FLEET_NAIVE].iloc[0]).replace("_", " ")
     vs_best_naive, vs_reference = _fleet_tests(table, reference)
-    interval_failures = interval_gates(entries, cfg.coverage_tolerance, cfg.accuracy_budget)
+    # the interval gates (coverage, and msis/pinball within the budget of fp32's) are decided
+    # there too, from each variant's holdout["intervals"]: the means over series
     failures = judge_variants(entries, baseline_mae=baseline["mase_mean"], torch_latency=torch_entry["latency_ms"],
                               accuracy_budget=cfg.accuracy_budget,
                               baseline_name=f"the best naive in aggregate, {naive_name}",
                               baseline_margin=cfg.baseline_margin, baseline_test=vs_best_naive,
-                              metric="mean MASE")
-    failures += [f for f in interval_failures if f not in failures]  # a judge that gates intervals itself says them too
+                              metric="mean MASE", coverage_tolerance=cfg.coverage_tolerance)
     fp32 = aggregates.get("fp32") or {}
     entry = {"family": family, "torch": torch_entry, "variants": entries,
              "fp32_holdout_mae": fp32.get("mase_mean"), "fp32_holdout_mase": fp32.get("mase_mean"),

@@ -30,6 +30,21 @@ from onnxcast.base.contract import central_intervals
 log = logging.getLogger(__name__)
 
 MIN_WINDOWS_PER_STEP = 200  # fewer validation windows: the horizon steps share one error shape
+# The interval scale of a window: its mean absolute change over ``interval_lag`` steps plus a
+# floor relative to its level, so a constant window gets a tiny, not a zero, scale and the scale
+# of c * x is c times the scale of x. Shared by the graph (models.QuantileOutput.interval_scale)
+# and window_scale.
+SCALE_EPS_RELATIVE = 1e-6
+SCALE_FLOOR = 1e-30
+
+
+def interval_lag(season: int, lookback: int) -> int:
+    """The lag of the interval scale: the season when the window holds more than one season
+    (every history is at least ``lookback`` steps), else 1. A function of the model's spec, so a
+    model built again from its model.json gets the lag it was calibrated with. The one-step
+    change counted a regular seasonal swing, which the forecast follows, as uncertainty: on M3
+    quarterly it gave MSIS (95%) 14.0-14.4 against 10.2-10.5 with the same forecasts."""
+    return int(season) if 1 < int(season) < int(lookback) else 1
 
 
 def conformal_quantile(sorted_values: np.ndarray, level: float) -> float:
@@ -102,6 +117,37 @@ def calibrate(model, x: np.ndarray, y: np.ndarray, levels: tuple[float, ...], ba
             "validation_coverage": covered}
 
 
+def window_scale(windows: np.ndarray, lag: int = 1) -> np.ndarray:
+    """``[N]``: the interval scale of each target window ``[N, steps]`` at ``lag``, the numpy
+    twin of :meth:`onnxcast.pipeline.models.QuantileOutput.interval_scale`, for forecasters
+    outside the graph (the seasonal-naive baseline) calibrated the same way as the models."""
+    windows = np.asarray(windows, np.float64)
+    change = np.abs(windows[:, lag:] - windows[:, :-lag]).mean(axis=1)
+    return change + SCALE_EPS_RELATIVE * np.abs(windows).mean(axis=1) + SCALE_FLOOR
+
+
+def conformal_quantiles(calibration: tuple[np.ndarray, np.ndarray, np.ndarray],
+                        target: tuple[np.ndarray, np.ndarray], levels: tuple[float, ...],
+                        lag: int = 1) -> tuple[np.ndarray, dict]:
+    """Split-conformal ``quantiles [N, horizon, Q]`` for a forecaster outside the graph, made
+    as :func:`calibrate` makes the models': ``calibration`` is ``(forecast [n, horizon],
+    actual [n, horizon], windows [n, steps])`` on the validation windows, ``target`` is
+    ``(forecast [N, horizon], windows [N, steps])`` where the quantiles are wanted; windows
+    are the target steps the scale reads (at ``lag``, :func:`interval_lag`). Constant
+    calibration windows are left out; ValueError when none is left. Returns the quantiles and
+    what was done."""
+    forecast, actual, windows = (np.asarray(a, np.float64) for a in calibration)
+    moving = np.abs(np.diff(windows, axis=1)).mean(axis=1) > 0
+    if not moving.any():
+        raise ValueError(f"no validation window to calibrate the intervals on: all {len(windows)} are constant")
+    errors = (actual - forecast)[moving] / window_scale(windows[moving], lag)[:, None]
+    offsets, method = offsets_from_errors(errors, levels)
+    point, where = (np.asarray(a, np.float64) for a in target)
+    quantiles = point[..., None] + window_scale(where, lag)[:, None, None] * offsets[None]
+    return quantiles, {"method": "split-conformal, scaled per window", "shape": method,
+                       "windows": int(moving.sum()), "constant_windows_left_out": int((~moving).sum())}
+
+
 # --- judging ------------------------------------------------------------------------------
 
 def pinball(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[float, ...]) -> np.ndarray:
@@ -120,7 +166,7 @@ def interval_score(actual: np.ndarray, low: np.ndarray, high: np.ndarray, alpha:
 
 
 def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[float, ...],
-                     scale: float | np.ndarray) -> dict:
+                     scale: float | np.ndarray, block: int | None = None, seed: int = 0) -> dict:
     """The interval measures of ``quantiles [N, horizon, Q]`` against ``actual [N, horizon]``;
     ``scale`` (a number, or one per row) is the MASE scale.
 
@@ -128,7 +174,11 @@ def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[fl
     mean scaled width; ``msis_<p>``: its mean scaled interval score; ``pinball``: the mean
     scaled pinball loss over levels, steps and rows (a discrete estimate of half the CRPS when
     the levels spread over (0, 1)); ``crossing``: the share of (row, step) whose quantiles cross
-    (0 by construction for onnxcast models; other sources are measured as they are)."""
+    (0 by construction for onnxcast models; other sources are measured as they are).
+
+    With ``block`` (rows are rolling origins whose windows overlap ``block`` neighbours), each
+    coverage also gets ``coverage_<p>_ci95``: the moving-block bootstrap interval of the mean of
+    the per-origin coverages (evaluation.mae_interval), the sampling error the gate allows for."""
     actual = np.asarray(actual, np.float64)
     q = np.asarray(quantiles, np.float64)
     scale = np.asarray(scale, np.float64)
@@ -137,7 +187,12 @@ def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[fl
     for lo, hi, nominal in central_intervals(levels):
         key = f"{round(100 * nominal)}"
         low, high = q[..., lo], q[..., hi]
-        out[f"coverage_{key}"] = float(np.mean((actual >= low) & (actual <= high)))
+        inside = (actual >= low) & (actual <= high)
+        out[f"coverage_{key}"] = float(np.mean(inside))
+        if block is not None:
+            from onnxcast.pipeline.evaluation import mae_interval
+
+            out[f"coverage_{key}_ci95"] = mae_interval(inside.mean(axis=1).astype(np.float64), block, seed=seed)
         out[f"width_{key}"] = float(np.mean((high - low) / per_row))
         out[f"msis_{key}"] = float(np.mean(interval_score(actual, low, high, 1.0 - nominal) / per_row))
     out["pinball"] = float(np.mean(pinball(actual, q, levels) / np.asarray(per_row)[..., None]))
@@ -163,16 +218,30 @@ def row_interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tupl
 
 
 def coverage_failures(metrics: dict, tolerance: float, nominals: tuple[int, ...] = (80, 95)) -> list[str]:
-    """Gate phrases for each of the ``nominals`` intervals whose coverage is more than
-    ``tolerance`` from nominal; an interval the levels do not hold is not judged."""
+    """Gate phrases for each of the ``nominals`` intervals whose coverage misses nominal by more
+    than ``tolerance`` AND by more than its sampling error: when the figures hold the coverage's
+    95% interval (``coverage_<p>_ci95``: block bootstrap over origins, or bootstrap over series),
+    a coverage whose interval holds nominal is not a miss. A single series has few independent
+    holdout windows (100 overlapping origins of a 24-step horizon, stride 5, are about 20), so
+    its coverage of a perfectly calibrated 80% interval wanders by 8 points and more; a fixed
+    tolerance alone would fail it by chance. A fleet's interval over hundreds of series is
+    narrow, and the tolerance decides. An interval the levels do not hold is not judged; a
+    coverage that is not a number fails."""
     failures = []
     for nominal in nominals:
         got = metrics.get(f"coverage_{nominal}")
         if got is None:
             continue
-        if not abs(got - nominal / 100) <= tolerance:  # nan fails
-            failures.append(f"{nominal}% interval covers {got:.1%} of holdout points, more than "
-                            f"{tolerance:.1%} from nominal")
+        target = nominal / 100
+        if abs(got - target) <= tolerance:
+            continue
+        ci = metrics.get(f"coverage_{nominal}_ci95")
+        known = ci is not None and len(ci) == 2 and all(isinstance(v, int | float) and math.isfinite(v) for v in ci)
+        if known and ci[0] <= target <= ci[1]:
+            continue
+        where = f" and outside its 95% interval [{ci[0]:.1%}, {ci[1]:.1%}]" if known else ""
+        failures.append(f"{nominal}% interval covers {got:.1%} of holdout points, more than "
+                        f"{tolerance:.1%} from nominal{where}")
     return failures
 
 

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from onnxcast.pipeline.intervals import SCALE_EPS_RELATIVE, SCALE_FLOOR, interval_lag
+
 EPS = 1e-5
 # Global models (identity scaler, raw units): the per-window spread floor is relative to the
 # window's level, sqrt(var + EPS_RELATIVE * level**2 + EPS_FLOOR), so a model's forecast of
@@ -114,17 +116,8 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
     return model
 
 
-def interval_lag(season: int, lookback: int) -> int:
-    """The lag of the interval scale: the model's season when the window holds more than one
-    season (every history is at least ``lookback`` steps), else 1. A function of the spec, so a
-    model built again from its model.json gets the lag it was calibrated with."""
-    return int(season) if 1 < int(season) < int(lookback) else 1
-
-
-# The interval scale of a window (QuantileOutput.interval_scale): its mean absolute seasonal
-# change plus a floor relative to its level, so a constant window gets a tiny, not a zero, scale
-# and the scale of c * x is c times the scale of x.
-SCALE_EPS_RELATIVE = 1e-6
+# The interval scale of a window (QuantileOutput.interval_scale; its numpy twin, for the
+# baselines, is onnxcast.pipeline.intervals.window_scale, which owns the constants).
 
 
 class QuantileOutput(nn.Module):
@@ -165,7 +158,7 @@ class QuantileOutput(nn.Module):
         window = self.interval_window(history)
         lag = self.interval_lag
         change = (window[:, lag:] - window[:, :-lag]).abs().mean(dim=1)
-        return change + SCALE_EPS_RELATIVE * window.abs().mean(dim=1) + EPS_FLOOR
+        return change + SCALE_EPS_RELATIVE * window.abs().mean(dim=1) + SCALE_FLOOR
 
     def forecast_and_quantiles(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         forecast = self(history)

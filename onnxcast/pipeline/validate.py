@@ -13,6 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxcast.base.contract import (
+    METADATA_PREFIX,
+    OUTPUT_NAME,
+    QUANTILE_METADATA,
+    QUANTILES_NAME,
+    parse_quantile_levels,
+    read_metadata,
+)
 from onnxcast.base.files import sha256_file
 from onnxcast.pipeline.metrics import forecast_metrics
 
@@ -51,6 +59,15 @@ def onnx_predict(session, history: np.ndarray, batch_size: int = 256) -> np.ndar
     return np.concatenate(outputs).astype(np.float32)
 
 
+def onnx_predict_with_quantiles(session, history: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """``(forecast [N, horizon], quantiles [N, horizon, Q])`` for ``history [N, time, F]`` with an
+    ORT session of a model that has the ``quantiles`` output, in batches."""
+    parts = [session.run([OUTPUT_NAME, QUANTILES_NAME], {"history": history[i : i + batch_size]})
+             for i in range(0, len(history), batch_size)]
+    return (np.concatenate([p[0] for p in parts]).astype(np.float32),
+            np.concatenate([p[1] for p in parts]).astype(np.float32))
+
+
 def parity_shapes(lookback: int, season: int) -> list[tuple[int, int]]:
     """Batch sizes and history lengths unlike the export's example (batch 2, lookback).
 
@@ -74,7 +91,9 @@ def check_parity(reference, session, values: np.ndarray, shapes: list[tuple[int,
                  rtol: float, atol: float, seed: int = 0) -> dict:
     """Compare ORT with the PyTorch ``reference`` callable at each shape.
 
-    Returns max abs diff, the worst ``|a-b| / (atol + rtol*|b|)`` (<= 1 passes) and per-shape rows.
+    ``reference`` returns the forecast, or ``(forecast, quantiles)`` (:func:`torch_runner` with
+    ``quantiles=True``): then both outputs are compared. Returns max abs diff, the worst
+    ``|a-b| / (atol + rtol*|b|)`` over every output compared (<= 1 passes) and per-shape rows.
     """
     rng = np.random.default_rng(seed)
     return parity_on(reference, session, [sample_histories(values, batch, steps, rng) for batch, steps in shapes],
@@ -88,15 +107,21 @@ def parity_on(reference, session, histories: list[np.ndarray], rtol: float, atol
     for history in histories:
         batch, steps = int(history.shape[0]), int(history.shape[1])
         expected = reference(history)
-        got = session.run(["forecast"], {"history": history})[0]
-        if got.shape != expected.shape:
-            rows.append({"batch": batch, "time": steps, "error": f"shape {list(got.shape)} != {list(expected.shape)}"})
-            worst = float("inf")
-            continue
-        diff = np.abs(got.astype(np.float64) - expected)
-        ratio = float(np.max(diff / (atol + rtol * np.abs(expected))))
-        rows.append({"batch": batch, "time": steps, "max_abs_diff": float(diff.max()), "tolerance_ratio": ratio})
-        worst, max_diff = max(worst, ratio), max(max_diff, float(diff.max()))
+        expected = tuple(expected) if isinstance(expected, tuple | list) else (expected,)
+        names = [OUTPUT_NAME, QUANTILES_NAME][:len(expected)]
+        got = session.run(names, {"history": history})
+        row: dict = {"batch": batch, "time": steps}
+        for name, want, have in zip(names, expected, got, strict=True):
+            prefix = "" if name == OUTPUT_NAME else f"{name}_"
+            if have.shape != want.shape:
+                row[f"{prefix}error"] = f"{name} shape {list(have.shape)} != {list(want.shape)}"
+                worst = float("inf")
+                continue
+            diff = np.abs(have.astype(np.float64) - want)
+            ratio = float(np.max(diff / (atol + rtol * np.abs(want))))
+            row[f"{prefix}max_abs_diff"], row[f"{prefix}tolerance_ratio"] = float(diff.max()), ratio
+            worst, max_diff = max(worst, ratio), max(max_diff, float(diff.max()))
+        rows.append(row)
     return {"max_abs_diff": max_diff, "worst_tolerance_ratio": worst, "shapes": rows}
 
 
@@ -120,15 +145,21 @@ def measure_latency(run, inputs: dict[int, np.ndarray], repeats: int, warmup: in
     return result
 
 
-def torch_runner(model):
-    """A numpy-in, numpy-out callable for the eager PyTorch model (float64 out for parity)."""
+def torch_runner(model, quantiles: bool = False):
+    """A numpy-in, numpy-out callable for the eager PyTorch model (float64 out for parity);
+    with ``quantiles``, it returns ``(forecast, quantiles)`` (``model.forecast_and_quantiles``)."""
     import torch
 
     def run(history: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return model(torch.from_numpy(history)).numpy().astype(np.float64)
 
-    return run
+    def run_both(history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with torch.inference_mode():
+            forecast, q = model.forecast_and_quantiles(torch.from_numpy(history))
+            return forecast.numpy().astype(np.float64), q.numpy().astype(np.float64)
+
+    return run_both if quantiles else run
 
 
 def gate(passed: bool, value: float, threshold: float | str) -> dict:
@@ -157,7 +188,8 @@ def baselines_for(cfg, series, split, reference: bool = False) -> dict:
     from onnxcast.pipeline.evaluation import evaluate_baselines
 
     return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
-                              evaluation_seasons(cfg, series), split.train_end, reference=reference)
+                              evaluation_seasons(cfg, series), split.train_end, reference=reference,
+                              levels=cfg.levels, lookback=cfg.lookback, validation_end=split.validation_end)
 
 
 def holdout_windows(cfg, series, split, mase_scale: float | None = None) -> Holdout:
@@ -189,11 +221,12 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
     """The report entry of one family: PyTorch figures, then each variant with its gates.
 
     Required gates (a failure excludes the family from the choice): fp32 and fp32-opt parity
-    with PyTorch, and fp32 beating the best baseline by ``cfg.baseline_margin`` (``baselines``:
-    onnxcast.pipeline.evaluation's ``evaluate_baselines`` on the run's origins). Optional variants (int8, fp16) that miss the
-    accuracy budget are kept in the report but marked not eligible.
+    with PyTorch (forecast and quantiles), their intervals' holdout coverage, and fp32 beating
+    the best baseline by ``cfg.baseline_margin`` (``baselines``: onnxcast.pipeline.evaluation's
+    ``evaluate_baselines`` on the run's origins). Optional variants (int8, fp16) that miss the
+    accuracy budget (point or interval) or the coverage are kept in the report but marked not
+    eligible.
     """
-    from onnxcast.pipeline.evaluation import paired_test
     from onnxcast.pipeline.models import torch_threads
 
     baselines = baselines or baselines_for(cfg, series, split)
@@ -203,39 +236,87 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
     latency_inputs = {b: sample_histories(series.values, b, cfg.lookback, rng) for b in (1, 64)}
     shapes = parity_shapes(cfg.lookback, series.season)
     reference = torch_runner(model)
+    with_quantiles = bool(getattr(model, "has_quantiles", False))
 
     with torch_threads(cfg.threads):
-        torch_pred = reference(holdout.history).astype(np.float32)
-        torch_holdout, torch_errors = judge_holdout(torch_pred, holdout)
+        torch_pred, torch_quantiles = (torch_runner(model, quantiles=True)(holdout.history) if with_quantiles
+                                       else (reference(holdout.history), None))
+        torch_holdout, torch_errors = judge_holdout(torch_pred.astype(np.float32), holdout)
         torch_entry = {"holdout": torch_holdout, "per_origin_mae": torch_errors,
                        "latency_ms": measure_latency(reference, latency_inputs, cfg.latency_repeats)}
     log.info("%s torch: holdout MAE %.4g (baseline %.4g), batch1 p50 %.3f ms", family,
              torch_entry["holdout"]["mae"], baseline["mae"], torch_entry["latency_ms"]["batch1_p50"])
 
-    entries = [_validate_one(cfg, spec, onnx_dir / spec["path"], reference, series, holdout, shapes,
+    references = {False: reference, True: torch_runner(model, quantiles=True) if with_quantiles else None}
+    entries = [_validate_one(cfg, spec, onnx_dir / spec["path"], references, series, holdout, shapes,
                              latency_inputs, onnx_dir.parent.parent.parent) for spec in variants]
     fp32 = next((e for e in entries if e["name"] == "fp32"), None)
+    torch_holdout["intervals"] = _torch_intervals(torch_quantiles, holdout, fp32, cfg.levels)
     fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
-    comparisons = {}
-    if fp32 and fp32.get("per_origin_mae"):
-        errors = np.asarray(fp32["per_origin_mae"])
-        for name in (baselines["best"], "reference"):
-            other = (baselines.get("per_origin_mae") or {}).get(name)
-            if other is not None:
-                other = np.asarray(other)
-                comparisons[name] = {"mae_ratio": float(errors.mean() / other.mean()) if other.mean() else None,
-                                     **paired_test(errors, other, holdout.block)}
+    comparisons = fp32_comparisons(fp32, baselines, holdout.block)
     failures = judge_variants(entries, baseline_mae=baseline["mae"], torch_latency=torch_entry["latency_ms"],
                               accuracy_budget=cfg.accuracy_budget, baseline_name=baselines["best"].replace("_", " "),
-                              baseline_margin=cfg.baseline_margin, baseline_test=comparisons.get(baselines["best"]))
+                              baseline_margin=cfg.baseline_margin, baseline_test=comparisons.get(baselines["best"]),
+                              coverage_tolerance=cfg.coverage_tolerance)
     for entry in entries:
         status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
-        log.info("%s %-8s MAE %s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s", family, entry["name"],
-                 _fmt((entry.get("holdout") or {}).get("mae")), _fmt(entry["parity_max_abs_diff"], ".3g"),
+        shown = ((entry.get("holdout") or {}).get("intervals") or {})
+        log.info("%s %-8s MAE %s  80%%/95%% coverage %s/%s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s", family,
+                 entry["name"], _fmt((entry.get("holdout") or {}).get("mae")), _fmt(shown.get("coverage_80"), ".3f"),
+                 _fmt(shown.get("coverage_95"), ".3f"), _fmt(entry["parity_max_abs_diff"], ".3g"),
                  _fmt(entry["latency_ms"].get("batch1_p50"), ".3f"), _fmt(entry["latency_ms"].get("batch64_p50"), ".3f"),
                  entry["size_bytes"], status)
     return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
             "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures}
+
+
+def fp32_comparisons(fp32: dict | None, baselines: dict, block: int) -> dict:
+    """fp32 against the best baseline and the reference: the MAE ratio and the paired test on
+    per-origin MAEs, and the ratios of MSIS and pinball where both have intervals."""
+    from onnxcast.pipeline.evaluation import paired_test
+
+    comparisons: dict = {}
+    if not fp32 or not fp32.get("per_origin_mae"):
+        return comparisons
+    errors = np.asarray(fp32["per_origin_mae"])
+    mine = (fp32.get("holdout") or {}).get("intervals")
+    for name in (baselines["best"], "reference"):
+        other = (baselines.get("per_origin_mae") or {}).get(name)
+        if other is None:
+            continue
+        other = np.asarray(other)
+        comparisons[name] = {"mae_ratio": float(errors.mean() / other.mean()) if other.mean() else None,
+                             **paired_test(errors, other, block)}
+        theirs = (baselines.get("reference") if name == "reference" else baselines["seasonal_naive"]) or {}
+        if mine and theirs.get("intervals"):
+            comparisons[name].update(interval_ratios(mine, theirs["intervals"]))
+    return comparisons
+
+
+def interval_ratios(mine: dict, theirs: dict) -> dict:
+    """``msis_80_ratio``, ``msis_95_ratio`` and ``pinball_ratio`` of two interval figures (< 1:
+    ``mine`` is better), for the keys both hold."""
+    out = {}
+    for key in ("msis_80", "msis_95", "pinball"):
+        if mine.get(key) is not None and theirs.get(key):
+            out[f"{key}_ratio"] = float(mine[key] / theirs[key])
+    return out
+
+
+def _torch_intervals(quantiles: np.ndarray | None, holdout: Holdout, fp32: dict | None,
+                     default_levels: tuple[float, ...]) -> dict | None:
+    """The eager model's interval figures, at fp32's levels (its metadata) or the run's."""
+    from onnxcast.pipeline.intervals import interval_metrics
+
+    if quantiles is None:
+        return None
+    levels = tuple((((fp32 or {}).get("holdout") or {}).get("intervals") or {}).get("levels") or default_levels)
+    if quantiles.shape[-1] != len(levels):
+        log.warning("torch quantiles hold %d levels, expected %d: no torch intervals", quantiles.shape[-1],
+                    len(levels))
+        return None
+    return {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale, block=holdout.block),
+            "levels": list(levels)}
 
 
 REQUIRED_VARIANTS = FP32_VARIANTS  # a required gate failing on these fails the family
@@ -246,10 +327,14 @@ REQUIRED_VARIANTS = FP32_VARIANTS  # a required gate failing on these fails the 
 BASELINE_MARGIN = 0.01
 
 
+# The default of ``PipelineConfig.coverage_tolerance``, for callers that judge without a config.
+COVERAGE_TOLERANCE = 0.05
+
+
 def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: dict,
                    accuracy_budget: float, baseline_name: str = "seasonal naive",
                    baseline_margin: float = BASELINE_MARGIN, baseline_test: dict | None = None,
-                   metric: str = "holdout MAE") -> list[str]:
+                   metric: str = "holdout MAE", coverage_tolerance: float = COVERAGE_TOLERANCE) -> list[str]:
     """Complete every variant entry with its gates, ``reasons``, ``eligible`` and speedups.
 
     The one place the gates are decided, for the pipeline and the benchmark alike. An entry
@@ -264,9 +349,17 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
     fp32-opt must run and match PyTorch, and fp32 must beat the baseline. ``metric`` names the
     figure in the messages: a fleet passes mean MASE over series as ``holdout["mae"]`` and
     ``baseline_mae`` (onnxcast.pipeline.fleet_eval), so its messages say "mean MASE".
+
+    Forecast distributions, for an entry whose ``holdout["intervals"]`` holds interval figures
+    (``intervals.interval_metrics``; a model without a quantiles output has none and gets
+    neither gate): ``interval_coverage``, the 80% and 95% coverage each within
+    ``coverage_tolerance`` of nominal (failing on fp32 or fp32-opt fails the family), and for
+    every variant but fp32 ``interval_accuracy_vs_fp32``, its msis_95 and pinball each within
+    ``accuracy_budget`` (relative) of fp32's.
     """
     fp32 = next((e for e in entries if e["name"] == "fp32"), None)
     fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
+    fp32_intervals = ((fp32 or {}).get("holdout") or {}).get("intervals")
     verdict = baseline_verdict(fp32_mae, baseline_mae, baseline_margin, baseline_test)
     failures = []
     if fp32 is None:
@@ -280,6 +373,14 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
             else:
                 gates["accuracy_vs_fp32"] = gate(False, "fp32 has no holdout figures", accuracy_budget)
             gates["beats_seasonal_naive"] = dict(verdict)
+            intervals = holdout.get("intervals")
+            if intervals:
+                coverage = coverage_gate(intervals, coverage_tolerance)
+                if coverage is not None:
+                    gates["interval_coverage"] = coverage
+                if entry["name"] != "fp32":
+                    gates["interval_accuracy_vs_fp32"] = interval_accuracy_gate(intervals, fp32_intervals,
+                                                                                accuracy_budget)
         entry["reasons"] = [_reason(name, g) for name, g in gates.items() if not g["passed"]]
         entry["eligible"] = bool(holdout) and not entry["reasons"]
         latency = entry.get("latency_ms") or {}
@@ -300,7 +401,44 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
             failures.append(f"fp32 {metric} {_fmt(holdout['mae'])} does not beat the best baseline "
                             f"({baseline_name}) {_fmt(baseline_mae)} by the {_fmt(100 * baseline_margin, '.3g')}% "
                             f"margin (needs below {_fmt(verdict['threshold'])})")
+        if "interval_coverage" in gates and not gates["interval_coverage"]["passed"]:
+            failures += [f"{name} {phrase}" for phrase in gates["interval_coverage"]["failures"]]
     return failures
+
+
+def coverage_gate(intervals: dict, tolerance: float) -> dict | None:
+    """The ``interval_coverage`` gate: ``value`` is the largest distance of the 80% and 95%
+    coverage from nominal (None when the levels hold neither interval: nothing to judge)."""
+    from onnxcast.pipeline.intervals import coverage_failures
+
+    distances = [abs(intervals[f"coverage_{p}"] - p / 100) for p in (80, 95)
+                 if intervals.get(f"coverage_{p}") is not None]
+    if not distances:
+        return None
+    failures = coverage_failures(intervals, tolerance)
+    out = gate(not failures, float(np.max(distances)), tolerance)
+    out.update(coverage={f"{p}": intervals.get(f"coverage_{p}") for p in (80, 95)}, failures=failures,
+               ci95={f"{p}": intervals.get(f"coverage_{p}_ci95") for p in (80, 95)})
+    return out
+
+
+def interval_accuracy_gate(intervals: dict, fp32_intervals: dict | None, budget: float) -> dict:
+    """The ``interval_accuracy_vs_fp32`` gate: msis_95 (where the levels hold it) and pinball
+    each at most ``budget`` (relative) worse than fp32's; ``value`` is the larger loss."""
+    if not fp32_intervals:
+        return gate(False, "fp32 has no interval figures", budget)
+    losses = {}
+    for key in ("msis_95", "pinball"):
+        mine, theirs = intervals.get(key), fp32_intervals.get(key)
+        if mine is None or theirs is None:
+            continue
+        losses[key] = mine / theirs - 1.0 if theirs else (0.0 if mine == theirs else float("inf"))
+    if not losses:
+        return gate(False, "no msis_95 or pinball to compare", budget)
+    worst = float(np.max(list(losses.values())))  # nan propagates, and fails
+    out = gate(worst <= budget, worst, budget)  # nan fails
+    out["losses"] = losses
+    return out
 
 
 def baseline_verdict(fp32_mae: float | None, baseline_mae: float, margin: float, test: dict | None = None) -> dict:
@@ -323,6 +461,8 @@ def baseline_verdict(fp32_mae: float | None, baseline_mae: float, margin: float,
 
 
 def _reason(name: str, g: dict) -> str:
+    if g.get("failures"):  # interval_coverage: the phrases say which interval missed, and by how much
+        return f"{name}: " + "; ".join(g["failures"])
     via = " (fp32's verdict: one per family)" if name == "beats_seasonal_naive" and g.get("judged_on") else ""
     return f"{name}: {_fmt(g['value'])} vs threshold {_fmt(g['threshold'])}{via}"
 
@@ -334,8 +474,10 @@ def _fmt(value, spec: str = ".4g") -> str:
     return format(value, spec) if isinstance(value, int | float) else str(value)
 
 
-def _validate_one(cfg, spec: dict, path: Path, reference, series, holdout: Holdout, shapes, latency_inputs,
+def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout: Holdout, shapes, latency_inputs,
                   run_root: Path) -> dict:
+    """One variant's entry: ``references`` maps "with quantiles" to the torch callable
+    (:func:`torch_runner`; None under True when the eager model has no quantiles)."""
     import onnx
 
     from onnxcast.base.contract import opset_of
@@ -346,7 +488,8 @@ def _validate_one(cfg, spec: dict, path: Path, reference, series, holdout: Holdo
              "note": spec.get("note", ""), "parity_max_abs_diff": None, "parity_shapes": [],
              "holdout": None, "latency_ms": {}, "gates": {}}
     try:
-        entry["opset"] = opset_of(onnx.load(path, load_external_data=False))
+        proto = onnx.load(path, load_external_data=False)
+        entry["opset"] = opset_of(proto)
         session = onnx_session(path, cfg.threads)
         session.run(["forecast"], {"history": latency_inputs[1]})
     except Exception as exc:  # onnx and ORT raise their own exception types per failure kind
@@ -355,12 +498,45 @@ def _validate_one(cfg, spec: dict, path: Path, reference, series, holdout: Holdo
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         entry["gates"]["runs_on_cpu"] = gate(False, first, "runs with CPUExecutionProvider")
         return entry
-    parity = check_parity(reference, session, series.values, shapes, cfg.parity_rtol, cfg.parity_atol, cfg.seed)
+    levels, note = variant_levels(proto, session)
+    both = levels is not None and references.get(True) is not None
+    parity = check_parity(references[both], session, series.values, shapes, cfg.parity_rtol, cfg.parity_atol,
+                          cfg.seed)
     entry["parity_max_abs_diff"] = parity["max_abs_diff"]
     entry["parity_shapes"] = parity["shapes"]
+    entry["parity_outputs"] = [OUTPUT_NAME, QUANTILES_NAME] if both else [OUTPUT_NAME]
     if name in FP32_VARIANTS:
         entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
-    entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
+    if levels is None:
+        entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
+        entry["holdout"]["intervals"] = None
+        entry["intervals_note"] = note
+    else:
+        from onnxcast.pipeline.intervals import interval_metrics
+
+        forecast, quantiles = onnx_predict_with_quantiles(session, holdout.history)
+        entry["holdout"], entry["per_origin_mae"] = judge_holdout(forecast, holdout)
+        entry["holdout"]["intervals"] = {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale,
+                                                            block=holdout.block, seed=cfg.seed),
+                                         "levels": list(levels)}
+        if not both:
+            entry["intervals_note"] = "the PyTorch model has no quantiles: parity on the forecast only"
     entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
                                           cfg.latency_repeats)
     return entry
+
+
+def variant_levels(proto, session) -> tuple[tuple[float, ...] | None, str]:
+    """The levels of a variant's ``quantiles`` output (its metadata ``onnxcast.quantile_levels``),
+    or None and why not: a model from before forecast distributions has no such output."""
+    if QUANTILES_NAME not in {o.name for o in session.get_outputs()}:
+        return None, (f"no {QUANTILES_NAME!r} output (a model from before forecast distributions): "
+                      "no intervals and no interval gates")
+    text = read_metadata(proto).get(QUANTILE_METADATA)
+    where = f"{METADATA_PREFIX}{QUANTILE_METADATA}"
+    if text is None:
+        return None, f"a {QUANTILES_NAME!r} output without the metadata {where}: no intervals and no interval gates"
+    try:
+        return parse_quantile_levels(text, where), ""
+    except ValueError as exc:
+        return None, f"{exc}: no intervals and no interval gates"

@@ -28,3 +28,8 @@ def test_quick_accuracy_bench_reads_every_figure_from_the_pipeline(tmp_path):
     if row["edge"]:  # promoted only when it beat the best naive
         assert row["edge_mae"] < row["best_naive"]["mae"] and row["goal_beats_best_naive"]
     assert "| sunspots | 309 |" in markdown.read_text()
+    # forecast distributions: the reference's own intervals, the best naive's and the model's conformal ones
+    for intervals in (row["reference"]["intervals"], row["best_naive"]["intervals"], family["intervals"]):
+        assert set(intervals) == {"coverage_80", "coverage_95", "msis_95", "pinball"}
+        assert 0 <= intervals["coverage_80"] <= intervals["coverage_95"] <= 1 and intervals["msis_95"] > 0
+    assert f"| sunspots | lstm fp32 | {family['intervals']['coverage_80']:.3f} |" in markdown.read_text()

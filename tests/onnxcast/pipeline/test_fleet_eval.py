@@ -359,22 +359,38 @@ def _entry(name: str, coverage_80: float, coverage_95: float, msis_95: float, pi
 
 
 def test_interval_gates_fail_the_family_on_fp32_coverage_and_judge_int8_against_fp32():
-    from onnxcast.pipeline.fleet_eval import interval_gates
+    from onnxcast.pipeline.validate import judge_variants
 
     entries = [_entry("fp32", 0.70, 0.94, 10.0, 1.0), _entry("fp32-opt", 0.79, 0.95, 10.0, 1.0),
                _entry("int8", 0.80, 0.95, 10.4, 1.06), _entry("fp16", 0.80, 0.95, 10.1, 1.01),
                {"name": "old", "gates": {}, "holdout": {"mae": 1.0}}]
-    failures = interval_gates(entries, tolerance=0.05, budget=0.05)
-    assert failures == ["fp32 80% interval covers 70.0% of holdout points, more than 5.0% from nominal"]
+    # a fleet's coverage interval over series is narrow: the tolerance decides
+    entries[0]["holdout"]["intervals"]["coverage_80_ci95"] = [0.68, 0.72]
+    failures = judge_variants(entries, baseline_mae=2.0, torch_latency={}, accuracy_budget=0.05,
+                              metric="mean MASE", coverage_tolerance=0.05)
+    assert failures == ["fp32 80% interval covers 70.0% of holdout points, more than 5.0% from nominal "
+                        "and outside its 95% interval [68.0%, 72.0%]"]
     fp32, opt, int8, fp16, old = (e["gates"] for e in entries)
     assert not fp32["interval_coverage"]["passed"] and fp32["interval_coverage"]["value"] == pytest.approx(0.10)
     assert "interval_accuracy_vs_fp32" not in fp32
     assert opt["interval_coverage"]["passed"] and opt["interval_accuracy_vs_fp32"]["passed"]
     # int8's pinball is 6% above fp32's: beyond the 5% budget, though its MSIS is within it
-    assert not int8["interval_accuracy_vs_fp32"]["passed"]
+    assert not int8["interval_accuracy_vs_fp32"]["passed"] and not entries[2]["eligible"]
     assert int8["interval_accuracy_vs_fp32"]["value"] == pytest.approx(0.06)
     assert fp16["interval_accuracy_vs_fp32"]["passed"]
-    assert old == {}  # a model without quantiles is not judged on intervals
+    assert "interval_coverage" not in old  # a model without quantiles is not judged on intervals
+
+
+def test_interval_aggregate_gives_each_coverage_its_interval_over_series():
+    from onnxcast.pipeline.fleet_eval import interval_aggregate
+
+    rng = np.random.default_rng(0)
+    covered = rng.random(400) < 0.8
+    table = pd.DataFrame({"series": np.arange(400), "fp32.coverage_80": covered.astype(float),
+                          "fp32.msis_95": rng.random(400)})
+    got = interval_aggregate(table, "fp32", (0.1, 0.9))
+    low, high = got["coverage_80_ci95"]
+    assert low < got["coverage_80"] < high and high - low < 0.1
 
 
 def test_a_model_without_quantiles_has_no_interval_columns_nor_levels(tmp_path):

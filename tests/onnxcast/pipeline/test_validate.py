@@ -144,6 +144,9 @@ def test_an_untrained_model_equal_to_its_anchor_does_not_beat_the_baseline(tmp_p
     assert gate["paired_test"]["significant"] is False
     assert entry["failures"] == [next(f for f in entry["failures"] if f.startswith("fp32 holdout MAE "))]
     assert "by the 1% margin" in entry["failures"][0]
+    # a model without a quantiles output (from before forecast distributions): no interval gates
+    assert fp32["holdout"]["intervals"] is None and "interval_coverage" not in fp32["gates"]
+    assert fp32["intervals_note"].startswith("no 'quantiles' output") and entry["torch"]["holdout"]["intervals"] is None
 
 
 def _measured(name: str, mae: float) -> dict:
@@ -186,3 +189,130 @@ def test_a_family_clearly_better_than_the_baseline_passes_with_all_its_variants(
     entries = [_measured("fp32", 300.0), _measured("fp32-opt", 300.0), _measured("int8", 301.0)]
     assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01) == []
     assert [e["eligible"] for e in entries] == [True, True, True]
+
+
+# --- forecast distributions: parity, intervals and their gates -------------------------------
+
+LEVELS = (0.025, 0.1, 0.5, 0.9, 0.975)
+
+
+def _calibrated(data, cfg, split, lookback=14):
+    from onnxcast.base.contract import format_quantile_levels
+    from onnxcast.pipeline.data import windows
+    from onnxcast.pipeline.intervals import calibrate
+
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(family="lstm", n_features=1, horizon=4, lookback=lookback, hidden_size=8,
+                                  num_layers=1, season=7), data.values.mean(axis=0), data.values.std(axis=0)).eval()
+    x, y = windows(data.values, lookback, 4, split.train_end, split.validation_end)[:2]
+    calibrate(model, x, y, LEVELS)
+    return model, {**META, "lookback": lookback, "quantile_levels": format_quantile_levels(LEVELS)}
+
+
+def test_a_calibrated_model_is_judged_on_its_intervals_in_onnx_and_in_torch(tmp_path):
+    import shutil
+
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.validate import baselines_for, validate_variants
+
+    data = _daily_series(600)
+    cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4, latency_repeats=2,
+                         baseline_margin=0.0)
+    split = split_by_time(len(data.values), cfg)
+    model, meta = _calibrated(data, cfg, split)
+    onnx_dir = tmp_path / "models" / "lstm" / "onnx"
+    export_onnx(model, onnx_dir / "fp32.onnx", n_features=1, lookback=14, metadata=meta)
+    shutil.copy(onnx_dir / "fp32.onnx", onnx_dir / "fp32-opt.onnx")
+    baselines = baselines_for(cfg, data, split)
+    entry = validate_variants(cfg, "lstm", model, data, split, onnx_dir,
+                              [{"name": "fp32", "path": "fp32.onnx"}, {"name": "fp32-opt", "path": "fp32-opt.onnx"}],
+                              baselines=baselines)
+    fp32, opt = entry["variants"]
+    intervals = fp32["holdout"]["intervals"]
+    assert intervals["levels"] == list(LEVELS) and intervals["crossing"] == 0.0
+    assert 0 < intervals["coverage_80"] <= intervals["coverage_95"] <= 1
+    torch_intervals = entry["torch"]["holdout"]["intervals"]
+    assert torch_intervals["msis_95"] == pytest.approx(intervals["msis_95"], rel=1e-4)
+    assert fp32["parity_outputs"] == ["forecast", "quantiles"]
+    assert all(r["quantiles_tolerance_ratio"] <= 1.0 for r in fp32["parity_shapes"])
+    coverage = fp32["gates"]["interval_coverage"]
+    assert coverage["passed"] == (abs(intervals["coverage_80"] - 0.8) <= 0.05
+                                  and abs(intervals["coverage_95"] - 0.95) <= 0.05)
+    assert coverage["coverage"] == {"80": intervals["coverage_80"], "95": intervals["coverage_95"]}
+    assert "interval_accuracy_vs_fp32" not in fp32["gates"]
+    assert opt["gates"]["interval_accuracy_vs_fp32"] == {"passed": True, "value": 0.0, "threshold": 0.01,
+                                                         "losses": {"msis_95": 0.0, "pinball": 0.0}}
+    naive = baselines["seasonal_naive"]["intervals"]
+    assert entry["fp32_vs"]["seasonal_naive_7"]["msis_95_ratio"] == pytest.approx(intervals["msis_95"] / naive["msis_95"])
+
+
+def test_parity_covers_the_quantiles_output(tmp_path):
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.data import split_by_time
+
+    data = _daily_series(600)
+    cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4)
+    model, meta = _calibrated(data, cfg, split_by_time(len(data.values), cfg))
+    session = onnx_session(export_onnx(model, tmp_path / "m.onnx", n_features=1, lookback=14, metadata=meta))
+    shapes = parity_shapes(lookback=14, season=7)
+    same = check_parity(torch_runner(model, quantiles=True), session, data.values, shapes, rtol=1e-3, atol=1e-4)
+    assert same["worst_tolerance_ratio"] <= 1.0 and "quantiles_max_abs_diff" in same["shapes"][0]
+    with torch.no_grad():
+        model.quantile_offsets[:, -1] += 1.0  # the 97.5% quantile moved, the forecast did not
+    forecast_only = check_parity(torch_runner(model), session, data.values, shapes, rtol=1e-3, atol=1e-4)
+    both = check_parity(torch_runner(model, quantiles=True), session, data.values, shapes, rtol=1e-3, atol=1e-4)
+    assert forecast_only["worst_tolerance_ratio"] <= 1.0 < both["worst_tolerance_ratio"]
+
+
+def _with_intervals(name: str, mae: float, coverage_80=0.8, coverage_95=0.95, msis_95=4.0, pinball=0.1) -> dict:
+    entry = _measured(name, mae)
+    entry["holdout"]["intervals"] = {"coverage_80": coverage_80, "coverage_95": coverage_95, "msis_80": 2.0,
+                                     "msis_95": msis_95, "pinball": pinball, "levels": list(LEVELS)}
+    return entry
+
+
+def test_an_fp32_whose_intervals_miss_their_coverage_fails_the_family():
+    from onnxcast.pipeline.validate import judge_variants
+
+    entries = [_with_intervals("fp32", 300.0, coverage_80=0.893), _with_intervals("fp32-opt", 300.0, coverage_80=0.893)]
+    failures = judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01,
+                              coverage_tolerance=0.05)
+    assert failures == ["fp32 80% interval covers 89.3% of holdout points, more than 5.0% from nominal",
+                        "fp32-opt 80% interval covers 89.3% of holdout points, more than 5.0% from nominal"]
+    gate = entries[0]["gates"]["interval_coverage"]
+    assert gate["passed"] is False and gate["value"] == pytest.approx(0.093) and gate["threshold"] == 0.05
+    assert entries[0]["reasons"] == ["interval_coverage: 80% interval covers 89.3% of holdout points, more than "
+                                     "5.0% from nominal"]
+    # a wider tolerance passes the same figures: the setting is what decides
+    entries = [_with_intervals("fp32", 300.0, coverage_80=0.893)]
+    assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01,
+                          coverage_tolerance=0.1) == []
+
+
+@pytest.mark.parametrize("variant", ["int8", "fp16"])
+def test_an_edge_variant_off_coverage_or_over_the_interval_budget_is_not_eligible(variant):
+    from onnxcast.pipeline.validate import judge_variants
+
+    fp32 = _with_intervals("fp32", 300.0, msis_95=4.0, pinball=0.1)
+    wide = _with_intervals(variant, 300.0, msis_95=4.0 * 1.02, pinball=0.1)  # msis 2% worse, budget 1%
+    off = _with_intervals(variant, 300.0, coverage_95=0.85)
+    fine = _with_intervals(variant, 300.0, msis_95=4.02, pinball=0.1005)
+    assert judge_variants([fp32, wide], baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01) == []
+    gate = wide["gates"]["interval_accuracy_vs_fp32"]
+    assert not wide["eligible"] and gate["passed"] is False and gate["value"] == pytest.approx(0.02)
+    assert gate["losses"]["pinball"] == pytest.approx(0.0)
+    assert wide["reasons"] == ["interval_accuracy_vs_fp32: 0.02 vs threshold 0.01"]
+    assert judge_variants([fp32, off], baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01) == []
+    assert not off["eligible"] and off["reasons"][0].startswith("interval_coverage: 95% interval covers 85.0%")
+    assert judge_variants([fp32, fine], baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01) == []
+    assert fine["eligible"] and fp32["eligible"]
+
+
+def test_entries_without_intervals_get_no_interval_gates():
+    """The benchmark and the fleet call judge_variants with point figures only."""
+    from onnxcast.pipeline.validate import judge_variants
+
+    entries = [_measured("fp32", 300.0), _measured("int8", 300.0)]
+    assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01) == []
+    assert not any(k.startswith("interval") for e in entries for k in e["gates"])
