@@ -183,14 +183,17 @@ def test_interval_figures_become_metrics_and_version_tags(tiny_lstm_run_copy, tr
         "0.78", "0.93", "6.25")
 
 
-def test_a_report_without_interval_figures_gets_no_interval_tags(registered, tracking_uri):
+def test_a_real_run_s_interval_figures_become_tags_and_metrics(registered, tracking_uri):
+    """The pipeline's own report (not hand-made figures): its intervals reach the version's
+    tags and the family run's metrics."""
     from onnxcast.registry.tracking import client_for
 
     tracked, version = registered
     tags = client_for(tracking_uri).get_model_version("m", version.version).tags
-    assert "onnxcast.fp32_msis_95" not in tags and tags["onnxcast.quantile_levels"]  # the model has quantiles
-    assert not any(k.endswith(".msis_95") for k in client_for(tracking_uri).get_run(
-        tracked.family_run_ids["lstm"]).data.metrics)
+    assert tags["onnxcast.quantile_levels"] == "0.025,0.1,0.5,0.9,0.975"
+    assert 0.0 <= float(tags["onnxcast.fp32_coverage_80"]) <= 1.0 and float(tags["onnxcast.fp32_msis_95"]) > 0
+    metrics = client_for(tracking_uri).get_run(tracked.family_run_ids["lstm"]).data.metrics
+    assert metrics["fp32.msis_95"] == pytest.approx(float(tags["onnxcast.fp32_msis_95"]))
 
 
 def test_the_forecast_plot_draws_the_80_and_95_bands_from_the_fp32_quantiles(
