@@ -47,16 +47,34 @@ def interval_lag(season: int, lookback: int) -> int:
     return int(season) if 1 < int(season) < int(lookback) else 1
 
 
+def moving_windows(windows: np.ndarray, lag: int = 1) -> np.ndarray:
+    """``[N]`` bool: the windows ``[N, steps]`` whose change at ``lag`` (the scale's) is more
+    than the scale's level-relative floor, ten times over. The others (a constant window, or one
+    that repeats exactly with the season) would have a scale of ~1e-6 x their level and scaled
+    errors of a million: calibration leaves them out."""
+    windows = np.asarray(windows, np.float64)
+    change = np.abs(windows[:, lag:] - windows[:, :-lag]).mean(axis=1)
+    return change > 10 * SCALE_EPS_RELATIVE * np.abs(windows).mean(axis=1)
+
+
 def conformal_quantile(sorted_values: np.ndarray, level: float) -> float:
     """The split-conformal quantile of ``level`` of ``n`` sorted scores: the
     ``ceil((n + 1) * level)``-th smallest for an upper level, the ``floor((n + 1) * level)``-th
-    for a lower one (clipped to the sample), so each tail holds at most its share."""
+    for a lower one, so each tail holds at most its share; clipped to the sample when ``n`` is
+    too small for the level (:func:`tails_beyond_sample`: the tail then holds ``1 / (n + 1)``)."""
     n = len(sorted_values)
     if level >= 0.5:
         k = math.ceil((n + 1) * level)
     else:
         k = math.floor((n + 1) * level)
     return float(sorted_values[min(max(k, 1), n) - 1])
+
+
+def tails_beyond_sample(n: int, levels: tuple[float, ...]) -> list[float]:
+    """The levels whose conformal quantile falls outside ``n`` scores (``(n + 1) * level > n``
+    or ``< 1``): clipped to the sample's extreme, their tail holds ``1 / (n + 1)``, more than
+    its share."""
+    return [q for q in levels if math.ceil((n + 1) * q) > n or (q < 0.5 and math.floor((n + 1) * q) < 1)]
 
 
 def offsets_from_errors(scaled: np.ndarray, levels: tuple[float, ...]) -> tuple[np.ndarray, str]:
@@ -100,15 +118,20 @@ def calibrate(model, x: np.ndarray, y: np.ndarray, levels: tuple[float, ...], ba
             forecasts.append(model(part).double().numpy())
             scales.append(model.interval_scale(part).double().numpy())
     forecast, scale = np.concatenate(forecasts), np.concatenate(scales)
-    window = x[:, -getattr(model, "lookback", x.shape[1]):, 0].astype(np.float64)
-    moving = np.abs(np.diff(window, axis=1)).mean(axis=1) > 0
+    window = x[:, -getattr(model, "interval_lookback", x.shape[1]):, 0].astype(np.float64)
+    moving = moving_windows(window, getattr(model, "interval_lag", 1))
     if not moving.any():
-        raise ValueError(f"no validation window to calibrate the intervals on: all {len(x)} are constant")
+        raise ValueError(f"no validation window to calibrate the intervals on: all {len(x)} are constant "
+                         "(or repeat exactly with the season)")
     errors = (y.astype(np.float64) - forecast)[moving] / scale[moving, None]
     offsets, method = offsets_from_errors(errors, levels)
+    short = tails_beyond_sample(len(errors) * (errors.shape[1] if method == "pooled" else 1), levels)
+    if short:
+        log.warning("intervals: %d scaled errors per quantile are too few for the levels %s: their quantile is the "
+                    "sample's extreme, and the interval covers less than nominal", len(errors), short)
     with torch.no_grad():
         model.quantile_offsets.copy_(torch.from_numpy(offsets.astype(np.float32)))
-    covered = {f"{round(100 * nominal)}": float(np.mean((errors >= offsets[None, :, lo]) & (errors <= offsets[None, :, hi])))
+    covered = {interval_key(nominal): float(np.mean((errors >= offsets[None, :, lo]) & (errors <= offsets[None, :, hi])))
                for lo, hi, nominal in central_intervals(levels)}
     log.info("intervals calibrated on %d validation windows (%s): in-sample coverage %s", int(moving.sum()), method,
              ", ".join(f"{k}%: {v:.3f}" for k, v in covered.items()))
@@ -137,9 +160,10 @@ def conformal_quantiles(calibration: tuple[np.ndarray, np.ndarray, np.ndarray],
     calibration windows are left out; ValueError when none is left. Returns the quantiles and
     what was done."""
     forecast, actual, windows = (np.asarray(a, np.float64) for a in calibration)
-    moving = np.abs(np.diff(windows, axis=1)).mean(axis=1) > 0
+    moving = moving_windows(windows, lag)
     if not moving.any():
-        raise ValueError(f"no validation window to calibrate the intervals on: all {len(windows)} are constant")
+        raise ValueError(f"no validation window to calibrate the intervals on: all {len(windows)} are constant "
+                         "(or repeat exactly with the season)")
     errors = (actual - forecast)[moving] / window_scale(windows[moving], lag)[:, None]
     offsets, method = offsets_from_errors(errors, levels)
     point, where = (np.asarray(a, np.float64) for a in target)
@@ -165,6 +189,12 @@ def interval_score(actual: np.ndarray, low: np.ndarray, high: np.ndarray, alpha:
     return (high - low) + (2.0 / alpha) * (np.maximum(low - actual, 0.0) + np.maximum(actual - high, 0.0))
 
 
+def interval_key(nominal: float) -> str:
+    """How an interval is named in the figures: ``80`` for 0.8, ``97.5`` for 0.975 (distinct
+    for every pair of levels a and 1 - a)."""
+    return format(round(100 * nominal, 6), "g")
+
+
 def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[float, ...],
                      scale: float | np.ndarray, block: int | None = None, seed: int = 0) -> dict:
     """The interval measures of ``quantiles [N, horizon, Q]`` against ``actual [N, horizon]``;
@@ -185,7 +215,7 @@ def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[fl
     per_row = scale.reshape(-1, 1) if scale.ndim else scale
     out: dict = {}
     for lo, hi, nominal in central_intervals(levels):
-        key = f"{round(100 * nominal)}"
+        key = interval_key(nominal)
         low, high = q[..., lo], q[..., hi]
         inside = (actual >= low) & (actual <= high)
         out[f"coverage_{key}"] = float(np.mean(inside))
@@ -209,7 +239,7 @@ def row_interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tupl
     per_row = np.asarray(scale, np.float64).reshape(-1, 1)
     out: dict[str, np.ndarray] = {}
     for lo, hi, nominal in central_intervals(levels):
-        key = f"{round(100 * nominal)}"
+        key = interval_key(nominal)
         low, high = q[..., lo], q[..., hi]
         out[f"coverage_{key}"] = np.mean((actual >= low) & (actual <= high), axis=1)
         out[f"msis_{key}"] = np.mean(interval_score(actual, low, high, 1.0 - nominal) / per_row, axis=1)
@@ -217,22 +247,28 @@ def row_interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tupl
     return out
 
 
-def coverage_failures(metrics: dict, tolerance: float, nominals: tuple[int, ...] = (80, 95)) -> list[str]:
-    """Gate phrases for each of the ``nominals`` intervals whose coverage misses nominal by more
+def coverage_keys(metrics: dict) -> list[str]:
+    """The central intervals the figures hold (``"80"``, ``"95"``, ...): the ``coverage_<p>`` keys."""
+    return [k.removeprefix("coverage_") for k in metrics
+            if k.startswith("coverage_") and not k.endswith("_ci95")]
+
+
+def coverage_failures(metrics: dict, tolerance: float, nominals: tuple[str, ...] | None = None) -> list[str]:
+    """Gate phrases for each central interval (``nominals``, default every one the figures
+    hold: 80% and 95% with the default levels) whose coverage misses nominal by more
     than ``tolerance`` AND by more than its sampling error: when the figures hold the coverage's
     95% interval (``coverage_<p>_ci95``: block bootstrap over origins, or bootstrap over series),
     a coverage whose interval holds nominal is not a miss. A single series has few independent
     holdout windows (100 overlapping origins of a 24-step horizon, stride 5, are about 20), so
     its coverage of a perfectly calibrated 80% interval wanders by 8 points and more; a fixed
     tolerance alone would fail it by chance. A fleet's interval over hundreds of series is
-    narrow, and the tolerance decides. An interval the levels do not hold is not judged; a
-    coverage that is not a number fails."""
+    narrow, and the tolerance decides. A coverage that is not a number fails."""
     failures = []
-    for nominal in nominals:
+    for nominal in (coverage_keys(metrics) if nominals is None else [str(n) for n in nominals]):
         got = metrics.get(f"coverage_{nominal}")
         if got is None:
             continue
-        target = nominal / 100
+        target = float(nominal) / 100
         if abs(got - target) <= tolerance:
             continue
         ci = metrics.get(f"coverage_{nominal}_ci95")

@@ -111,6 +111,7 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
                                    n_anchor_inputs)
         model = Forecaster(core, spec.n_features, spec.season, mean, std, anchors, spec.global_model)
     model.interval_lag = interval_lag(spec.season, spec.lookback)
+    model.interval_lookback = spec.lookback
     if spec.quantile_levels:
         model.add_quantiles(spec.horizon, len(spec.quantile_levels))
     return model
@@ -140,6 +141,7 @@ class QuantileOutput(nn.Module):
 
     quantile_offsets: torch.Tensor
     interval_lag: int = 1  # set by build_model from the spec (interval_lag)
+    interval_lookback: int = 0  # the newest steps the scale reads (the spec's lookback; 0: all)
 
     def add_quantiles(self, horizon: int, n_levels: int) -> None:
         self.register_buffer("quantile_offsets", torch.zeros(horizon, n_levels))
@@ -149,7 +151,11 @@ class QuantileOutput(nn.Module):
         return "quantile_offsets" in self._buffers
 
     def interval_window(self, history: torch.Tensor) -> torch.Tensor:
-        """The target steps the interval scale reads ``[batch, steps]``."""
+        """The target steps the interval scale reads ``[batch, steps]``: the newest
+        ``interval_lookback``, the window length it was calibrated on (a longer history, which
+        the LSTM and the Transformer take, gets the same scale)."""
+        if self.interval_lookback:
+            return history[:, -self.interval_lookback:, 0]
         return history[:, :, 0]
 
     def interval_scale(self, history: torch.Tensor) -> torch.Tensor:

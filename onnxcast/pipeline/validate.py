@@ -119,8 +119,10 @@ def parity_on(reference, session, histories: list[np.ndarray], rtol: float, atol
                 continue
             diff = np.abs(have.astype(np.float64) - want)
             ratio = float(np.max(diff / (atol + rtol * np.abs(want))))
+            if not (np.isfinite(have).all() and np.isfinite(ratio)):
+                ratio = float("inf")  # NaN where PyTorch has a number: max() would have kept the old worst
             row[f"{prefix}max_abs_diff"], row[f"{prefix}tolerance_ratio"] = float(diff.max()), ratio
-            worst, max_diff = max(worst, ratio), max(max_diff, float(diff.max()))
+            worst, max_diff = max(worst, ratio), max(max_diff, float(np.nan_to_num(diff.max(), nan=np.inf)))
         rows.append(row)
     return {"max_abs_diff": max_diff, "worst_tolerance_ratio": worst, "shapes": rows}
 
@@ -409,16 +411,16 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
 def coverage_gate(intervals: dict, tolerance: float) -> dict | None:
     """The ``interval_coverage`` gate: ``value`` is the largest distance of the 80% and 95%
     coverage from nominal (None when the levels hold neither interval: nothing to judge)."""
-    from onnxcast.pipeline.intervals import coverage_failures
+    from onnxcast.pipeline.intervals import coverage_failures, coverage_keys
 
-    distances = [abs(intervals[f"coverage_{p}"] - p / 100) for p in (80, 95)
-                 if intervals.get(f"coverage_{p}") is not None]
-    if not distances:
+    keys = [k for k in coverage_keys(intervals) if intervals.get(f"coverage_{k}") is not None]
+    if not keys:
         return None
+    distances = [abs(intervals[f"coverage_{k}"] - float(k) / 100) for k in keys]
     failures = coverage_failures(intervals, tolerance)
     out = gate(not failures, float(np.max(distances)), tolerance)
-    out.update(coverage={f"{p}": intervals.get(f"coverage_{p}") for p in (80, 95)}, failures=failures,
-               ci95={f"{p}": intervals.get(f"coverage_{p}_ci95") for p in (80, 95)})
+    out.update(coverage={k: intervals.get(f"coverage_{k}") for k in keys}, failures=failures,
+               ci95={k: intervals.get(f"coverage_{k}_ci95") for k in keys})
     return out
 
 

@@ -250,6 +250,10 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
                 body = await read_body()
                 decoded = decode_request(body, headers.get(HEADER_LENGTH), _limits_of(model, settings), model.outputs)
                 results, answered_by = await batcher.submit(decoded.history)
+                missing = [o.name for o in decoded.outputs if o.name not in results]
+                if missing:  # a new version without that output came in between (a rollback): retry
+                    raise NotReadyError(f"version {answered_by} has no output {', '.join(missing)}: "
+                                        "the model changed while the request waited; retry")
                 payload, extra = encode_response(name, answered_by, decoded.id, results, decoded.outputs)
                 extra["content-type"] = "application/octet-stream" if decoded.binary_output else JSON
                 status = 200

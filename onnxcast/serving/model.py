@@ -115,9 +115,13 @@ def _load(model_dir: Path, name: str, threads: int, min_history: int | None) -> 
                 raise VerificationError(f"{path}: {output} shape {out.shape}, expected {want[output]}")
     shortest = model_min_history(meta, lookback, path)
     if shortest < lookback:  # declared: check it runs there before any request relies on it
-        out = model.run(np.repeat(np.linspace(0, 1, shortest, dtype=np.float32)[None, :, None], len(columns), 2))
-        if out.shape != (1, horizon) or not np.isfinite(out).all():
-            raise VerificationError(f"{path}: no finite forecast at its onnxcast.min_history of {shortest} steps")
+        outs = model.run_outputs(np.repeat(np.linspace(0, 1, shortest, dtype=np.float32)[None, :, None],
+                                           len(columns), 2))
+        out = outs[OUTPUT_NAME]
+        if out.shape != (1, horizon) or not all(np.isfinite(o).all() for o in outs.values()):
+            # the quantiles' scale reads a season of changes: a history of one season has none
+            raise VerificationError(f"{path}: no finite {' or '.join(outs)} at its onnxcast.min_history of "
+                                    f"{shortest} steps")
     if min_history is not None and min_history < shortest:
         log.warning("model %s version %s takes histories of at least %d steps: --min-history %d is raised to %d "
                     "for this version (shorter histories get a 400)", name, model.version, shortest, min_history,

@@ -182,8 +182,8 @@ def test_interval_metrics_by_hand():
     assert m["msis_95"] == pytest.approx(82.0)
     assert m["width_80"] == pytest.approx(1.0) and m["crossing"] == 0.0
     assert coverage_failures(m, 0.05) == [
-        "80% interval covers 50.0% of holdout points, more than 5.0% from nominal",
-        "95% interval covers 50.0% of holdout points, more than 5.0% from nominal"]
+        "95% interval covers 50.0% of holdout points, more than 5.0% from nominal",
+        "80% interval covers 50.0% of holdout points, more than 5.0% from nominal"]
     assert coverage_failures({"coverage_80": 0.82, "coverage_95": float("nan")}, 0.05)[0].startswith("95%")
 
 
@@ -194,3 +194,39 @@ def test_statsforecast_intervals_become_quantiles_in_level_order():
     q = quantiles_from_levels(lo, hi, mean, LEVELS)
     assert q.shape == (2, 3, 5) and q[0, 0].tolist() == [-2, -1, 0, 1, 2]
     assert quantiles_from_levels(lo, hi, mean, (0.05, 0.5, 0.95)) is None  # no 90% interval
+
+
+def test_a_coverage_miss_within_its_sampling_error_passes_and_every_central_interval_is_judged():
+    # 88% at 80% is 8 points off, but its interval over ~20 independent windows holds 80%
+    assert coverage_failures({"coverage_80": 0.88, "coverage_80_ci95": [0.76, 0.97]}, 0.05) == []
+    assert coverage_failures({"coverage_80": 0.88, "coverage_80_ci95": [0.84, 0.92]}, 0.05) == [
+        "80% interval covers 88.0% of holdout points, more than 5.0% from nominal and outside its 95% interval "
+        "[84.0%, 92.0%]"]
+    # custom levels: a 90% interval is judged too, and 97.5% / 98% stay apart
+    levels = (0.01, 0.0125, 0.05, 0.5, 0.95, 0.9875, 0.99)
+    actual = np.zeros((4, 2))
+    q = np.broadcast_to(np.array([-3.0, -2.5, -1.0, 0.0, 1.0, 2.5, 3.0]), (4, 2, 7))
+    m = interval_metrics(actual, q, levels, 1.0, block=1)
+    assert {k for k in m if k.startswith("coverage_") and not k.endswith("ci95")} == {
+        "coverage_98", "coverage_97.5", "coverage_90"}
+    assert coverage_failures(m, 0.05) == [] or all("interval covers 100.0%" in f for f in coverage_failures(m, 0.05))
+
+
+def test_parity_fails_when_onnx_gives_nan():
+    from onnxcast.pipeline.validate import parity_on
+
+    class NaNSession:
+        def run(self, names, feeds):
+            return [np.full((len(feeds["history"]), 3), np.nan, np.float32)]
+
+    history = np.zeros((2, 5, 1), np.float32)
+    got = parity_on(lambda h: np.zeros((len(h), 3)), NaNSession(), [history], rtol=1e-3, atol=1e-4)
+    assert got["worst_tolerance_ratio"] == float("inf")
+
+
+def test_windows_that_repeat_with_the_season_are_left_out_of_the_calibration():
+    model = build_model(ModelSpec(family="dlinear", n_features=1, horizon=HORIZON, lookback=LOOKBACK, season=SEASON))
+    x, y = seasonal_windows(300, 0.3)
+    periodic = np.tile(np.sin(2 * np.pi * np.arange(LOOKBACK) / SEASON), (20, 1))[:, :, None].astype(np.float32) + 5
+    info = calibrate(model, np.concatenate([x, periodic]), np.concatenate([y, y[:20]]), LEVELS)
+    assert info["windows"] == 300 and info["constant_windows_left_out"] == 20
