@@ -313,11 +313,13 @@ def _window_scales(fleet: FleetData, back: np.ndarray, lookback: int) -> np.ndar
 
 
 def _moving(fleet: FleetData, back: int, lookback: int) -> np.ndarray:
-    """Series whose ``lookback`` steps before the origin ``back`` from the end moved at all
+    """Series whose ``lookback`` steps before the origin ``back`` from the end moved at the scale's lag
     (intervals.calibrate leaves out windows that did not: their scaled error means nothing)."""
+    from onnxcast.pipeline.intervals import interval_lag, moving_windows
+
     ends = np.maximum(fleet.lengths - back, 1)
     window = histories(fleet, np.arange(fleet.n_series), ends, lookback)[:, :, 0].astype(np.float64)
-    return np.abs(np.diff(window, axis=1)).mean(axis=1) > 0
+    return moving_windows(window, interval_lag(fleet.season, lookback))
 
 
 # --- the steps -------------------------------------------------------------------------------

@@ -57,6 +57,22 @@ def moving_windows(windows: np.ndarray, lag: int = 1) -> np.ndarray:
     return change > 10 * SCALE_EPS_RELATIVE * np.abs(windows).mean(axis=1)
 
 
+def calibration_windows(windows: np.ndarray, lag: int) -> np.ndarray:
+    """The windows calibration uses: those that move at the scale's ``lag``
+    (:func:`moving_windows`). When none does (a perfectly periodic series: every window has
+    the floor for scale, consistently, so the errors scale back to their size), every window
+    that moves at all; ValueError when every window is constant."""
+    moving = moving_windows(windows, lag)
+    if moving.any():
+        return moving
+    moving = np.abs(np.diff(np.asarray(windows, np.float64), axis=1)).mean(axis=1) > 0
+    if not moving.any():
+        raise ValueError(f"no validation window to calibrate the intervals on: all {len(windows)} are constant")
+    log.warning("intervals: every validation window repeats with the season (lag %d): calibrated on their "
+                "floor scale", lag)
+    return moving
+
+
 def conformal_quantile(sorted_values: np.ndarray, level: float) -> float:
     """The split-conformal quantile of ``level`` of ``n`` sorted scores: the
     ``ceil((n + 1) * level)``-th smallest for an upper level, the ``floor((n + 1) * level)``-th
@@ -119,10 +135,7 @@ def calibrate(model, x: np.ndarray, y: np.ndarray, levels: tuple[float, ...], ba
             scales.append(model.interval_scale(part).double().numpy())
     forecast, scale = np.concatenate(forecasts), np.concatenate(scales)
     window = x[:, -getattr(model, "interval_lookback", x.shape[1]):, 0].astype(np.float64)
-    moving = moving_windows(window, getattr(model, "interval_lag", 1))
-    if not moving.any():
-        raise ValueError(f"no validation window to calibrate the intervals on: all {len(x)} are constant "
-                         "(or repeat exactly with the season)")
+    moving = calibration_windows(window, getattr(model, "interval_lag", 1))
     errors = (y.astype(np.float64) - forecast)[moving] / scale[moving, None]
     offsets, method = offsets_from_errors(errors, levels)
     short = tails_beyond_sample(len(errors) * (errors.shape[1] if method == "pooled" else 1), levels)
@@ -160,10 +173,7 @@ def conformal_quantiles(calibration: tuple[np.ndarray, np.ndarray, np.ndarray],
     calibration windows are left out; ValueError when none is left. Returns the quantiles and
     what was done."""
     forecast, actual, windows = (np.asarray(a, np.float64) for a in calibration)
-    moving = moving_windows(windows, lag)
-    if not moving.any():
-        raise ValueError(f"no validation window to calibrate the intervals on: all {len(windows)} are constant "
-                         "(or repeat exactly with the season)")
+    moving = calibration_windows(windows, lag)
     errors = (actual - forecast)[moving] / window_scale(windows[moving], lag)[:, None]
     offsets, method = offsets_from_errors(errors, levels)
     point, where = (np.asarray(a, np.float64) for a in target)
