@@ -170,7 +170,11 @@ def fleet_run(tmp_path_factory):
                                         "freq")},
             "extra_settings": {"season": settings["season"], "quality": settings["quality"], "latency_repeats": 3,
                                "fleet_windows_per_epoch": 3_000, "fleet_validation_series": 50,
-                               "reference_max_series": 20}}
+                               "reference_max_series": 20,
+                               # one epoch, 50 calibration series: the 80% interval covered 75% (CI
+                               # 2026-12-01); this test is about the steps, the gate is tested in
+                               # tests/onnxcast/pipeline/test_fleet_eval.py
+                               "coverage_tolerance": 0.2}}
     airflow_support.ensure_db()
     from airflow.dag_processing.dagbag import DagBag
 

@@ -94,8 +94,12 @@ PLACEHOLDERS: list[tuple[str, str]] = [
 
 # Appended to a command, except to --help (argparse: the last value of an option wins).
 HORIZON = 12
+# N-HiTS trains in seconds and beats the weekly seasonal naive. Six epochs on the workspace's
+# synthetic half-hourly series leave its 80% interval at 71% of holdout points (CI 2026-12-01),
+# outside the coverage gate's default 5 points: the commands' other steps are what this checks,
+# the gate is tested in tests/onnxcast/pipeline (test_validate, test_intervals).
 SMALL_RUN = ["--models", "nhits", "--max-epochs", "6", "--max-minutes", "2", "--horizon", str(HORIZON),
-             "--latency-repeats", "3"]  # N-HiTS trains in seconds and beats the weekly seasonal naive
+             "--latency-repeats", "3", "--coverage-tolerance", "0.2"]
 EXTRA_ARGS: list[tuple[str, list[str]]] = [
     (r"^pipeline\b", SMALL_RUN),
     (r"^edge pull\b.* --watch\b", ["--interval", "0.2", "--max-polls", "2"]),  # else it polls forever
