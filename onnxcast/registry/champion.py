@@ -268,19 +268,9 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
         decision.update(paired_test=None, comparison=f"aggregate only ({source}): a difference counts when the "
                                                       "95% intervals over series do not overlap")
         evidence = "aggregate only, the 95% intervals " + ("do not overlap" if significant else "overlap")
-    better = challenger_mase < champion_mase and improvement > min_improvement
-    head = f"challenger mean MASE {challenger_mase:.4g}"
-    them = f"champion v{number} {champion_mase:.4g} ({improvement:+.2%})"
-    if better and significant:
-        decision.update(promote=True, reason=f"{head} beats {them} across series ({evidence})")
-    elif better and require_beats_champion:
-        decision.update(promote=False, reason=f"{head} is lower than {them} but not significantly ({evidence}): "
-                                              "the champion stays")
-    elif not require_beats_champion:
-        decision.update(promote=True, reason=f"{head} does not beat {them}, promoted as asked "
-                                             "(require_beats_champion is off)")
-    else:
-        decision.update(promote=False, reason=f"{head} does not beat {them} by more than {min_improvement:.2%}")
+    _verdict(decision, challenger_mase < champion_mase and improvement > min_improvement, significant,
+             f"challenger mean MASE {challenger_mase:.4g}", f"champion v{number} {champion_mase:.4g} ({improvement:+.2%})",
+             "across series", evidence, min_improvement=min_improvement, require_beats_champion=require_beats_champion)
 
 
 def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict, dict]:
@@ -581,9 +571,15 @@ def _msis_verdict(decision: dict, number, mine: float, theirs: float, significan
                   where: str, min_improvement: float, require_beats_champion: bool) -> None:
     improvement = 1.0 - mine / theirs if theirs else 0.0
     decision["improvement"] = improvement
-    better = mine < theirs and improvement > min_improvement
-    head = f"challenger fp32 MSIS (95% interval) {mine:.4g}"
-    them = f"champion v{number} {theirs:.4g} ({improvement:+.2%})"
+    _verdict(decision, mine < theirs and improvement > min_improvement, significant,
+             f"challenger fp32 MSIS (95% interval) {mine:.4g}", f"champion v{number} {theirs:.4g} ({improvement:+.2%})",
+             where, evidence, min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+
+
+def _verdict(decision: dict, better: bool, significant: bool, head: str, them: str, where: str, evidence: str, *,
+             min_improvement: float, require_beats_champion: bool) -> None:
+    """promote and reason from what was measured: better and significant promotes; better but
+    not significant keeps the champion (unless require_beats_champion is off, which promotes)."""
     if better and significant:
         decision.update(promote=True, reason=f"{head} beats {them} {where} ({evidence})")
     elif better and require_beats_champion:
