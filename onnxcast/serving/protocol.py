@@ -98,8 +98,8 @@ def decode_request(body: bytes, header_length: str | None, limits: Limits,
     tensor = inputs[0]
     if tensor.get("name") != INPUT_NAME:
         raise RequestError(f"unknown input {tensor.get('name')!r}: this model takes {INPUT_NAME!r}")
-    history = _tensor(tensor, binary)
-    _check_history(history, limits)
+    history = _tensor(tensor, binary, limits)
+    _check_finite(history)
     request_id = request.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestError("'id' must be a string")
@@ -141,10 +141,13 @@ def error_body(message: str) -> bytes:
 
 # --- helpers ------------------------------------------------------------------------------
 
-def _tensor(tensor: dict, binary: bytes) -> np.ndarray:
+def _tensor(tensor: dict, binary: bytes, limits: Limits) -> np.ndarray:
+    """The history tensor; its shape is checked against the limits before any data is read
+    (a shape of 2**62 x 0 x 2**62 holds no values, but numpy cannot make it)."""
     shape, datatype = tensor.get("shape"), tensor.get("datatype")
     if not isinstance(shape, list) or len(shape) != 3 or not all(type(d) is int and d >= 0 for d in shape):
         raise RequestError(f"{INPUT_NAME}: shape must be [batch, time, n_features], got {shape!r}")
+    _check_shape(shape, limits)
     if datatype not in DATATYPES:
         raise RequestError(f"{INPUT_NAME}: datatype {datatype!r} is not supported; send FP32")
     dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
@@ -173,8 +176,8 @@ def _tensor(tensor: dict, binary: bytes) -> np.ndarray:
         return values.reshape(shape).astype(np.float32)
 
 
-def _check_history(history: np.ndarray, limits: Limits) -> None:
-    batch, steps, features = history.shape
+def _check_shape(shape: list[int], limits: Limits) -> None:
+    batch, steps, features = shape
     if features != limits.n_features:
         raise RequestError(f"{INPUT_NAME}: {features} feature(s) per step; this model takes {limits.n_features} "
                            "(target first, then the features in the model's order)")
@@ -187,6 +190,9 @@ def _check_history(history: np.ndarray, limits: Limits) -> None:
         raise RequestError(f"{INPUT_NAME}: batch is 0; send at least one history")
     if batch > limits.max_batch:
         raise RequestError(f"{INPUT_NAME}: batch of {batch} histories; at most {limits.max_batch} a request", 413)
+
+
+def _check_finite(history: np.ndarray) -> None:
     if not np.isfinite(history).all():
         b, t, f = (int(i) for i in np.argwhere(~np.isfinite(history))[0])
         raise RequestError(f"{INPUT_NAME}: value at [{b}, {t}, {f}] is not finite (NaN, infinity, or beyond float32)")

@@ -56,6 +56,18 @@ class TestProtocol:
         with pytest.raises(RequestError, match="history of 25 step"):
             decode_request(json.dumps(body).encode(), None, LIMITS)
 
+    @pytest.mark.parametrize("shape, size, message", [
+        # holds no values (a 0 dimension) but numpy cannot make it: schemathesis found a 500 here
+        ([2**62 + 1, 0, 2**62 + 1], 0, "4611686018427387905 feature"),
+        ([2**62 + 1, 16, 2], 0, "batch of 4611686018427387905 histories"),
+        ([1, 2**62, 2], 0, "history of 4611686018427387904 step"),
+        ([0, 16, 2], 0, "batch is 0"),
+    ])
+    def test_the_shape_is_checked_before_any_data_is_read(self, shape, size, message):
+        for tensor in ({"parameters": {"binary_data_size": size}}, {"data": []}):
+            body = {"inputs": [{"name": "history", "datatype": "FP16", "shape": shape, **tensor}]}
+            with pytest.raises(RequestError, match=message):
+                decode_request(json.dumps(body).encode(), None, LIMITS)
 
     def test_outputs_default_to_every_output_and_the_request_chooses(self):
         history = np.zeros((1, 16, 2), np.float32)
