@@ -83,6 +83,10 @@ def open_store(uri: str, s3_settings: S3Settings | None = None) -> RolloutStore:
     return LocalStore(Path(uri))
 
 
+def _valid_name(value: str) -> bool:
+    return bool(NAME_PATTERN.fullmatch(value)) and ".." not in value
+
+
 def check_name(kind: str, value: str) -> str:
     """``value`` if it is a safe path segment (letters, digits, ``._-``), else ConfigError."""
     # fullmatch: with match, "$" also matches before a trailing newline ("7\n" was a version).
@@ -211,6 +215,22 @@ class RolloutStore(ABC):
     def list_root_names(self) -> list[str]:
         """The object names under ``root/`` (unchecked: :meth:`list_root_versions` parses them)."""
 
+    @abstractmethod
+    def list_folder(self, folder: str, limit: int = 1000) -> list[str]:
+        """The names directly under ``folder`` (a key prefix without the trailing ``/``; ""
+        is the store's top), objects and sub-folders alike, at most ``limit``, unchecked:
+        for readers that list what is there (the Airflow rollout page)."""
+
+    def list_models(self, limit: int = 1000) -> list[str]:
+        """The model names at the top of the store (those that are valid names, ``root`` excluded)."""
+        return sorted(n for n in self.list_folder("", limit) if n != ROOT_FOLDER and _valid_name(n))
+
+    def list_channels(self, model: str, limit: int = 1000) -> list[str]:
+        """The channels of ``model`` with a pointer (``channels/<channel>.json``, valid names only)."""
+        folder = f"{check_name('model', model)}/channels"
+        names = [n.removesuffix(".json") for n in self.list_folder(folder, limit) if n.endswith(".json")]
+        return sorted(n for n in names if _valid_name(n))
+
     def list_root_versions(self) -> list[int]:
         """The versions of the trust roots published under ``root/`` (``<n>.root.json``), sorted.
         Listed rather than probed, so a root planted past a missing one is seen too."""
@@ -312,6 +332,23 @@ class LocalStore(RolloutStore):
                 return [] if folder is None else os.listdir(folder)
         except OSError as exc:
             raise StoreError(f"{self.url(ROOT_FOLDER)}: cannot list ({_why(exc)})") from None
+
+    def list_folder(self, folder: str, limit: int = 1000) -> list[str]:
+        key = f"{folder}/x" if folder else "x"
+        try:
+            with self._folder(key, create=False) as (fd, _):
+                if fd is None:
+                    return []
+                with os.scandir(fd) as entries:
+                    names = []
+                    for entry in entries:  # never a symlink: the page reads nothing through one
+                        if not entry.name.startswith(".") and not entry.is_symlink():
+                            names.append(entry.name)
+                            if len(names) >= limit:
+                                break
+                    return sorted(names)
+        except OSError as exc:
+            raise StoreError(f"{self.url(folder)}: cannot list ({_why(exc)})") from None
 
     @contextmanager
     def _folder(self, key: str, *, create: bool) -> Iterator[tuple[int | None, str]]:
@@ -466,6 +503,23 @@ class S3Store(RolloutStore):
         except BotoCoreError as exc:
             raise StoreError(f"{self.url(model)}: cannot reach S3 ({exc})") from None
         return sorted(found)
+
+    def list_folder(self, folder: str, limit: int = 1000) -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = self._key(f"{folder}/") if folder else (f"{self.prefix}/" if self.prefix else "")
+        found: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/", PaginationConfig={"MaxItems": limit})
+            for page in pages:
+                found += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+                found += [o["Key"][len(prefix):] for o in page.get("Contents", [])]
+        except ClientError as exc:
+            raise self._error(exc, "ListObjectsV2", f"{folder}/") from None
+        except BotoCoreError as exc:
+            raise StoreError(f"{self.url(folder)}: cannot reach S3 ({exc})") from None
+        return sorted(n for n in found if n)[:limit]
 
     def list_root_names(self) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError
