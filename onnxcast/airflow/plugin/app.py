@@ -18,7 +18,7 @@ from the rollout store the operators use (``onnxcast.airflow.settings.store_uri`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -96,12 +96,12 @@ def create_app() -> FastAPI:
         return RedirectResponse(login, status_code=status.HTTP_303_SEE_OTHER, headers=SECURITY_HEADERS)
 
     @app.get("/rollout", response_class=HTMLResponse)
-    def rollout_page(user=Depends(_user)) -> HTMLResponse:
+    def rollout_page(user: Annotated[Any, Depends(_user)]) -> HTMLResponse:
         html = environment.get_template("rollout.html").render(data=page_data())
         return HTMLResponse(html, headers=SECURITY_HEADERS)
 
     @app.get("/api/rollout")
-    def rollout_json(user=Depends(_user)) -> JSONResponse:
+    def rollout_json(user: Annotated[Any, Depends(_user)]) -> JSONResponse:
         return JSONResponse(page_data(), headers=SECURITY_HEADERS)
 
     return app

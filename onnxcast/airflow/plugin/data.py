@@ -135,7 +135,12 @@ def device_check(store, model: str, channel: str, data: bytes, trust_file: str |
     a new device, holding ``trust_file``, would do with the pointer bytes ``data`` now."""
     from onnxcast.base.errors import OnnxcastError
     from onnxcast.rollout.device import open_device_folder
-    from onnxcast.rollout.edge import _parse_metadata, _pointer_fields, _read_signed_length, _root_hint
+    from onnxcast.rollout.edge import (
+        _parse_metadata,
+        _pointer_fields,
+        _read_signed_length,
+        _root_hint,
+    )
     from onnxcast.rollout.trust import DeviceTrust
 
     if trust_file is None:
