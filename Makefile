@@ -35,17 +35,18 @@ $(KSERVE_STAMP): requirements/kserve.in requirements/constraints-kserve.txt
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
-# The HTML reports are checked in a real browser (Debian's chromium). Installed when missing and
-# apt-get can run (root, as on CI); without it those tests skip and say why.
+# The HTML reports and the Airflow rollout page are checked in a real browser (Debian's chromium;
+# chromium-driver for selenium). Installed when missing and apt-get can run (root, as on CI);
+# without it those tests skip and say why.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-		|| echo "note: chromium not installed; browser tests will skip"; }
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+		|| echo "note: chromium/chromium-driver not installed; browser tests will skip"; }
 
 # The suite in two runs: the tests that start Airflow (its stack, DAG runs, operators) and the
 # documented commands one at a time, the rest on two workers (pytest-xdist, a test file per
 # worker, so module fixtures stay shared). PYTEST_ARGS: one run of what they select, serial.
-SERIAL_TESTS := tests/stack tests/dags tests/operators tests/docs
+SERIAL_TESTS := tests/stack tests/dags tests/operators tests/docs tests/plugin
 PYTEST := CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q --durations=25
 test: $(STAMP) $(INFRA_STAMP) browser
 ifeq ($(strip $(PYTEST_ARGS)),)
