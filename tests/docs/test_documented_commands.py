@@ -75,6 +75,10 @@ SKIPPED: dict[str, str] = {
     r"^(STACK|API|TOKEN|CONF)=|^AWS_ACCESS_KEY_ID=|^curl -s -X POST \$API\b": "a client of a running make stack; "
                                                                           "tests/stack/test_training_on_stack.py "
                                                                           "does the same over HTTP",
+    r'^curl -s -H "Authorization: Bearer \$TOKEN" \$API/onnxcast/api/rollout$': "a client of a running Airflow API "
+                                                                               "server; tests/plugin/"
+                                                                               "test_rollout_page_http.py makes the "
+                                                                               "same request",
 }
 
 # A documented HTTP client of `onnxcast serve`: run against the server the test starts from the
