@@ -143,9 +143,10 @@ def test_expired_pointer_is_refused(tmp_path, make_run, release_key):
     assert edge["registry"]["error"] == "the manifest names no registered MLflow version"
 
 
-def test_names_planted_in_the_store_are_not_followed(store, tmp_path):
+def test_names_planted_in_the_store_are_not_followed(tmp_path, make_run):
     """Entries that are not valid names, and symlinks, are not listed (no path from the store is followed)."""
     root = tmp_path / "store"
+    promote(make_run("a"), str(root), "m", ["edge", "cloud"], version="1")
     (root / "..hidden").mkdir()
     (root / "m" / "channels" / "bad name.json").write_text("{}")
     outside = tmp_path / "outside"
@@ -155,6 +156,21 @@ def test_names_planted_in_the_store_are_not_followed(store, tmp_path):
     data = gather(open_store(str(root)), trust_file=None, registry=None)
     assert [m["name"] for m in data["models"]] == ["m"]
     assert sorted(channels(data)) == ["cloud", "edge"]
+
+
+def test_s3_store(s3_bucket, make_run, release_key):
+    """On S3 (moto over HTTP): models and channels listed, what is not a name skipped, the
+    device check reads the pointer and manifest from the bucket."""
+    uri = f"s3://{s3_bucket}/rollout"
+    promote(make_run("a"), uri, "m", "edge", version="1")
+    raw_put(uri, "bad name/channels/edge.json", b"{}")
+    raw_put(uri, "m/channels/notes.txt", b"x")
+    raw_put(uri, "m/channels/bad name.json", b"{}")
+    data = gather(open_store(uri), trust_file=str(release_key["root"]), registry=None)
+    assert [m["name"] for m in data["models"]] == ["m"]
+    [edge] = channels(data).values()
+    assert edge["channel"] == "edge" and edge["device"]["accepted"], edge["device"]
+    assert edge["pointer"]["version"] == "1" and edge["history"][0]["action"] == "promote"
 
 
 def test_missing_store_and_registry_failures(tmp_path, store):
