@@ -46,14 +46,15 @@ def test_rollout_page_from_the_navigation(airflow_api, browser, tmp_path):
 
     wait = WebDriverWait(browser, 30)
     try:
-        # the page itself sends an anonymous visitor to the login
+        # the page itself sends an anonymous visitor to the login, and the login back to it
         browser.get(f"{airflow_api['url']}/onnxcast/rollout")
-        wait.until(ec.presence_of_element_located((By.NAME, "username")))
-        assert "/auth/login" in browser.current_url
-        browser.get(f"{airflow_api['url']}/")
         wait.until(ec.presence_of_element_located((By.NAME, "username"))).send_keys(airflow_api["user"])
+        assert "/auth/login" in browser.current_url
         browser.find_element(By.NAME, "password").send_keys(airflow_api["password"])
         browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "section.model[data-model='m']")))
+        assert browser.current_url == f"{airflow_api['url']}/onnxcast/rollout"
+        browser.get(f"{airflow_api['url']}/")
         # the UI's navigation: Browse -> Rollout (the plugin's external view)
         wait.until(ec.element_to_be_clickable((By.XPATH, "//*[@data-testid='nav-sidebar']//button[@aria-label='Browse']"))).click()
         wait.until(ec.element_to_be_clickable((By.XPATH, "//*[@role='menuitem'][normalize-space()='Rollout']"))).click()
