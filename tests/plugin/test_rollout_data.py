@@ -105,6 +105,14 @@ def test_tampered_pointer_is_shown_refused(store, registry, release_key):
     assert found["cloud"]["device"]["accepted"] is True
 
 
+def test_pointer_of_another_channel_is_refused(store, release_key):
+    """A validly signed pointer copied to another channel (a mix-up or a replay across channels)."""
+    raw_put(store, "m/channels/beta.json", raw_get(store, "m/channels/cloud.json"))
+    beta = channels(gather(open_store(store), trust_file=str(release_key["root"]), registry=None))["beta"]
+    assert beta["device"]["accepted"] is False
+    assert "signed for 'm' channel 'cloud', not 'm' channel 'beta'" in beta["device"]["reason"], beta["device"]
+
+
 def test_other_keys_and_broken_pointers(store, tmp_path):
     """A root devices do not hold refuses every pointer; garbage, a non-object and a huge pointer
     are refused one by one; nothing raises."""
@@ -232,3 +240,17 @@ def test_plugin_module_is_import_light():
             "assert not heavy, heavy; "
             "assert p.OnnxcastPlugin.external_views[0]['href'] == '/onnxcast/rollout'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_unexpected_exception_is_one_refused_channel(store, release_key, monkeypatch):
+    from onnxcast.rollout.trust import DeviceTrust
+
+    def crash(*args, **kwargs):
+        raise KeyError("keyid")
+
+    monkeypatch.setattr(DeviceTrust, "verify_pointer", crash)
+    found = channels(gather(open_store(store), trust_file=str(release_key["root"]), registry=None))
+    for entry in found.values():
+        assert entry["device"]["accepted"] is False
+        assert "not checked (internal error KeyError)" in entry["device"]["reason"]
+        assert entry["pointer"]["verified"] is False

@@ -24,6 +24,7 @@ registry imports stay inside functions.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -34,6 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote as url_quote
+
+log = logging.getLogger(__name__)
 
 MAX_MODELS = 100
 MAX_CHANNELS = 20
@@ -173,6 +176,10 @@ def device_check(store, model: str, channel: str, data: bytes, trust_file: str |
                     "reason": f"signed by the release keys of trust root version {trust.root.signed.version}"}
     except OnnxcastError as exc:  # RefusedError, VerificationError, StoreError, ConfigError
         return {"accepted": False, "signed": None, "manifest": None, "reason": str(exc)}
+    except Exception as exc:  # a bug or a library's own exception: one refused channel, not a broken page
+        log.warning("rollout page: checking %s failed", where, exc_info=True)
+        return {"accepted": False, "signed": None, "manifest": None,
+                "reason": f"{where}: not checked (internal error {type(exc).__name__}); refusing it"}
 
 
 # --- gathering --------------------------------------------------------------------------------
@@ -207,7 +214,13 @@ def _model(store, model: str, trust_file: str | None, registry: Registry | None,
         entry["error"] = text(exc, 1000)
         return entry
     for channel in channels:
-        entry["channels"].append(_channel(store, model, channel, trust_file, registry, moment))
+        try:
+            entry["channels"].append(_channel(store, model, channel, trust_file, registry, moment))
+        except Exception as exc:  # whatever the store holds, the other channels are still shown
+            log.warning("rollout page: reading %s channel %s failed", model, channel, exc_info=True)
+            entry["channels"].append({"channel": channel, "pointer": None, "device": None, "history": [],
+                                      "history_total": 0, "registry": None,
+                                      "error": f"could not be read (internal error {type(exc).__name__})"})
     return entry
 
 
@@ -302,8 +315,11 @@ def _registry(store, model: str, channel: str, version: str | None, manifest: di
     out["url"] = registry.version_url(model, registered)
     try:
         found = registry.version(model, registered)
-    except Exception as exc:  # the registry is down or refuses: say so, keep the page
-        out["error"] = f"the MLflow registry could not be read ({type(exc).__name__}: {text(exc, 200)})"
+    except Exception as exc:  # the registry is down or refuses: say so (its message, which may name the
+        # server's address, goes to the API server's log only), keep the page
+        log.warning("rollout page: reading %s version %s from the MLflow registry failed: %s", model, registered,
+                    text(exc, 500))
+        out["error"] = f"the MLflow registry could not be read ({type(exc).__name__})"
         return out
     if found is None:
         out["error"] = f"version {registered} of {model!r} is not in the MLflow registry"
