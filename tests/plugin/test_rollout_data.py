@@ -194,6 +194,12 @@ def test_missing_store_and_registry_failures(tmp_path, store):
     assert edge["registry"]["error"].startswith("the MLflow registry could not be read"), edge["registry"]
 
 
+def test_mlflow_link_never_carries_a_login():
+    assert Registry("https://pipeline:s3cret@mlflow.example:8443/base", None).version_url("m", "3") == \
+        "https://mlflow.example:8443/base/#/models/m/versions/3"
+    assert Registry("sqlite:///x.db", None).version_url("m", "3").endswith("/#/models/m/versions/3")
+
+
 @pytest.mark.parametrize("value, expected", [
     (None, None),
     ("not json", "unreadable"),

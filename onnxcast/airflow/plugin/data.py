@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote as url_quote
+from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,10 @@ class Registry:
         uri = self.tracking_uri or ""
         base = self.ui_url or (uri if uri.startswith(("http://", "https://")) else
                                os.environ.get("ONNXCAST_MLFLOW_UI_URL", DEFAULT_UI_URL))
+        parts = urlsplit(base)
+        if parts.username or parts.password:  # never a login in a link on the page
+            parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+        base = urlunsplit(parts._replace(query="", fragment=""))
         return f"{base.rstrip('/')}/#/models/{url_quote(model, safe='')}/versions/{url_quote(version, safe='')}"
 
 
