@@ -53,7 +53,8 @@ def _plugin_entry_points(site: Path) -> str | None:
 
 @pytest.fixture(scope="session")
 def rollout_store(tmp_path_factory, release_key, tiny_onnx) -> str:
-    """m: edge promoted to 1 then 2 and rolled back to 1 (a hostile reason); cloud at 2. Both
+    """m: edge promoted to 1 then 2 and rolled back to 1 (a hostile reason); cloud at 2; canary a
+    planted, unsigned pointer. Both
     versions registered in MLflow, version 1 with the rollout tag of part A and the monitor tag
     of part B on edge."""
     import onnx
@@ -103,6 +104,11 @@ def rollout_store(tmp_path_factory, release_key, tiny_onnx) -> str:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    # a pointer planted by someone who can write the store but holds no key: version 1 claimed
+    # for channel canary with cloud's signatures
+    planted = json.loads((home / "store" / "m" / "channels" / "cloud.json").read_bytes())
+    planted["signed"].update(channel="canary", version="1")
+    (home / "store" / "m" / "channels" / "canary.json").write_text(json.dumps(planted))
     client.set_model_version_tag("m", "1", "onnxcast.rollout.edge", json.dumps(
         {"state": "deployed", "at": "2026-12-01T10:00:00Z", "reason": "rolled back by onnxcast_rollback"}))
     client.set_model_version_tag("m", "1", "onnxcast.monitor.edge", json.dumps(

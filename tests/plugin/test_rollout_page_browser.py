@@ -63,8 +63,10 @@ def test_rollout_page_from_the_navigation(airflow_api, browser, tmp_path):
         browser.switch_to.frame(frame)
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "section.model[data-model='m']")))
         boxes = {b.get_attribute("data-channel"): b for b in browser.find_elements(By.CSS_SELECTOR, "div.channel")}
-        assert sorted(boxes) == ["cloud", "edge"]
+        assert sorted(boxes) == ["canary", "cloud", "edge"]
         edge, cloud = boxes["edge"], boxes["cloud"]
+        assert boxes["canary"].find_element(By.CSS_SELECTOR, ".device .bad").text == "refused"
+        assert "unverified claim" in boxes["canary"].find_element(By.TAG_NAME, "h3").text
         assert edge.find_element(By.CSS_SELECTOR, "h3 .version").text == "1"
         assert cloud.find_element(By.CSS_SELECTOR, "h3 .version").text == "2"
         assert edge.find_element(By.CSS_SELECTOR, ".device .ok").text == "accepted"

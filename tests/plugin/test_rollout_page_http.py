@@ -49,6 +49,9 @@ def test_bearer_token_gets_the_data(airflow_api, api_token):
     channels = {c["channel"]: c for c in model["channels"]}
     assert channels["edge"]["pointer"]["version"] == "1" and channels["cloud"]["pointer"]["version"] == "2"
     assert channels["edge"]["device"]["accepted"] and channels["cloud"]["device"]["accepted"]
+    canary = channels["canary"]  # planted without a key: shown, refused
+    assert canary["device"]["accepted"] is False and "release key(s) required" in canary["device"]["reason"]
+    assert canary["pointer"]["verified"] is False and canary["pointer"]["version"] == "1"
     assert [h["action"] for h in channels["edge"]["history"]] == ["rollback", "promote", "promote"]
     assert channels["edge"]["history"][0]["reason"] == HOSTILE_REASON
     # the registry through the mlflow_default connection of the API server
@@ -65,6 +68,7 @@ def test_cookie_gets_the_page(airflow_api, api_token):
     html = body.decode()
     assert headers["content-type"].startswith("text/html")
     assert 'data-channel="edge" data-version="1"' in html and 'data-channel="cloud" data-version="2"' in html
+    assert 'class="box channel refused"\n     data-channel="canary"' in html
     assert "<script>" not in html and "&lt;script&gt;alert(&#34;owned&#34;)&lt;/script&gt;" in html
     assert "not monitored yet" in html and "MASE 0.97" in html
 
