@@ -2,7 +2,8 @@
 ``mlflow`` connection type, registered through the ``apache_airflow_provider`` entry point
 (pyproject.toml), so ``pip install onnxcast`` is all a deployment needs: no PYTHONPATH, no
 plugins folder. DAG files import the operators from :mod:`onnxcast.airflow.operators`, the
-params of the pipeline settings from :mod:`onnxcast.airflow.params`.
+params of the pipeline settings from :mod:`onnxcast.airflow.params`. The rollout page in the
+UI is a plugin of the same package (:mod:`onnxcast.airflow.plugin`, entry point ``airflow.plugins``).
 
 This module stays import-light: Airflow's providers manager imports it to read
 :func:`get_provider_info` in every component.
