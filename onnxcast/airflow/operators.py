@@ -5,6 +5,7 @@ XCom values. Heavy libraries (torch, mlflow, onnxruntime, pandas) are imported i
 ``execute`` only, so DAG files that import this parse fast."""
 
 from onnxcast.airflow.links import MlflowRunLink
+from onnxcast.airflow.monitor import MonitorChannelsOperator, RetrainSignalOperator
 from onnxcast.airflow.registry import ChampionChallengerOperator, RegisterModelOperator
 from onnxcast.airflow.rollout import (
     PromoteModelOperator,
@@ -34,11 +35,13 @@ __all__ = [
     "ExportModelOperator",
     "MergeDataOperator",
     "MlflowRunLink",
+    "MonitorChannelsOperator",
     "OptimizeModelOperator",
     "PromoteModelOperator",
     "ReferenceShardOperator",
     "RefreshChannelsOperator",
     "RegisterModelOperator",
+    "RetrainSignalOperator",
     "RollbackChannelOperator",
     "ServingReadySensor",
     "StageRegisteredVersionOperator",
