@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from onnxcast.airflow.links import persist_mlflow_run_url
 from onnxcast.airflow.retraining import NOT_CARRIED, RETRAIN
 from onnxcast.airflow.steps import _TrackedOperator, readable
 from onnxcast.base.errors import OnnxcastError
@@ -88,6 +90,9 @@ class MonitorChannelsOperator(_TrackedOperator):
                                   work_dir=work / "mlflow", run_key=f"{context['dag_run'].dag_id}/{context['run_id']}",
                                   tracking_uri=tracking, ui_url=self.mlflow_hook.ui_url)
             set_monitor_tag(self.model_name, version, channel, result, run["run_id"], tracking)
+        if not getattr(self, "_linked", False):  # the task's "MLflow run" button: the first channel's run
+            persist_mlflow_run_url(context, run["url"])
+            self._linked = True
         why = reasons(result)
         seconds = round(time.monotonic() - started, 2)
         self.log.info("%s v%s on %s: realised MASE %s vs holdout %.4g [%.4g, %.4g], p=%s, degraded %s, drift %s "
@@ -116,7 +121,7 @@ class MonitorChannelsOperator(_TrackedOperator):
         return given
 
 
-class RetrainSignalOperator(_TrackedOperator):
+class RetrainSignalOperator(BaseOperator):
     """Emit the retraining event (its outlet: :data:`RETRAIN`) when a channel degraded or
     drifted; skip otherwise (a skipped task emits no asset event)."""
 
