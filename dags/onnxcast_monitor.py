@@ -23,9 +23,8 @@ from datetime import timedelta
 
 from airflow.sdk import DAG, CronTriggerTimetable, Param
 
-from onnxcast.airflow.operators import MonitorChannelsOperator, RetrainSignalOperator
+from onnxcast.airflow.operators import RETRAIN, MonitorChannelsOperator, RetrainSignalOperator
 from onnxcast.airflow.params import pipeline_param
-from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.pipeline.config import CHANNEL_LABELS, CHANNELS
 
 # Daily, 06:00 UTC. As for the training DAG: no start_date, so unpausing starts no run at once

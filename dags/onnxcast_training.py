@@ -42,6 +42,7 @@ from datetime import timedelta
 from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param
 
 from onnxcast.airflow.operators import (
+    RETRAIN,
     ChampionChallengerOperator,
     CheckDataOperator,
     CheckSeriesOperator,
@@ -58,7 +59,6 @@ from onnxcast.airflow.operators import (
     end_mlflow_runs,
 )
 from onnxcast.airflow.params import pipeline_params, pipeline_templates
-from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.pipeline.config import CHANNEL_LABELS, CHANNELS
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")

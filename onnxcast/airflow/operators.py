@@ -7,6 +7,7 @@ XCom values. Heavy libraries (torch, mlflow, onnxruntime, pandas) are imported i
 from onnxcast.airflow.links import MlflowRunLink
 from onnxcast.airflow.monitor import MonitorChannelsOperator, RetrainSignalOperator
 from onnxcast.airflow.registry import ChampionChallengerOperator, RegisterModelOperator
+from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.rollout import (
     PromoteModelOperator,
     RefreshChannelsOperator,
@@ -28,6 +29,7 @@ from onnxcast.airflow.steps import (
 )
 
 __all__ = [
+    "RETRAIN",
     "ChampionChallengerOperator",
     "CheckDataOperator",
     "CheckSeriesOperator",

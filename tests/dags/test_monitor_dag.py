@@ -158,5 +158,5 @@ class TestTrainingSchedule:
         assert type(timetable).__name__ == "AssetOrTimeSchedule"
         assert timetable.timetable.expression == "0 0 * * 0"  # the weekly run stays
         assert timetable.timetable.run_immediately is not True  # unpausing starts no run at once
-        assets = list(dag.timetable.asset_condition.iter_assets().values())
+        assets = list(dag.timetable.asset_condition.objects)
         assert assets == [Asset(name="onnxcast_retrain", uri="x-onnxcast://retrain")]
