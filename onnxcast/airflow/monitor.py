@@ -15,23 +15,21 @@ are the deployed version's training settings (``trained_until`` empty: newer dat
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from onnxcast.airflow.links import persist_mlflow_run_url
-from onnxcast.airflow.retraining import NOT_CARRIED, RETRAIN
+from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.steps import _TrackedOperator, readable
 from onnxcast.base.errors import OnnxcastError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["RETRAIN", "MonitorChannelsOperator", "RetrainSignalOperator", "retrain_conf"]
+__all__ = ["RETRAIN", "MonitorChannelsOperator", "RetrainSignalOperator"]
 
 
 class MonitorChannelsOperator(_TrackedOperator):
@@ -61,50 +59,27 @@ class MonitorChannelsOperator(_TrackedOperator):
         return summaries
 
     def _monitor(self, context: Context, channel: str) -> dict:
-        import time
-
         from onnxcast.airflow.settings import store_uri
-        from onnxcast.pipeline.monitor import MonitorInput, monitor, reasons
-        from onnxcast.registry.monitoring import deployed_report, log_monitor_run, set_monitor_tag
-        from onnxcast.rollout.edge import installed, pull
+        from onnxcast.registry.monitoring import monitor_channel
 
-        started = time.monotonic()
         store = store_uri(self.store_uri)
         dataset = None if self.dataset_uri in (None, "", "None") else str(self.dataset_uri)
-        tracking = self.mlflow_hook.tracking_uri
-        with tempfile.TemporaryDirectory(prefix="onnxcast-monitor-") as scratch:
-            work = Path(scratch)
-            try:
-                pulled = pull(store, self.model_name, channel, work / "device", trust=self._trust_root(store),
-                              s3_settings=self.s3_hook.settings_for(store) if store.startswith("s3://") else None)
-                model_path, _info = installed(work / "device")
-                version = _registered_version(model_path.parent / "manifest.json", pulled.version)
-                report = deployed_report(self.model_name, version, work / "registry", tracking)
-                data = dataset or report["config"]["data_uri"]
-                result = monitor(MonitorInput(model_path, report, channel, data), work / "monitor",
-                                 s3_settings=self.s3_hook.settings_for(data) if data.startswith("s3://") else None)
-            except OnnxcastError as exc:
-                raise AirflowFailException(f"{self.model_name} channel {channel}: {' '.join(str(exc).split())}") \
-                    from None
-            run = log_monitor_run(result, model_name=self.model_name, version=version, channel=channel,
-                                  work_dir=work / "mlflow", run_key=f"{context['dag_run'].dag_id}/{context['run_id']}",
-                                  tracking_uri=tracking, ui_url=self.mlflow_hook.ui_url)
-            set_monitor_tag(self.model_name, version, channel, result, run["run_id"], tracking)
+        try:
+            summary = monitor_channel(self.model_name, channel, store, trust=self._trust_root(store), data_uri=dataset,
+                                      tracking_uri=self.mlflow_hook.tracking_uri, ui_url=self.mlflow_hook.ui_url,
+                                      run_key=f"{context['dag_run'].dag_id}/{context['run_id']}",
+                                      s3_settings_for=self.s3_hook.settings_for)
+        except OnnxcastError as exc:  # refused pull, unreadable data, no report: the same next try
+            raise AirflowFailException(f"{self.model_name} channel {channel}: {' '.join(str(exc).split())}") from None
         if not getattr(self, "_linked", False):  # the task's "MLflow run" button: the first channel's run
-            persist_mlflow_run_url(context, run["url"])
+            persist_mlflow_run_url(context, summary["url"])
             self._linked = True
-        why = reasons(result)
-        seconds = round(time.monotonic() - started, 2)
         self.log.info("%s v%s on %s: realised MASE %s vs holdout %.4g [%.4g, %.4g], p=%s, degraded %s, drift %s "
-                      "(%s new rows, %d origins; %.1fs, MLflow run %s)", self.model_name, version, channel,
-                      _fmt(result["mase"]), result["holdout_mase"], *result["holdout_ci"], _fmt(result["p_value"]),
-                      result["degraded"], readable(result["drift"]) or "none", result["new_rows"],
-                      result["origins"], seconds, run["url"])
-        return {"model": self.model_name, "channel": channel, "version": str(version), "store_version": pulled.version,
-                "mase": result["mase"], "holdout_mase": result["holdout_mase"], "holdout_ci": result["holdout_ci"],
-                "p_value": result["p_value"], "degraded": result["degraded"], "drift": result["drift"],
-                "origins": result["origins"], "from": result["from"], "to": result["to"], "reasons": why,
-                "run_id": run["run_id"], "seconds": seconds, "conf": retrain_conf(report)}
+                      "(%s new rows, %d origins; %.1fs, MLflow run %s)", self.model_name, summary["version"], channel,
+                      _fmt(summary["mase"]), summary["holdout_mase"], *summary["holdout_ci"], _fmt(summary["p_value"]),
+                      summary["degraded"], readable(summary["drift"]) or "none", summary["new_rows"],
+                      summary["origins"], summary["seconds"], summary["url"])
+        return summary
 
     def _trust_root(self, store: str) -> str | None:
         """``trust``, else ``$ONNXCAST_TRUST``, else (embedded mode, local store) the development
@@ -147,26 +122,6 @@ class RetrainSignalOperator(BaseOperator):
             context["outlet_events"][outlet].extra = extra
         self.log.info("Retraining asked for %s: %s", first["model"], "; ".join(extra["reasons"]))
         return extra
-
-
-def retrain_conf(report: dict) -> dict:
-    """The training settings of the run that made the version, for a retraining on newer data."""
-    from onnxcast.pipeline.config import PipelineConfig
-
-    known = set(PipelineConfig.__dataclass_fields__)
-    return {k: v for k, v in (report.get("config") or {}).items() if k in known and k not in NOT_CARRIED}
-
-
-def _registered_version(manifest: Path, store_version: str) -> str:
-    """The MLflow model version the rollout manifest names (the device verified it), else the
-    store's version id (the training DAG promotes under the registry's number)."""
-    import json
-
-    try:
-        named = (json.loads(manifest.read_text()).get("mlflow") or {}).get("version")
-    except (OSError, ValueError):
-        named = None
-    return str(named or store_version)
 
 
 def _fmt(value) -> str:

@@ -17,6 +17,7 @@ from onnxcast.base.errors import ConfigError
 
 RETRAIN = Asset(name="onnxcast_retrain", uri="x-onnxcast://retrain")
 # what a retraining never takes over from the deployed version: its output folder and its end
+# (the same list as onnxcast.registry.monitoring.NOT_CARRIED, which this light module cannot import)
 NOT_CARRIED = ("out_dir", "trained_until")
 
 

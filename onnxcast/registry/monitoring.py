@@ -169,3 +169,65 @@ def record_retrain_reason(run_id: str, trigger: dict, tracking_uri: str | None =
     client.set_tag(run_id, RETRAIN_REASON_TAG, reason[:5000])
     client.set_tag(run_id, "onnxcast.retrain_of",
                    f"{trigger.get('model')} v{trigger.get('version')} ({trigger.get('channel')})")
+
+
+def monitor_channel(model_name: str, channel: str, store_uri: str, *, trust: str | Path | None = None,
+                    data_uri: str | None = None, tracking_uri: str | None = None, ui_url: str | None = None,
+                    run_key: str | None = None, s3_settings_for=None, log_to_mlflow: bool = True) -> dict:
+    """One check of one channel, as the monitor DAG and ``onnxcast monitor`` run it: pull the
+    channel's version from the store with the device client (verified against ``trust``) into
+    scratch, take its report from the registry, judge it on the data after its
+    ``trained_until`` (onnxcast.pipeline.monitor), and record the result (a monitor run and
+    the version tag) unless not ``log_to_mlflow``. Returns a small summary (XCom-sized) with
+    ``result`` (the whole monitor result) and ``conf`` (the version's training settings).
+    ``s3_settings_for``: ``uri -> S3Settings | None`` (None: boto3's chain)."""
+    import tempfile
+
+    from onnxcast.pipeline.monitor import MonitorInput, monitor, reasons
+    from onnxcast.rollout.edge import installed, pull
+
+    settings_for = s3_settings_for or (lambda uri: None)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="onnxcast-monitor-") as scratch:
+        work = Path(scratch)
+        pulled = pull(store_uri, model_name, channel, work / "device", trust=trust,
+                      s3_settings=settings_for(store_uri) if store_uri.startswith("s3://") else None)
+        model_path, _info = installed(work / "device")
+        version = registered_version(model_path.parent / "manifest.json", pulled.version)
+        report = deployed_report(model_name, version, work / "registry", tracking_uri)
+        data = data_uri or report["config"]["data_uri"]
+        result = monitor(MonitorInput(model_path, report, channel, data), work / "monitor",
+                         s3_settings=settings_for(data) if str(data).startswith("s3://") else None)
+        run = {"run_id": None, "url": None}
+        if log_to_mlflow:
+            run = log_monitor_run(result, model_name=model_name, version=version, channel=channel,
+                                  work_dir=work / "mlflow", run_key=run_key, tracking_uri=tracking_uri, ui_url=ui_url)
+            set_monitor_tag(model_name, version, channel, result, run["run_id"], tracking_uri)
+    return {"model": model_name, "channel": channel, "version": str(version), "store_version": pulled.version,
+            "mase": result["mase"], "holdout_mase": result["holdout_mase"], "holdout_ci": result["holdout_ci"],
+            "baseline_mase": result["baseline_mase"], "p_value": result["p_value"], "degraded": result["degraded"],
+            "drift": result["drift"], "origins": result["origins"], "new_rows": result["new_rows"],
+            "from": result["from"], "to": result["to"], "reasons": reasons(result), "run_id": run["run_id"],
+            "url": run["url"], "seconds": round(time.monotonic() - started, 2), "conf": retrain_conf(report)}
+
+
+def registered_version(manifest: Path, store_version: str) -> str:
+    """The MLflow model version the rollout manifest names (the device verified it), else the
+    store's version id (the training DAG promotes under the registry's number)."""
+    try:
+        named = (json.loads(manifest.read_text()).get("mlflow") or {}).get("version")
+    except (OSError, ValueError):
+        named = None
+    return str(named or store_version)
+
+
+# what a retraining never takes over from the deployed version: its output folder and its end
+NOT_CARRIED = ("out_dir", "trained_until")
+
+
+def retrain_conf(report: dict) -> dict:
+    """The training settings of the run that made the version, for a retraining on newer data."""
+    from onnxcast.pipeline.config import PipelineConfig
+
+    known = set(PipelineConfig.__dataclass_fields__)
+    return {k: v for k, v in (report.get("config") or {}).items() if k in known and k not in NOT_CARRIED}

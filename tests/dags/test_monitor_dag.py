@@ -160,3 +160,24 @@ class TestTrainingSchedule:
         assert timetable.timetable.run_immediately is not True  # unpausing starts no run at once
         assets = list(dag.timetable.asset_condition.objects)
         assert assets == [Asset(name="onnxcast_retrain", uri="x-onnxcast://retrain")]
+
+
+class TestMonitorCommand:
+    def test_console_script_judges_the_served_model(self, deployed, healthy_run, release_key):
+        """`onnxcast monitor` (the console script) runs the same check: healthy data, exit 0."""
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        store = airflow_support.configure() / "rollout"
+        command = [str(Path(sys.executable).parent / "onnxcast"), "monitor", "--store", str(store), "--model", MODEL,
+                   "--channel", "edge", "--trust", str(release_key["root"]), "--no-log"]
+        started = time.monotonic()
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+        print(f"onnxcast monitor (console script): {time.monotonic() - started:.1f}s")
+        assert out.returncode == 0, out.stderr[-2000:]
+        summary = json.loads(out.stdout.strip().splitlines()[-1])
+        assert (summary["version"], summary["degraded"], summary["drift"], summary["run_id"]) == (deployed, False, [],
+                                                                                                None)
+        assert summary["mase"] == pytest.approx(airflow_support.xcom(healthy_run, "monitor")[0]["mase"])
