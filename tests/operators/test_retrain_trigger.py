@@ -1,6 +1,7 @@
-"""check_data in a run the monitor's onnxcast_retrain event triggered: the event's settings
-over the param defaults (checked like trigger-form input), the reason recorded in the run
-directory (the report's ``trigger``) and on the MLflow run (``onnxcast.retrain_reason``)."""
+"""The monitor's operators, and check_data in a run the monitor's onnxcast_retrain event
+triggered: the event's settings over the param defaults (checked like trigger-form input), the
+reason recorded in the run directory (the report's ``trigger``) and on the MLflow run
+(``onnxcast.retrain_reason``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import OPS_SETTINGS, make_context
+from conftest import OPS_SETTINGS, assert_template_fields_stored_unchanged, make_context
 
 REASONS = ["edge: realised MASE 1.04 over 101 origins worse than the holdout's 0.547 (one-sided p=0.0234)",
            "edge: input drift in 'y' (change_mean)"]
@@ -70,3 +71,55 @@ class TestRetrainTrigger:
         run_dir = check_data(tmp_path, make_context())
         assert not (run_dir / "trigger.json").exists()
         assert json.loads((run_dir / "config.json").read_text())["lookback"] == OPS_SETTINGS["lookback"]
+
+
+def summary(channel: str, reasons: list[str]) -> dict:
+    return {"model": "m", "channel": channel, "version": "7", "p_value": 0.4, "reasons": reasons,
+            "conf": {"horizon": 12, "lookback": 56}}
+
+
+class TestMonitorChannelsOperator:
+    def test_template_fields(self):
+        from onnxcast.airflow.operators import MonitorChannelsOperator
+
+        values = {"model_name": "{{ params.model_name }}", "channels": "{{ params.channels }}",
+                  "dataset_uri": "{{ params.dataset_uri }}", "store_uri": "{{ params.store_uri }}", "trust": "/k"}
+        op = MonitorChannelsOperator(task_id="monitor", **values)
+        assert set(op.template_fields) == set(values)
+        assert_template_fields_stored_unchanged(op, values)
+
+    def test_a_channel_with_nothing_served_fails_naming_it(self, tmp_path):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onnxcast.airflow.operators import MonitorChannelsOperator
+
+        op = MonitorChannelsOperator(task_id="monitor", model_name="nothing-here", channels=["edge"],
+                                     store_uri=str(tmp_path))
+        with pytest.raises(AirflowFailException) as err:
+            op.execute(make_context())
+        assert str(err.value).startswith("nothing-here channel edge: ") and "no such channel" in str(err.value)
+
+
+class TestRetrainSignalOperator:
+    def test_nothing_flagged_skips(self):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from onnxcast.airflow.operators import RETRAIN, RetrainSignalOperator
+
+        op = RetrainSignalOperator(task_id="retrain_signal", results=[summary("edge", []), summary("cloud", [])])
+        assert op.outlets == [RETRAIN]
+        context = make_context()
+        with pytest.raises(AirflowSkipException, match="no channel degraded or drifted"):
+            op.execute(context)
+        assert dict(context["outlet_events"]) == {}
+
+    def test_flagged_channels_set_the_event_extra(self):
+        from onnxcast.airflow.operators import RETRAIN, RetrainSignalOperator
+
+        op = RetrainSignalOperator(task_id="retrain_signal",
+                                   results=[summary("edge", []), summary("cloud", ["cloud: input drift in 'y'"])])
+        context = make_context()
+        extra = op.execute(context)
+        assert context["outlet_events"][RETRAIN].extra == extra
+        assert (extra["channel"], extra["channels"], extra["reasons"]) == ("cloud", ["cloud"], ["cloud: input drift in 'y'"])
+        assert extra["conf"] == {"horizon": 12, "lookback": 56} and extra["version"] == "7"
