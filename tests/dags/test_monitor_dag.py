@@ -84,10 +84,23 @@ def drifted_run(deployed, tmp_path_factory):
     path = tmp_path_factory.mktemp("drifted") / "co2_shifted.csv"
     frame.to_csv(path, index=False)
     started = time.monotonic()
-    run = load_dag("onnxcast_monitor").test(run_conf={"model_name": MODEL, "channels": ["edge"],
-                                                      "dataset_uri": str(path)})
+    set_paused("onnxcast_training", False)  # a paused DAG is not queued by asset events (rightly)
+    try:
+        run = load_dag("onnxcast_monitor").test(run_conf={"model_name": MODEL, "channels": ["edge"],
+                                                          "dataset_uri": str(path)})
+    finally:
+        set_paused("onnxcast_training", True)
     print(f"onnxcast_monitor dag.test, drifted, 1 channel: {time.monotonic() - started:.1f}s")
     return run
+
+
+def set_paused(dag_id: str, paused: bool) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=paused))
 
 
 class TestHealthy:
@@ -132,6 +145,18 @@ class TestDrifted:
         # the deployed version's settings, to be trained again on newer data
         assert extra["conf"]["lookback"] == 56 and extra["conf"]["models"] == ["lstm"]
         assert "trained_until" not in extra["conf"] and "out_dir" not in extra["conf"]
+
+    def test_event_queues_a_training_run(self, deployed, drifted_run):
+        """The metadata DB's view: the event put onnxcast_training (scheduled on the asset) in the
+        asset-triggered queue, whence the scheduler creates its run on its next loop."""
+        from airflow.models.asset import AssetDagRunQueue, AssetModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            queued = session.execute(select(AssetDagRunQueue.target_dag_id, AssetModel.name)
+                                     .join(AssetModel, AssetDagRunQueue.asset_id == AssetModel.id)).all()
+        assert ("onnxcast_training", "onnxcast_retrain") in [tuple(row) for row in queued]
 
     def test_tag_says_degraded(self, deployed, drifted_run):
         tag = json.loads(client().get_model_version(MODEL, deployed).tags["onnxcast.monitor.edge"])
