@@ -123,3 +123,20 @@ class TestRetrainSignalOperator:
         assert context["outlet_events"][RETRAIN].extra == extra
         assert (extra["channel"], extra["channels"], extra["reasons"]) == ("cloud", ["cloud"], ["cloud: input drift in 'y'"])
         assert extra["conf"] == {"horizon": 12, "lookback": 56} and extra["version"] == "7"
+
+
+def test_report_carries_the_trigger(run_dir):
+    """register assembles report.json from the committed run directory: trigger.json (written by
+    check_data in a retraining run) becomes its ``trigger``."""
+    from onnxcast.airflow.steps import load_config
+    from onnxcast.base.files import write_json
+    from onnxcast.pipeline.report import validate_report
+    from onnxcast.pipeline.run import assemble_report
+
+    cfg = load_config(run_dir)
+    assert "trigger" not in assemble_report(cfg)
+    trigger = {"kind": "retrain", "reasons": REASONS, "version": "3"}
+    write_json(cfg.layout.trigger, trigger)
+    report = assemble_report(cfg)
+    assert report["trigger"] == trigger
+    validate_report(report)
