@@ -32,6 +32,7 @@ from onnxcast.registry.tracking import (
 log = logging.getLogger(__name__)
 
 MONITOR_ROLE = "monitor"
+REPORT_FILE = "extra_files/report.json"  # where mlflow.onnx.log_model(extra_files=...) puts it
 MONITOR_TAG_PREFIX = "onnxcast.monitor."
 MODEL_TAG, VERSION_TAG, CHANNEL_TAG = "onnxcast.model", "onnxcast.version", "onnxcast.channel"
 # the fields of the version tag, in the order of docs/design/loop.md
@@ -50,18 +51,25 @@ def deployed_report(model_name: str, version: str, dest: str | Path, tracking_ur
     from mlflow.exceptions import MlflowException
 
     client = client_for(tracking_uri)
+    uri = f"models:/{model_name}/{version}"
     try:
         entry = client.get_model_version(model_name, str(version))
-        folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}",
-                                                          dst_path=str(dest)))
     except MlflowException as exc:
-        raise TrackingError(f"models:/{model_name}/{version}: {exc.message.splitlines()[0]}") from None
-    found = sorted(folder.rglob("report.json"))
+        raise TrackingError(f"{uri}: {exc.message.splitlines()[0]}") from None
+    try:  # the report alone (register_model logs it as an extra file of the model)
+        found = [Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{uri}/{REPORT_FILE}",
+                                                          dst_path=str(dest)))]
+    except MlflowException:  # laid out otherwise: every file of the version, then look
+        try:
+            folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest)))
+        except MlflowException as exc:
+            raise TrackingError(f"{uri}: {exc.message.splitlines()[0]}") from None
+        found = sorted(folder.rglob("report.json"))
     if not found:
-        raise TrackingError(f"models:/{model_name}/{version}: no report.json among the version's files")
+        raise TrackingError(f"{uri}: no report.json among the version's files")
     expected = entry.tags.get(REPORT_SHA_TAG)
     if expected and sha256_file(found[0]) != expected:
-        raise TrackingError(f"models:/{model_name}/{version}: report.json does not match its {REPORT_SHA_TAG} tag")
+        raise TrackingError(f"{uri}: report.json does not match its {REPORT_SHA_TAG} tag")
     return json.loads(found[0].read_text())
 
 
