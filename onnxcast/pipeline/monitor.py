@@ -66,6 +66,8 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     Raises ConfigError when the report does not describe the served model (no such channel
     or variant, a fleet) and the data gate's errors when the data cannot be read or checked.
     """
+    from onnxcast.pipeline.data import seasons_for_freq
+
     started = time.monotonic()
     report = item.report
     if report.get("fleet") or (report.get("config") or {}).get("series_column"):
@@ -74,39 +76,25 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     session, meta = _open_session(item.model_path)
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
     series = read_series(report, item.data_uri, Path(work_dir), s3_settings)
-    cfg = report["config"]
-    horizon, lookback = int(cfg["horizon"]), int(cfg["lookback"])
+    horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
     first = int(np.searchsorted(series.timestamps, _as_datetime64(trained_until), side="right"))
-    from onnxcast.pipeline.data import seasons_for_freq
-
     origins = holdout_origins(len(series.values), first, horizon, seasons_for_freq(series.freq), earliest=lookback)
-    baselines = report["baselines"]
-    scale = float(baselines["mase_scale"])
     holdout = holdout_figures(report, entry, variant)
+    holdout_errors = np.asarray(holdout.pop("_holdout_errors"))
     result: dict[str, Any] = {
         "channel": item.channel, "family": entry["family"], "variant": variant["name"],
         "trained_until": trained_until, "data_uri": series.source, "data_sha256": series.sha256,
         "from": _iso(series.timestamps[first]) if first < len(series.timestamps) else None,
         "to": _iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
         "origins": int(len(origins.index)), "stride": origins.stride, "block": origins.block,
-        "mase_scale": scale, **holdout,
+        "mase_scale": float(report["baselines"]["mase_scale"]), **holdout,
     }
-    realised = np.zeros(0)
-    if len(origins.index):
-        actual = np.stack([series.target[o:o + horizon] for o in origins.index]).astype(np.float64)
-        forecast = forecast_at(session, series.values, origins.index, lookback)
-        realised = per_origin_mae(actual, forecast) / scale
-        season = int(baselines["seasonal_naive"]["season"])
-        naive = seasonal_naive(series.target.astype(np.float64), origins.index, horizon, season)
-        result.update(mase=float(realised.mean()), baseline=baselines["seasonal_naive"].get("name", baselines["best"]),
-                      baseline_mase=float(per_origin_mae(actual, naive).mean() / scale),
-                      holdout_baseline_mase=float(baselines["seasonal_naive"]["mase"]))
-    else:
-        result.update(mase=None, baseline=None, baseline_mase=None, holdout_baseline_mase=None)
-    result["test"] = degradation_test(realised, np.asarray(holdout.pop("_holdout_errors")), origins.block)
-    result.pop("_holdout_errors", None)
+    realised, figures = realised_errors(session, series, origins.index, report)
+    result.update(figures)
+    holdout_block = int((report["baselines"].get("origins") or {}).get("block") or origins.block)
+    result["test"] = degradation_test(realised, holdout_errors, origins.block, holdout_block=holdout_block)
     result["p_value"], result["degraded"] = result["test"]["p_value"], result["test"]["degraded"]
-    result["drift_check"] = check_drift(series, first, int(baselines["seasonal_naive"]["season"]))
+    result["drift_check"] = check_drift(series, first, int(report["baselines"]["seasonal_naive"]["season"]))
     result["drift"] = result["drift_check"]["drifted"]
     result["per_origin_mase"] = [float(v) for v in realised]
     result["origin_times"] = [_iso(series.timestamps[o]) for o in origins.index]
@@ -116,6 +104,23 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
              result["holdout_mase"], *result["holdout_ci"], result["origins"], _fmt(result["p_value"]),
              " DEGRADED" if result["degraded"] else "", ", ".join(result["drift"]) or "none")
     return result
+
+
+def realised_errors(session, series, origins: np.ndarray, report: dict) -> tuple[np.ndarray, dict]:
+    """The model's per-origin MAE over the report's MASE scale at ``origins``, and the figures:
+    realised MASE, and the report's best baseline (same rule, same season) on the same origins."""
+    if not len(origins):
+        return np.zeros(0), {"mase": None, "baseline": None, "baseline_mase": None, "holdout_baseline_mase": None}
+    horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
+    baselines = report["baselines"]
+    scale = float(baselines["mase_scale"])
+    actual = np.stack([series.target[o:o + horizon] for o in origins]).astype(np.float64)
+    realised = per_origin_mae(actual, forecast_at(session, series.values, origins, lookback)) / scale
+    naive = seasonal_naive(series.target.astype(np.float64), origins, horizon, int(baselines["seasonal_naive"]["season"]))
+    return realised, {"mase": float(realised.mean()),
+                      "baseline": baselines["seasonal_naive"].get("name", baselines.get("best")),
+                      "baseline_mase": float(per_origin_mae(actual, naive).mean() / scale),
+                      "holdout_baseline_mase": float(baselines["seasonal_naive"]["mase"])}
 
 
 def reasons(result: dict) -> list[str]:
@@ -158,11 +163,13 @@ def holdout_figures(report: dict, entry: dict, variant: dict) -> dict:
             "holdout_origins": len(errors), "_holdout_errors": [float(e) / scale for e in errors]}
 
 
-def degradation_test(realised: np.ndarray, holdout: np.ndarray, block: int, alpha: float = ALPHA) -> dict:
+def degradation_test(realised: np.ndarray, holdout: np.ndarray, block: int, alpha: float = ALPHA, *,
+                     holdout_block: int | None = None) -> dict:
     """One-sided test that the realised per-origin scaled errors are larger on average than
     the holdout's: Welch's t with each mean's variance from its Newey-West long-run variance
-    (``block - 1`` lags: the windows of neighbouring origins overlap), Welch-Satterthwaite
-    degrees of freedom. Degraded when p < ``alpha`` and at least ``MIN_ORIGINS`` new origins."""
+    (``block - 1`` lags, ``holdout_block - 1`` for the holdout's: the windows of neighbouring
+    origins overlap), Welch-Satterthwaite degrees of freedom. Degraded when p < ``alpha`` and
+    at least ``MIN_ORIGINS`` new origins."""
     from scipy import stats
 
     realised, holdout = np.asarray(realised, np.float64), np.asarray(holdout, np.float64)
@@ -172,7 +179,8 @@ def degradation_test(realised: np.ndarray, holdout: np.ndarray, block: int, alph
     if len(realised) < MIN_ORIGINS or len(holdout) < 2:
         result["note"] = f"{len(realised)} new origins, fewer than {MIN_ORIGINS}: not judged"
         return result
-    var_r, var_h = _long_run_variance(realised, block) / len(realised), _long_run_variance(holdout, block) / len(holdout)
+    var_r = _long_run_variance(realised, block) / len(realised)
+    var_h = _long_run_variance(holdout, holdout_block or block) / len(holdout)
     diff = float(realised.mean() - holdout.mean())
     result["ratio"] = float(realised.mean() / holdout.mean()) if holdout.mean() > 0 else None
     spread = math.sqrt(var_r + var_h)
