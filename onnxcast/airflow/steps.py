@@ -211,6 +211,11 @@ class CheckDataOperator(_TrackedOperator):
     and the registry has a ``champion`` that forecasts the same horizon from the same
     features, it is evaluated alongside as the family ``champion``.
 
+    In a run an ``onnxcast_retrain`` asset event triggered (onnxcast.airflow.retraining), the
+    event's ``conf`` (the deployed version's settings) applies over the param defaults, each
+    value checked as trigger-form input, and the reasons are recorded: ``trigger.json`` (the
+    report's ``trigger``), the summary's ``trigger`` and the MLflow tag ``onnxcast.retrain_reason``.
+
     XCom: the shard numbers (return value: the mapping input of the shard steps; ``[0]``
     for one series, never empty), and under the keys ``run_dir``, ``summary`` and
     ``families`` the run directory, data facts and the planned families
@@ -231,6 +236,7 @@ class CheckDataOperator(_TrackedOperator):
         self.fetch_from = fetch_from
         self.trained_until = trained_until
         self.compare_with_champion = compare_with_champion
+        self._trigger: dict | None = None  # a retraining the monitor asked for (_retrain_settings)
 
     def execute(self, context: Context) -> list[int]:
         from onnxcast.airflow.settings import run_root
@@ -252,7 +258,7 @@ class CheckDataOperator(_TrackedOperator):
         except (ConfigError, DataError) as exc:
             raise self.fail_data_check(context, cfg, exc) from None
         run = self.link_mlflow_run(context, cfg.model_name)
-        trigger = getattr(self, "_trigger", None)
+        trigger = self._trigger
         if trigger:
             from onnxcast.registry.monitoring import record_retrain_reason
 
