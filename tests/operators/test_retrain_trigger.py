@@ -35,6 +35,7 @@ def check_data(tmp_path, context):
     return Path(context["ti"].xcoms["run_dir"])
 
 
+@pytest.mark.slow  # a real data check and MLflow run per test
 class TestRetrainTrigger:
     def test_event_settings_over_defaults_and_reason_recorded(self, tmp_path):
         from onnxcast.registry.tracking import client_for
@@ -125,6 +126,7 @@ class TestRetrainSignalOperator:
         assert extra["conf"] == {"horizon": 12, "lookback": 56} and extra["version"] == "7"
 
 
+@pytest.mark.slow  # the shared finished run directory (tests/run_fixtures.py)
 def test_report_carries_the_trigger(run_dir):
     """register assembles report.json from the committed run directory: trigger.json (written by
     check_data in a retraining run) becomes its ``trigger``."""

@@ -55,6 +55,7 @@ def judge(deployed, tmp_path, data: str | None = None) -> dict:
     return result
 
 
+@pytest.mark.slow  # the module's model is trained once (about 12 s)
 class TestHealthyModelOnNewDataOfTheSameProcess:
     def test_not_degraded_and_no_drift(self, deployed, tmp_path):
         result = judge(deployed, tmp_path)
@@ -79,6 +80,7 @@ class TestHealthyModelOnNewDataOfTheSameProcess:
         assert result["mase"] == pytest.approx(np.mean(result["per_origin_mase"]))
 
 
+@pytest.mark.slow  # the module's model is trained once (about 12 s)
 class TestChangedData:
     def test_level_shift_is_degraded_and_drift_names_the_column(self, deployed, tmp_path):
         data = changed_data(deployed["data"], tmp_path, "shift",
