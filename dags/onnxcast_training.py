@@ -22,6 +22,11 @@ With *series_column* set the data is a long table of many series (a fleet, one g
 per family); the per-series work is mapped over *fleet_shards* shards, so it runs on every
 worker. With one series each shard task runs once and does nothing.
 
+Runs weekly, and when `onnxcast_monitor` emits an `onnxcast_retrain` asset event (the served
+model degraded or its inputs drifted): such a run takes the event's settings (the deployed
+version's, on newer data) over the defaults and records the reason (report `trigger`, MLflow tag
+`onnxcast.retrain_reason`).
+
 The training window ends at the run's data interval end (or *trained_until*), so clearing
 a past run reproduces it. Every task links to its MLflow run ("MLflow run" button).
 Tasks may run on different workers: they hand files to each other through the run store
@@ -34,9 +39,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG, Asset, CronTriggerTimetable, Param
+from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param
 
 from onnxcast.airflow.operators import (
+    RETRAIN,
     ChampionChallengerOperator,
     CheckDataOperator,
     CheckSeriesOperator,
@@ -64,13 +70,17 @@ ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
 # decides: the last tick runs only when it is under 10 minutes old (a margin so that a DAG
 # processor pass just after the tick cannot push the first run a week on).
 WEEKLY = CronTriggerTimetable("0 0 * * 0", timezone="UTC", run_immediately=timedelta(minutes=10))
+# ... and whenever the monitor (dags/onnxcast_monitor.py) finds the served model degraded or its
+# inputs drifted: an onnxcast_retrain asset event, whose conf (the deployed version's settings)
+# check_data applies over the param defaults. An asset needs no start_date either.
+SCHEDULE = AssetOrTimeSchedule(timetable=WEEKLY, assets=[RETRAIN])
 RUN_DIR = "{{ ti.xcom_pull(task_ids='check_data', key='run_dir') }}"
 
 with DAG(
     dag_id="onnxcast_training",
     description="Train or fetch, export, optimize, validate, register and promote ONNX forecasters",
     doc_md=__doc__,
-    schedule=WEEKLY,
+    schedule=SCHEDULE,
     catchup=False,
     max_active_runs=1,
     tags=["onnxcast", "training", "mlflow"],

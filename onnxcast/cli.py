@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=run_pipeline_command)
 
     add_release_commands(commands)
+    add_monitor_command(commands)
     from onnxcast.serving.cli import add_serve_command
 
     add_serve_command(commands)
@@ -290,6 +291,38 @@ def _print_error(exc: BaseException) -> None:
         return
     message = " ".join(str(exc).split())  # one line, whatever the exception held
     print(f"error: {message}", file=sys.stderr)
+
+
+# --- monitor: accuracy in production -------------------------------------------------------
+
+def add_monitor_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "monitor", help="judge the model a channel serves on the data since it was trained",
+        description="Pull the channel's model from the rollout store as a device does, forecast the data after "
+                    "its trained_until, and compare the realised MASE with the holdout's (one-sided test) and "
+                    "the inputs with the training window (drift). Exit status 4 when degraded or drifted.")
+    p.add_argument("--store", required=True, help="rollout store: a folder or s3://bucket/prefix")
+    p.add_argument("--model", required=True, help="model name (in the store and the MLflow registry)")
+    p.add_argument("--channel", required=True, help="channel whose served version is judged")
+    p.add_argument("--trust", help="trust root file the pull verifies with (default: $ONNXCAST_TRUST)")
+    p.add_argument("--data", help="data to judge on (default: the version's own dataset, from its report)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the embedded store)")
+    p.add_argument("--no-log", action="store_true", help="record nothing in MLflow (no monitor run, no version tag)")
+    p.set_defaults(handler=run_monitor)
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    import json
+
+    from onnxcast.registry.monitoring import monitor_channel
+
+    summary = monitor_channel(args.model, args.channel, args.store, trust=args.trust, data_uri=args.data,
+                              tracking_uri=args.tracking_uri, log_to_mlflow=not args.no_log)
+    shown = {k: v for k, v in summary.items() if k != "conf"}
+    print(json.dumps(shown, sort_keys=True))
+    for line in summary["reasons"]:
+        print(f"retrain: {line}", file=sys.stderr)
+    return 4 if summary["reasons"] else 0
 
 
 # --- release commands: promote, rollback, refresh ------------------------------------------

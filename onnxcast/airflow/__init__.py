@@ -29,7 +29,7 @@ def get_provider_info() -> dict:
         "operators": [
             {"integration-name": "onnxcast",
              "python-modules": ["onnxcast.airflow.steps", "onnxcast.airflow.registry",
-                                "onnxcast.airflow.rollout"]},
+                                "onnxcast.airflow.rollout", "onnxcast.airflow.monitor"]},
         ],
         "sensors": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.serving"]}],
         "triggers": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.serving"]}],

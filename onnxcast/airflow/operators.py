@@ -5,7 +5,9 @@ XCom values. Heavy libraries (torch, mlflow, onnxruntime, pandas) are imported i
 ``execute`` only, so DAG files that import this parse fast."""
 
 from onnxcast.airflow.links import MlflowRunLink
+from onnxcast.airflow.monitor import MonitorChannelsOperator, RetrainSignalOperator
 from onnxcast.airflow.registry import ChampionChallengerOperator, RegisterModelOperator
+from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.rollout import (
     PromoteModelOperator,
     RefreshChannelsOperator,
@@ -27,6 +29,7 @@ from onnxcast.airflow.steps import (
 )
 
 __all__ = [
+    "RETRAIN",
     "ChampionChallengerOperator",
     "CheckDataOperator",
     "CheckSeriesOperator",
@@ -34,11 +37,13 @@ __all__ = [
     "ExportModelOperator",
     "MergeDataOperator",
     "MlflowRunLink",
+    "MonitorChannelsOperator",
     "OptimizeModelOperator",
     "PromoteModelOperator",
     "ReferenceShardOperator",
     "RefreshChannelsOperator",
     "RegisterModelOperator",
+    "RetrainSignalOperator",
     "RollbackChannelOperator",
     "ServingReadySensor",
     "StageRegisteredVersionOperator",

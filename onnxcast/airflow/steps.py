@@ -211,6 +211,11 @@ class CheckDataOperator(_TrackedOperator):
     and the registry has a ``champion`` that forecasts the same horizon from the same
     features, it is evaluated alongside as the family ``champion``.
 
+    In a run an ``onnxcast_retrain`` asset event triggered (onnxcast.airflow.retraining), the
+    event's ``conf`` (the deployed version's settings) applies over the param defaults, each
+    value checked as trigger-form input, and the reasons are recorded: ``trigger.json`` (the
+    report's ``trigger``), the summary's ``trigger`` and the MLflow tag ``onnxcast.retrain_reason``.
+
     XCom: the shard numbers (return value: the mapping input of the shard steps; ``[0]``
     for one series, never empty), and under the keys ``run_dir``, ``summary`` and
     ``families`` the run directory, data facts and the planned families
@@ -231,6 +236,7 @@ class CheckDataOperator(_TrackedOperator):
         self.fetch_from = fetch_from
         self.trained_until = trained_until
         self.compare_with_champion = compare_with_champion
+        self._trigger: dict | None = None  # a retraining the monitor asked for (_retrain_settings)
 
     def execute(self, context: Context) -> list[int]:
         from onnxcast.airflow.settings import run_root
@@ -251,10 +257,16 @@ class CheckDataOperator(_TrackedOperator):
             shards, facts = self._gate(cfg)
         except (ConfigError, DataError) as exc:
             raise self.fail_data_check(context, cfg, exc) from None
-        self.link_mlflow_run(context, cfg.model_name)
+        run = self.link_mlflow_run(context, cfg.model_name)
+        trigger = self._trigger
+        if trigger:
+            from onnxcast.registry.monitoring import record_retrain_reason
+
+            record_retrain_reason(run["parent_run_id"], trigger, self.mlflow_hook.tracking_uri)
         families, champion, notes = self._plan(cfg, run_dir)
         summary = {"run_dir": run_url, **facts, "trained_until": cfg.trained_until,
-                   "champion_version": champion["version"] if champion else None, "notes": notes}
+                   "champion_version": champion["version"] if champion else None, "notes": notes,
+                   "trigger": trigger}
         self.log.info("Run %s: %s; families %s; %s", run_url, readable(facts), readable(families),
                       "; ".join(notes) or "champion included")
         return shards, families, summary
@@ -262,6 +274,7 @@ class CheckDataOperator(_TrackedOperator):
     def _settings(self, context: Context, run_dir: Path) -> PipelineConfig:
         extra = _extra_settings(self.extra_settings)
         values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
+        values.update(self._retrain_settings(context, run_dir))
         if "data_uri" in values:
             values["data_uri"] = data_source(values["data_uri"])
         values["out_dir"] = str(run_dir)
@@ -270,6 +283,32 @@ class CheckDataOperator(_TrackedOperator):
             return PipelineConfig.from_dict(values)
         except ConfigError as exc:  # bad settings: retrying cannot help
             raise AirflowFailException(str(exc)) from None
+
+    def _retrain_settings(self, context: Context, run_dir: Path) -> dict:
+        """In a run the monitor's retraining event triggered: the event's settings (the deployed
+        version's, checked as trigger-form input) over the param defaults, and the reasons
+        recorded (``trigger.json``: the report's ``trigger``). Nothing in other runs."""
+        from onnxcast.airflow.retraining import retrain_events, retrain_settings
+        from onnxcast.base.files import write_json
+
+        events = retrain_events(context)
+        if not events:
+            return {}
+        event = events[-1]  # several events queued up: the newest one's settings
+        try:
+            taken, left_out = retrain_settings(event.get("conf"))
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
+        reasons = [str(r) for e in events for r in (e.get("reasons") or [])]
+        trigger = {"kind": "retrain", "asset": "onnxcast_retrain", "model": event.get("model"),
+                   "channel": event.get("channel"), "version": event.get("version"), "reasons": reasons,
+                   "settings": sorted(taken), "left_out": left_out, "events": len(events)}
+        write_json(RunLayout(run_dir).trigger, trigger)
+        self._trigger = trigger
+        self.log.info("Retraining asked for by the monitor (%s v%s, %s): %s; settings taken from the event: %s%s",
+                      event.get("model"), event.get("version"), event.get("channel"), "; ".join(reasons) or "no reason",
+                      readable(sorted(taken)), f"; left out: {readable(left_out)}" if left_out else "")
+        return taken
 
     def _gate(self, cfg: PipelineConfig) -> tuple[list[int], dict]:
         """One series: the whole data check and split, one shard. A fleet: the table checks and

@@ -79,6 +79,12 @@ class RunLayout:
         return self.root / REPORT
 
     @property
+    def trigger(self) -> Path:
+        """Why the run was started when not by the schedule or a person: the monitor's retraining
+        event (onnxcast.airflow.retraining), the report's ``trigger``."""
+        return self.root / "trigger.json"
+
+    @property
     def failed_report(self) -> Path:
         return self.root / FAILED_REPORT
 

@@ -360,6 +360,8 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     }
     if fleet is not None:
         report["fleet"] = fleet
+    if cfg.layout.trigger.exists():  # a retraining the monitor asked for: why
+        report["trigger"] = read_json(cfg.layout.trigger)
     if failures:
         write_json(cfg.layout.failed_report, report)
         raise GateError(failures)

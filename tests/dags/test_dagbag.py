@@ -12,7 +12,7 @@ from pathlib import Path
 import airflow_support
 import pytest
 
-DAG_IDS = {"onnxcast_training", "onnxcast_promote", "onnxcast_rollback", "onnxcast_refresh"}
+DAG_IDS = {"onnxcast_training", "onnxcast_promote", "onnxcast_rollback", "onnxcast_refresh", "onnxcast_monitor"}
 DAG_FILES = sorted((airflow_support.REPO / "dags").glob("*.py"))
 HEAVY = ("torch", "onnxruntime", "onnx", "mlflow", "pandas", "great_expectations", "numpy", "boto3",
          "onnxcast.pipeline.training", "onnxcast.pipeline.export", "onnxcast.pipeline.optimize", "onnxcast.pipeline.validate", "onnxcast.pipeline.models")
@@ -75,8 +75,10 @@ class TestDagBag:
         dag = dagbag.dags["onnxcast_training"]
         # weekly, and unpausing starts no run at once (issue 18 item 12): no start_date, so the
         # timetable's run_immediately decides; tests/scripts/test_airflow_standalone.py checks the
-        # scheduler's view of it on a running Airflow
-        assert (dag.timetable.expression, dag.timetable.run_immediately) == ("0 0 * * 0", timedelta(minutes=10))
+        # scheduler's view of it on a running Airflow. Also on the monitor's onnxcast_retrain asset.
+        weekly = dag.timetable.timetable
+        assert (weekly.expression, weekly.run_immediately) == ("0 0 * * 0", timedelta(minutes=10))
+        assert [a.name for a in dag.timetable.asset_condition.objects] == ["onnxcast_retrain"]
         assert dag.start_date is None
         for name in ("families", "channels"):  # multi-selects in the trigger form, not free text
             schema = dag.params.get_param(name).schema

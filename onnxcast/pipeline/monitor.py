@@ -1,0 +1,347 @@
+"""Accuracy in production: the model a channel serves, judged on the data that arrived after
+it was trained, beside the figures its holdout gave (docs/airflow.md#monitoring-and-retraining).
+
+- **Realised error.** The served ONNX file forecasts the new data (rows after the model's
+  ``onnxcast.trained_until``) at rolling origins laid out as the holdout's were
+  (``evaluation.holdout_origins``: same stride rule, every phase of the season), with ONNX
+  Runtime; the per-origin MAE over the report's in-sample scale (``baselines.mase_scale``)
+  is the realised MASE, comparable with the holdout's MASE and its moving-block interval. The
+  report's best baseline (same rule, same season) is scored on the same origins, so a drop
+  that every forecaster suffers (a harder period) shows as such.
+- **Degraded** is a one-sided test, not one number against a threshold: the realised
+  per-origin scaled errors against the holdout's (two independent samples of autocorrelated
+  errors: a Welch t-test whose variances are Newey-West long-run variances with the
+  holdout's block length, :func:`degradation_test`). With fewer than ``MIN_ORIGINS`` new
+  origins nothing is called degraded.
+- **Input drift** is a Great Expectations suite built from the training window's profile
+  (:func:`drift_suite`): for the target and every feature, the seasonal change
+  ``x[t] - x[t - season]`` (a trend does not drift it, a level shift or a change of scale
+  does); its mean and standard deviation must lie within the range that windows of the same
+  length had in training, and its values within the training's extreme quantiles but for a
+  small share.
+
+Pure library: no Airflow, no MLflow (onnxcast.registry.monitoring logs the result).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxcast.base.errors import ConfigError, VerificationError
+from onnxcast.pipeline.evaluation import MIN_PAIRED_ORIGINS, holdout_origins, per_origin_mae
+from onnxcast.pipeline.metrics import seasonal_naive
+
+log = logging.getLogger(__name__)
+
+ALPHA = 0.05  # one-sided level of the degradation test
+MIN_ORIGINS = MIN_PAIRED_ORIGINS  # fewer new origins: never called degraded (too little evidence)
+DRIFT_SUITE = "onnxcast-drift"
+DRIFT_MARGIN = 0.25  # the training range of window means/stdevs, widened by this share of its span
+DRIFT_TAIL = 0.005  # values beyond the training's 0.5% / 99.5% quantiles of the change ...
+DRIFT_MOSTLY = 0.9  # ... may be at most 10% of the new rows
+ORT_BATCH = 256
+
+
+@dataclass(frozen=True)
+class MonitorInput:
+    """What is monitored: the served ONNX file, the report of the run that made it, the
+    channel it serves, and the data (None: the report's own dataset)."""
+
+    model_path: Path
+    report: dict
+    channel: str
+    data_uri: str | None = None
+
+
+def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
+    """Judge the served model on the data after its ``trained_until``; the monitor result.
+
+    Raises ConfigError when the report does not describe the served model (no such channel
+    or variant, a fleet) and the data gate's errors when the data cannot be read or checked.
+    """
+    from onnxcast.pipeline.data import seasons_for_freq
+
+    started = time.monotonic()
+    report = item.report
+    if report.get("fleet") or (report.get("config") or {}).get("series_column"):
+        raise ConfigError(f"{item.model_path}: a fleet model; the monitor judges one-series models only")
+    entry, variant = served_variant(report, item.channel)
+    session, meta = _open_session(item.model_path)
+    trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
+    series = read_series(report, item.data_uri, Path(work_dir), s3_settings)
+    horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
+    first = int(np.searchsorted(series.timestamps, _as_datetime64(trained_until), side="right"))
+    origins = holdout_origins(len(series.values), first, horizon, seasons_for_freq(series.freq), earliest=lookback)
+    holdout = holdout_figures(report, entry, variant)
+    holdout_errors = np.asarray(holdout.pop("_holdout_errors"))
+    result: dict[str, Any] = {
+        "channel": item.channel, "family": entry["family"], "variant": variant["name"],
+        "trained_until": trained_until, "data_uri": series.source, "data_sha256": series.sha256,
+        "from": _iso(series.timestamps[first]) if first < len(series.timestamps) else None,
+        "to": _iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
+        "origins": int(len(origins.index)), "stride": origins.stride, "block": origins.block,
+        "mase_scale": float(report["baselines"]["mase_scale"]), **holdout,
+    }
+    realised, figures = realised_errors(session, series, origins.index, report)
+    result.update(figures)
+    holdout_block = int((report["baselines"].get("origins") or {}).get("block") or origins.block)
+    result["test"] = degradation_test(realised, holdout_errors, origins.block, holdout_block=holdout_block)
+    result["p_value"], result["degraded"] = result["test"]["p_value"], result["test"]["degraded"]
+    result["drift_check"] = check_drift(series, first, int(report["baselines"]["seasonal_naive"]["season"]))
+    result["drift"] = result["drift_check"]["drifted"]
+    result["per_origin_mase"] = [float(v) for v in realised]
+    result["origin_times"] = [_iso(series.timestamps[o]) for o in origins.index]
+    result["seconds"] = round(time.monotonic() - started, 3)
+    log.info("monitor %s %s/%s: realised MASE %s (holdout %.4g, 95%% [%.4g, %.4g]) over %d origins, p=%s%s; "
+             "drift: %s", item.channel, entry["family"], variant["name"], _fmt(result["mase"]),
+             result["holdout_mase"], *result["holdout_ci"], result["origins"], _fmt(result["p_value"]),
+             " DEGRADED" if result["degraded"] else "", ", ".join(result["drift"]) or "none")
+    return result
+
+
+def realised_errors(session, series, origins: np.ndarray, report: dict) -> tuple[np.ndarray, dict]:
+    """The model's per-origin MAE over the report's MASE scale at ``origins``, and the figures:
+    realised MASE, and the report's best baseline (same rule, same season) on the same origins."""
+    if not len(origins):
+        return np.zeros(0), {"mase": None, "baseline": None, "baseline_mase": None, "holdout_baseline_mase": None}
+    horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
+    baselines = report["baselines"]
+    scale = float(baselines["mase_scale"])
+    actual = np.stack([series.target[o:o + horizon] for o in origins]).astype(np.float64)
+    realised = per_origin_mae(actual, forecast_at(session, series.values, origins, lookback)) / scale
+    naive = seasonal_naive(series.target.astype(np.float64), origins, horizon, int(baselines["seasonal_naive"]["season"]))
+    return realised, {"mase": float(realised.mean()),
+                      "baseline": baselines["seasonal_naive"].get("name", baselines.get("best")),
+                      "baseline_mase": float(per_origin_mae(actual, naive).mean() / scale),
+                      "holdout_baseline_mase": float(baselines["seasonal_naive"]["mase"])}
+
+
+def reasons(result: dict) -> list[str]:
+    """Why a monitor result asks for retraining: one line per finding (empty: it does not)."""
+    out = []
+    if result.get("degraded"):
+        out.append(f"{result['channel']}: realised MASE {result['mase']:.4g} over {result['origins']} origins "
+                   f"worse than the holdout's {result['holdout_mase']:.4g} (one-sided p={result['p_value']:.3g})")
+    for column in result.get("drift") or []:
+        failed = [c["check"] for c in result["drift_check"]["checks"] if c["column"] == column and not c["passed"]]
+        out.append(f"{result['channel']}: input drift in {column!r} ({', '.join(failed)})")
+    return out
+
+
+def served_variant(report: dict, channel: str) -> tuple[dict, dict]:
+    """The report's model entry and variant entry the channel was given."""
+    chosen = (report.get("selected") or {}).get(channel)
+    if not chosen:
+        raise ConfigError(f"report: no variant selected for channel {channel!r}")
+    for entry in report.get("models") or []:
+        if entry.get("family") == chosen["family"]:
+            for variant in entry.get("variants") or []:
+                if variant.get("name") == chosen["variant"]:
+                    return entry, variant
+    raise ConfigError(f"report: channel {channel!r} names {chosen['family']}/{chosen['variant']}, "
+                      "which the report's models do not hold")
+
+
+def holdout_figures(report: dict, entry: dict, variant: dict) -> dict:
+    """The holdout's MASE of the served variant and its 95% interval (the MAE's moving-block
+    interval over the same scale), plus its per-origin scaled errors (``_holdout_errors``)."""
+    scale = float(report["baselines"]["mase_scale"])
+    holdout = variant.get("holdout") or {}
+    errors = variant.get("per_origin_mae") or next(
+        (v.get("per_origin_mae") for v in entry["variants"] if v.get("name") == "fp32"), None)
+    if holdout.get("mase") is None or not errors:
+        raise ConfigError(f"report: {entry['family']}/{variant['name']} has no holdout MASE and per-origin errors")
+    low, high = (holdout.get("mae_ci95") or [math.nan, math.nan])[:2]
+    return {"holdout_mase": float(holdout["mase"]), "holdout_ci": [float(low) / scale, float(high) / scale],
+            "holdout_origins": len(errors), "_holdout_errors": [float(e) / scale for e in errors]}
+
+
+def degradation_test(realised: np.ndarray, holdout: np.ndarray, block: int, alpha: float = ALPHA, *,
+                     holdout_block: int | None = None) -> dict:
+    """One-sided test that the realised per-origin scaled errors are larger on average than
+    the holdout's: Welch's t with each mean's variance from its Newey-West long-run variance
+    (``block - 1`` lags, ``holdout_block - 1`` for the holdout's: the windows of neighbouring
+    origins overlap), Welch-Satterthwaite degrees of freedom. Degraded when p < ``alpha`` and
+    at least ``MIN_ORIGINS`` new origins."""
+    from scipy import stats
+
+    realised, holdout = np.asarray(realised, np.float64), np.asarray(holdout, np.float64)
+    result = {"test": "Welch t, one-sided, Newey-West variances", "alpha": alpha, "min_origins": MIN_ORIGINS,
+              "origins": int(len(realised)), "holdout_origins": int(len(holdout)), "statistic": None,
+              "p_value": None, "ratio": None, "degraded": False}
+    if len(realised) < MIN_ORIGINS or len(holdout) < 2:
+        result["note"] = f"{len(realised)} new origins, fewer than {MIN_ORIGINS}: not judged"
+        return result
+    var_r = _long_run_variance(realised, block) / len(realised)
+    var_h = _long_run_variance(holdout, holdout_block or block) / len(holdout)
+    diff = float(realised.mean() - holdout.mean())
+    result["ratio"] = float(realised.mean() / holdout.mean()) if holdout.mean() > 0 else None
+    spread = math.sqrt(var_r + var_h)
+    if spread == 0:
+        result.update(statistic=0.0 if diff == 0 else math.copysign(math.inf, diff), p_value=0.0 if diff > 0 else 1.0)
+    else:
+        dof = (var_r + var_h) ** 2 / (var_r**2 / max(len(realised) - 1, 1) + var_h**2 / max(len(holdout) - 1, 1))
+        statistic = diff / spread
+        result.update(statistic=float(statistic), p_value=float(stats.t.sf(statistic, df=dof)), dof=float(dof))
+    result["degraded"] = bool(result["p_value"] < alpha)
+    return result
+
+
+def check_drift(series, first: int, season: int) -> dict:
+    """The drift suite built from the rows up to ``first`` (training), run on the rows after."""
+    import pandas as pd
+
+    columns = list(series.columns)
+    changes = change_frame(series.values.astype(np.float64), columns, season)
+    train, new = changes.iloc[:first].dropna(), changes.iloc[first:].dropna()
+    if len(new) < 2:
+        return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "drifted": [], "checks": [],
+                "note": "fewer than 2 new rows: no drift check"}
+    suite, profile = drift_suite(train, len(new), columns)
+    from onnxcast.pipeline.quality import _quiet_gx, run_suite
+
+    with _quiet_gx():
+        validation = run_suite(pd.DataFrame(new), suite)
+    checks = []
+    for outcome in validation.results:
+        config = outcome.expectation_config
+        meta = config.meta or {}
+        checks.append({"column": meta["column"], "check": meta["check"], "passed": bool(outcome.success),
+                       "observed": _plain((outcome.result or {}).get("observed_value",
+                                                                      (outcome.result or {}).get("unexpected_percent"))),
+                       "expected": meta["expected"]})
+    drifted = sorted({c["column"] for c in checks if not c["passed"]}, key=columns.index)
+    return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "training_rows": int(len(train)),
+            "drifted": drifted, "checks": checks, "profile": profile}
+
+
+def change_frame(values: np.ndarray, columns: list[str], season: int):
+    """The seasonal change ``x[t] - x[t - season]`` of every column (NaN for the first season)."""
+    import pandas as pd
+
+    lagged = np.full_like(values, np.nan)
+    lagged[season:] = values[season:] - values[:-season]
+    return pd.DataFrame(lagged, columns=[change_column(c) for c in columns])
+
+
+def change_column(column: str) -> str:
+    return f"{column}.change"
+
+
+def drift_suite(train, window: int, columns: list[str]):
+    """The GX suite of the training window's profile: per column, the mean and standard
+    deviation of its seasonal change within the range windows of ``window`` rows had in
+    training (widened by ``DRIFT_MARGIN`` of the span), and its values within the training's
+    ``DRIFT_TAIL`` quantiles for at least ``DRIFT_MOSTLY`` of the rows. Returns (suite, profile)."""
+    from onnxcast.pipeline.quality import _import_gx
+
+    gx = _import_gx()
+    E = gx.expectations
+    expectations, profile = [], {}
+    for column in columns:
+        values = train[change_column(column)]
+        if len(values) < 4:
+            raise ConfigError(f"{column!r}: {len(values)} training rows of seasonal change; no profile to check against")
+        size = max(2, min(window, len(values) // 2))
+        rolling = values.rolling(size)
+        means, stdevs = rolling.mean().dropna(), rolling.std().dropna()
+        mean_range = _widened(float(means.min()), float(means.max()))
+        std_range = _widened(float(stdevs.min()), float(stdevs.max()), floor=0.0)
+        tails = (float(values.quantile(DRIFT_TAIL)), float(values.quantile(1 - DRIFT_TAIL)))
+        profile[column] = {"window": size, "mean": mean_range, "stdev": std_range, "tails": tails}
+        name = change_column(column)
+        expectations += [
+            E.ExpectColumnMeanToBeBetween(column=name, min_value=mean_range[0], max_value=mean_range[1],
+                                          meta={"column": column, "check": "change_mean", "expected": mean_range}),
+            E.ExpectColumnStdevToBeBetween(column=name, min_value=std_range[0], max_value=std_range[1],
+                                           meta={"column": column, "check": "change_stdev", "expected": std_range}),
+            E.ExpectColumnValuesToBeBetween(column=name, min_value=tails[0], max_value=tails[1], mostly=DRIFT_MOSTLY,
+                                            meta={"column": column, "check": "change_tails",
+                                                  "expected": [*tails, DRIFT_MOSTLY]}),
+        ]
+    return gx.ExpectationSuite(name=DRIFT_SUITE, expectations=expectations), profile
+
+
+def read_series(report: dict, data_uri: str | None, work_dir: Path, s3_settings: Any = None):
+    """The whole series under the deployed version's settings (no ``trained_until``), through
+    the same data gate as training (its reports under ``work_dir/quality``)."""
+    from onnxcast.pipeline.config import PipelineConfig, data_source
+    from onnxcast.pipeline.quality import check_data
+
+    values = {**report["config"], "trained_until": None, "out_dir": str(work_dir)}
+    if data_uri:
+        values["data_uri"] = data_source(data_uri)
+    cfg = PipelineConfig.from_dict(values)
+    return check_data(cfg, work_dir / "quality", s3_settings=s3_settings).series
+
+
+def forecast_at(session, values: np.ndarray, origins: np.ndarray, lookback: int) -> np.ndarray:
+    """The model's forecasts ``[origins, horizon]`` from the ``lookback`` rows before each origin."""
+    out = []
+    for start in range(0, len(origins), ORT_BATCH):
+        chunk = origins[start:start + ORT_BATCH]
+        histories = np.stack([values[o - lookback:o] for o in chunk]).astype(np.float32)
+        out.append(session.run(["forecast"], {"history": histories})[0])
+    return np.concatenate(out).astype(np.float64)
+
+
+def _open_session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT raises its own types for a file it cannot load
+        raise VerificationError(f"{path}: ONNX Runtime cannot load it: {' '.join(str(exc).split())[:200]}") from None
+    return session, dict(session.get_modelmeta().custom_metadata_map)
+
+
+def _long_run_variance(x: np.ndarray, block: int) -> float:
+    centred = x - x.mean()
+    n = len(x)
+    lags = max(0, min(block - 1, n - 1))
+    variance = float(centred @ centred) / n
+    for lag in range(1, lags + 1):
+        variance += 2.0 * (1.0 - lag / (lags + 1)) * float(centred[lag:] @ centred[:-lag]) / n
+    return max(variance, 0.0)
+
+
+def _widened(low: float, high: float, floor: float | None = None) -> list[float]:
+    span = max(high - low, 1e-12 * max(abs(low), abs(high), 1.0))
+    low, high = low - DRIFT_MARGIN * span, high + DRIFT_MARGIN * span
+    return [max(low, floor) if floor is not None else low, high]
+
+
+def _as_datetime64(text: str) -> np.datetime64:
+    from datetime import UTC, datetime
+
+    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return np.datetime64(moment, "ns")
+
+
+def _iso(value) -> str:
+    return np.datetime_as_string(np.datetime64(value, "s")) + "Z"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+__all__ = ["ALPHA", "MIN_ORIGINS", "MonitorInput", "check_drift", "degradation_test", "drift_suite",
+           "holdout_figures", "monitor", "reasons", "served_variant"]

@@ -1,0 +1,181 @@
+"""The production monitor on real data: weekly CO2 at Mauna Loa (tests/real_series.py), a tiny
+LSTM trained on the weeks up to 1995 and judged on 1996-2001 as they are (same process: not
+degraded, no drift) and with a change injected after training (degraded, drift in ``y``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxcast.pipeline.monitor import MIN_ORIGINS, MonitorInput, degradation_test, monitor, reasons
+
+TRAINED_UNTIL = "1995-12-31"
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory) -> dict:
+    """A real run of the pipeline (about 12 s): its report and served ONNX file."""
+    from real_series import weekly_co2_csv
+
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.run import run_pipeline
+
+    out = tmp_path_factory.mktemp("co2-run")
+    cfg = PipelineConfig.from_dict({
+        "data_uri": weekly_co2_csv(), "out_dir": str(out), "trained_until": TRAINED_UNTIL, "horizon": 12,
+        "lookback": 56, "models": ["lstm"], "max_epochs": 2, "hidden_size": 16, "num_layers": 1,
+        "latency_repeats": 3, "patience": 2, "coverage_tolerance": 0.3})
+    run_pipeline(cfg)
+    report = json.loads((out / "report.json").read_text())
+    chosen = report["selected"]["edge"]
+    return {"report": report, "model": out / "models" / chosen["family"] / "onnx" / f"{chosen['variant']}.onnx",
+            "data": cfg.data_uri}
+
+
+def changed_data(source: str, folder: Path, name: str, change) -> str:
+    import pandas as pd
+
+    frame = pd.read_csv(source)
+    after = pd.to_datetime(frame["ds"]) > pd.Timestamp(TRAINED_UNTIL)
+    frame.loc[after, "y"] = change(frame.loc[after, "y"].to_numpy(), frame.loc[after, "ds"])
+    path = folder / f"{name}.csv"
+    frame.to_csv(path, index=False)
+    return str(path)
+
+
+def judge(deployed, tmp_path, data: str | None = None) -> dict:
+    started = time.monotonic()
+    result = monitor(MonitorInput(deployed["model"], deployed["report"], "edge", data), tmp_path / "work")
+    print(f"monitor: {time.monotonic() - started:.2f}s for {result['new_rows']} new rows, "
+          f"{result['origins']} origins")
+    return result
+
+
+@pytest.mark.slow  # the module's model is trained once (about 12 s)
+class TestHealthyModelOnNewDataOfTheSameProcess:
+    def test_not_degraded_and_no_drift(self, deployed, tmp_path):
+        result = judge(deployed, tmp_path)
+        assert result["from"].startswith("1996-01") and result["to"].startswith("2001-12")
+        assert result["origins"] >= MIN_ORIGINS
+        assert result["degraded"] is False and result["p_value"] > 0.05, result["test"]
+        assert result["drift"] == [], result["drift_check"]["checks"]
+        assert reasons(result) == []
+
+    def test_figures_beside_the_holdouts_own(self, deployed, tmp_path):
+        result = judge(deployed, tmp_path)
+        report = deployed["report"]
+        variant = next(v for m in report["models"] for v in m["variants"] if v["name"] == result["variant"])
+        scale = report["baselines"]["mase_scale"]
+        assert result["holdout_mase"] == pytest.approx(variant["holdout"]["mase"])
+        assert result["holdout_ci"] == pytest.approx([e / scale for e in variant["holdout"]["mae_ci95"]])
+        assert result["mase_scale"] == scale
+        # the same baseline as the holdout's, on the same origins: the model still beats it
+        assert result["baseline"] == report["baselines"]["best"]
+        assert result["mase"] < result["baseline_mase"]
+        assert len(result["per_origin_mase"]) == result["origins"] == len(result["origin_times"])
+        assert result["mase"] == pytest.approx(np.mean(result["per_origin_mase"]))
+
+
+@pytest.mark.slow  # the module's model is trained once (about 12 s)
+class TestChangedData:
+    def test_level_shift_is_degraded_and_drift_names_the_column(self, deployed, tmp_path):
+        data = changed_data(deployed["data"], tmp_path, "shift",
+                            lambda y, ds: np.where(ds.to_numpy() > "1998-01-01", y + 4.0, y))
+        result = judge(deployed, tmp_path, data)
+        assert result["degraded"] is True and result["p_value"] < 0.05, result["test"]
+        assert result["drift"] == ["y"]
+        lines = reasons(result)
+        assert any("worse than the holdout" in line for line in lines)
+        assert any("input drift in 'y'" in line for line in lines)
+
+    def test_scale_change_is_degraded_and_drifted(self, deployed, tmp_path):
+        data = changed_data(deployed["data"], tmp_path, "scale", lambda y, ds: y.mean() + 1.5 * (y - y.mean()))
+        result = judge(deployed, tmp_path, data)
+        assert result["degraded"] is True, result["test"]
+        assert result["drift"] == ["y"]
+        failed = {c["check"] for c in result["drift_check"]["checks"] if not c["passed"]}
+        assert "change_stdev" in failed
+
+    def test_no_new_data_judges_nothing(self, deployed, tmp_path):
+        import pandas as pd
+
+        frame = pd.read_csv(deployed["data"])
+        path = tmp_path / "old.csv"
+        frame[pd.to_datetime(frame["ds"]) <= pd.Timestamp(TRAINED_UNTIL)].to_csv(path, index=False)
+        result = judge(deployed, tmp_path, str(path))
+        assert (result["origins"], result["degraded"], result["mase"], result["drift"]) == (0, False, None, [])
+
+
+class TestDegradationTest:
+    def test_same_errors_are_not_degraded(self):
+        rng = np.random.default_rng(0)
+        test = degradation_test(rng.gamma(2.0, 0.3, 100), rng.gamma(2.0, 0.3, 100), block=4)
+        assert test["degraded"] is False and test["p_value"] > 0.05
+
+    def test_larger_errors_are_degraded(self):
+        rng = np.random.default_rng(0)
+        test = degradation_test(1.5 * rng.gamma(2.0, 0.3, 100), rng.gamma(2.0, 0.3, 100), block=4)
+        assert test["degraded"] is True and test["p_value"] < 0.01
+
+    def test_smaller_errors_are_not_degraded(self):
+        # one-sided: a model doing better than on its holdout is no reason to retrain
+        rng = np.random.default_rng(0)
+        test = degradation_test(0.5 * rng.gamma(2.0, 0.3, 100), rng.gamma(2.0, 0.3, 100), block=4)
+        assert test["degraded"] is False and test["p_value"] > 0.99
+
+    def test_too_few_origins_are_not_judged(self):
+        test = degradation_test(np.full(MIN_ORIGINS - 1, 10.0), np.full(50, 1.0), block=1)
+        assert test["degraded"] is False and test["p_value"] is None and "fewer than" in test["note"]
+
+
+class TestDriftSuiteOnHourlyDemand:
+    """The drift suite alone on the hourly Victoria electricity demand (the built-in example) with
+    a feature: the demand of the day before (real numbers, the way a lagged input is made)."""
+
+    @pytest.fixture(scope="class")
+    def demand(self, tmp_path_factory) -> str:
+        import pandas as pd
+
+        from onnxcast.pipeline.data import example_data_path
+
+        frame = pd.read_csv(example_data_path())
+        frame["yesterday"] = frame["y"].shift(24)
+        frame = frame.iloc[24:]
+        path = tmp_path_factory.mktemp("demand") / "demand.csv"
+        frame.to_csv(path, index=False)
+        return str(path)
+
+    def series(self, path: str, tmp_path):
+        from onnxcast.pipeline.config import PipelineConfig
+        from onnxcast.pipeline.quality import check_data
+
+        cfg = PipelineConfig.from_dict({"data_uri": path, "out_dir": str(tmp_path), "feature_columns": ["yesterday"],
+                                        "horizon": 24, "lookback": 168})
+        return check_data(cfg, tmp_path / "quality").series
+
+    def test_the_next_weeks_do_not_drift(self, demand, tmp_path):
+        from onnxcast.pipeline.monitor import check_drift
+
+        series = self.series(demand, tmp_path)
+        first = len(series.values) - 24 * 14  # two weeks after training
+        result = check_drift(series, first, 168)
+        assert result["drifted"] == [], [c for c in result["checks"] if not c["passed"]]
+
+    def test_a_shifted_feature_is_named_alone(self, demand, tmp_path):
+        import pandas as pd
+
+        from onnxcast.pipeline.monitor import check_drift
+
+        frame = pd.read_csv(demand)
+        first = len(frame) - 24 * 14
+        # a meter re-calibrated: +3 GW on a mean of 9.5 GW (+1.5 GW passes: the training's windows of
+        # weekly change range from -1.4 to +1.4 GW on this summer-peaking demand; docs/airflow.md)
+        frame.loc[frame.index[first + 24 * 4:], "yesterday"] += 3000.0
+        path = tmp_path / "shifted.csv"
+        frame.to_csv(path, index=False)
+        result = check_drift(self.series(str(path), tmp_path), first, 168)
+        assert result["drifted"] == ["yesterday"]
