@@ -216,7 +216,9 @@ def monitor_channel(model_name: str, channel: str, store_uri: str, *, trust: str
             "baseline_mase": result["baseline_mase"], "p_value": result["p_value"], "degraded": result["degraded"],
             "drift": result["drift"], "origins": result["origins"], "new_rows": result["new_rows"],
             "from": result["from"], "to": result["to"], "reasons": reasons(result), "run_id": run["run_id"],
-            "url": run["url"], "seconds": round(time.monotonic() - started, 2), "conf": retrain_conf(report)}
+            "url": run["url"], "seconds": round(time.monotonic() - started, 2),
+            # a retraining learns from the data the drift was seen in, not the version's old file
+            "conf": {**retrain_conf(report), "data_uri": str(data)}}
 
 
 def registered_version(manifest: Path, store_version: str) -> str:

@@ -145,6 +145,7 @@ class TestDrifted:
         # the deployed version's settings, to be trained again on newer data
         assert extra["conf"]["lookback"] == 56 and extra["conf"]["models"] == ["lstm"]
         assert "trained_until" not in extra["conf"] and "out_dir" not in extra["conf"]
+        assert extra["conf"]["data_uri"].endswith("co2_shifted.csv")  # the data the drift was seen in
 
     def test_event_queues_a_training_run(self, deployed, drifted_run):
         """The metadata DB's view: the event put onnxcast_training (scheduled on the asset) in the
