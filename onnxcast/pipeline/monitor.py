@@ -20,6 +20,9 @@ it was trained, beside the figures its holdout gave (docs/airflow.md#monitoring-
   length had in training, and its values within the training's extreme quantiles but for a
   small share.
 
+A fleet model is judged per series (onnxcast.pipeline.fleet_monitor): realised MASE per series
+on each series' own scale, a paired test across series, drift pooled over series.
+
 Pure library: no Airflow, no MLflow (onnxcast.registry.monitoring logs the result).
 """
 
@@ -52,26 +55,34 @@ ORT_BATCH = 256
 @dataclass(frozen=True)
 class MonitorInput:
     """What is monitored: the served ONNX file, the report of the run that made it, the
-    channel it serves, and the data (None: the report's own dataset)."""
+    channel it serves, and the data (None: the report's own dataset). A fleet model may come
+    with its family's per-series holdout table (``models/<family>/per_series.parquet``, the
+    run's ``per_series/<family>.parquet`` artifact); without one the monitor recomputes the
+    holdout's per-series figures (onnxcast.pipeline.fleet_monitor)."""
 
     model_path: Path
     report: dict
     channel: str
     data_uri: str | None = None
+    holdout_table: Path | None = None
 
 
 def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """Judge the served model on the data after its ``trained_until``; the monitor result.
 
+    A fleet model (the report's ``fleet``) is judged per series
+    (onnxcast.pipeline.fleet_monitor.monitor_fleet): the same keys, plus ``fleet``.
     Raises ConfigError when the report does not describe the served model (no such channel
-    or variant, a fleet) and the data gate's errors when the data cannot be read or checked.
+    or variant) and the data gate's errors when the data cannot be read or checked.
     """
     from onnxcast.pipeline.data import seasons_for_freq
 
     started = time.monotonic()
     report = item.report
     if report.get("fleet") or (report.get("config") or {}).get("series_column"):
-        raise ConfigError(f"{item.model_path}: a fleet model; the monitor judges one-series models only")
+        from onnxcast.pipeline.fleet_monitor import monitor_fleet
+
+        return monitor_fleet(item, work_dir, s3_settings=s3_settings)
     entry, variant = served_variant(report, item.channel)
     session, meta = _open_session(item.model_path)
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
@@ -126,7 +137,13 @@ def realised_errors(session, series, origins: np.ndarray, report: dict) -> tuple
 def reasons(result: dict) -> list[str]:
     """Why a monitor result asks for retraining: one line per finding (empty: it does not)."""
     out = []
-    if result.get("degraded"):
+    fleet = result.get("fleet")
+    if result.get("degraded") and fleet:
+        worst = ", ".join(w["series"] for w in fleet["worst"][:5])
+        out.append(f"{result['channel']}: realised mean MASE {result['mase']:.4g} over {fleet['series']} series "
+                   f"worse than their holdout's {fleet['holdout_mase_judged']:.4g} (paired one-sided "
+                   f"p={result['p_value']:.3g}, {fleet['worse_share']:.0%} of series worse; worst: {worst})")
+    elif result.get("degraded"):
         out.append(f"{result['channel']}: realised MASE {result['mase']:.4g} over {result['origins']} origins "
                    f"worse than the holdout's {result['holdout_mase']:.4g} (one-sided p={result['p_value']:.3g})")
     for column in result.get("drift") or []:
@@ -196,14 +213,20 @@ def degradation_test(realised: np.ndarray, holdout: np.ndarray, block: int, alph
 
 def check_drift(series, first: int, season: int) -> dict:
     """The drift suite built from the rows up to ``first`` (training), run on the rows after."""
-    import pandas as pd
-
     columns = list(series.columns)
     changes = change_frame(series.values.astype(np.float64), columns, season)
     train, new = changes.iloc[:first].dropna(), changes.iloc[first:].dropna()
     if len(new) < 2:
         return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "drifted": [], "checks": [],
                 "note": "fewer than 2 new rows: no drift check"}
+    return {"suite": DRIFT_SUITE, "season": season, **run_drift_suite(train, new, columns)}
+
+
+def run_drift_suite(train, new, columns: list[str]) -> dict:
+    """The drift suite of the ``train`` frame of seasonal changes, run on ``new``: the rows,
+    the drifted columns (in ``columns`` order), every check and the profile."""
+    import pandas as pd
+
     suite, profile = drift_suite(train, len(new), columns)
     from onnxcast.pipeline.quality import _quiet_gx, run_suite
 
@@ -218,8 +241,8 @@ def check_drift(series, first: int, season: int) -> dict:
                                                                       (outcome.result or {}).get("unexpected_percent"))),
                        "expected": meta["expected"]})
     drifted = sorted({c["column"] for c in checks if not c["passed"]}, key=columns.index)
-    return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "training_rows": int(len(train)),
-            "drifted": drifted, "checks": checks, "profile": profile}
+    return {"rows": int(len(new)), "training_rows": int(len(train)), "drifted": drifted, "checks": checks,
+            "profile": profile}
 
 
 def change_frame(values: np.ndarray, columns: list[str], season: int):
@@ -344,4 +367,4 @@ def _fmt(value) -> str:
 
 
 __all__ = ["ALPHA", "MIN_ORIGINS", "MonitorInput", "check_drift", "degradation_test", "drift_suite",
-           "holdout_figures", "monitor", "reasons", "served_variant"]
+           "holdout_figures", "monitor", "reasons", "run_drift_suite", "served_variant"]

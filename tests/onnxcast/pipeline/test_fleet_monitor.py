@@ -1,0 +1,190 @@
+"""The production monitor of a fleet model on real data: 80 M3 monthly series (tests/real_panels.py,
+the series of at least 120 months, a seeded sample), a tiny global DLinear trained on every series
+up to 1997-01 (its holdout: each series' last 18 months before then) and judged per series on the
+36 months after, as they are (not degraded, no drift) and with a change on most series after
+training (degraded, the changed series named as the worst, drift in ``y``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxcast.pipeline.fleet_monitor import MIN_SERIES, holdout_per_series, paired_degradation_test
+from onnxcast.pipeline.monitor import MonitorInput, monitor, reasons
+from onnxcast.registry.monitoring import TAG_FIELDS
+
+TRAINED_UNTIL = "1997-01-01"
+N_SERIES = 80
+
+
+@pytest.fixture(scope="module")
+def panel(tmp_path_factory):
+    """The M3 monthly series of at least 120 months, a seeded sample of 80, and the rest."""
+    from real_panels import load_panel
+
+    whole = load_panel("m3-monthly")
+    lengths = whole.frame.groupby("unique_id").size()
+    long = sorted(lengths[lengths >= 120].index)
+    picked = set(np.random.default_rng(0).choice(long, N_SERIES, replace=False))
+    frame = whole.frame[whole.frame["unique_id"].isin(picked)]
+    others = whole.frame[whole.frame["unique_id"].isin(sorted(set(long) - picked)[:3])]
+    path = tmp_path_factory.mktemp("m3") / "m3-monthly.csv"
+    frame.to_csv(path, index=False)
+    return {"panel": whole, "frame": frame, "others": others, "path": str(path)}
+
+
+@pytest.fixture(scope="module")
+def deployed(panel, tmp_path_factory) -> dict:
+    """A real fleet run of the pipeline (about 17 s on 2 cores): report, served ONNX file, table."""
+    from onnxcast.pipeline.config import PipelineConfig
+    from onnxcast.pipeline.run import run_pipeline
+
+    out = tmp_path_factory.mktemp("fleet-run")
+    cfg = PipelineConfig.from_dict(panel["panel"].settings(
+        data_uri=panel["path"], out_dir=str(out), trained_until=TRAINED_UNTIL, models=["dlinear"], max_epochs=2,
+        hidden_size=16, num_layers=1, lookback=36, fleet_windows_per_epoch=2000, reference_max_series=4,
+        fleet_shards=1, latency_repeats=3))
+    run_pipeline(cfg)
+    report = json.loads((out / "report.json").read_text())
+    chosen = report["selected"]["edge"]
+    family = out / "models" / chosen["family"]
+    return {"report": report, "model": family / "onnx" / f"{chosen['variant']}.onnx",
+            "table": family / "per_series.parquet", "variant": chosen["variant"]}
+
+
+def judge(deployed, tmp_path, data: str | None = None, *, table: bool = True) -> dict:
+    started = time.monotonic()
+    result = monitor(MonitorInput(deployed["model"], deployed["report"], "edge", data,
+                                  deployed["table"] if table else None), tmp_path / "work")
+    print(f"fleet monitor: {time.monotonic() - started:.2f}s, {result['fleet']['series']} series, "
+          f"{result['origins']} origins, realised {result['mase']:.4g} vs holdout {result['holdout_mase']:.4g} "
+          f"{result['holdout_ci']}, p={result['p_value']:.3g}, degraded {result['degraded']}, drift {result['drift']}")
+    return result
+
+
+def changed(panel, folder: Path, name: str, change, share: float = 0.8, seed: int = 1) -> tuple[str, set[str]]:
+    """The panel with ``change(y)`` applied after training on a seeded ``share`` of the series."""
+    import pandas as pd
+
+    frame = panel["frame"].copy()
+    ids = sorted(frame["unique_id"].unique())
+    hit = set(np.random.default_rng(seed).choice(ids, int(share * len(ids)), replace=False))
+    rows = (pd.to_datetime(frame["ds"]) > pd.Timestamp(TRAINED_UNTIL)) & frame["unique_id"].isin(hit)
+    frame.loc[rows, "y"] = change(frame.loc[rows, "y"].to_numpy())
+    path = folder / f"{name}.csv"
+    frame.to_csv(path, index=False)
+    return str(path), hit
+
+
+@pytest.mark.slow  # the module's model is trained once (about 17 s)
+class TestHealthyFleet:
+    def test_not_degraded_and_no_drift(self, deployed, tmp_path):
+        result = judge(deployed, tmp_path)
+        assert result["fleet"]["series"] == N_SERIES and result["fleet"]["left_out"] == 0
+        assert result["from"].startswith("1997-02") and result["to"].startswith("2000-01")
+        assert result["degraded"] is False and result["p_value"] > 0.05, result["test"]
+        assert result["drift"] == [], [c for c in result["drift_check"]["checks"] if not c["passed"]]
+        assert reasons(result) == []
+        # what the version tag, the rollout page and retrain_signal read is there
+        assert set(TAG_FIELDS) - {"at", "run_id"} <= set(result)
+
+    def test_figures_beside_the_holdouts_own(self, deployed, tmp_path):
+        import pandas as pd
+
+        result = judge(deployed, tmp_path)
+        aggregate = deployed["report"]["fleet"]["families"]["dlinear"][deployed["variant"]]
+        assert result["holdout_mase"] == pytest.approx(aggregate["mase_mean"])
+        assert result["holdout_ci"] == pytest.approx(aggregate["mase_ci95"])
+        table = pd.read_parquet(deployed["table"])
+        assert result["fleet"]["holdout_mase_judged"] == pytest.approx(table[f"{deployed['variant']}.mase"].mean())
+        # 36 new months, horizon 18: every series has the same origins, so one error per origin time
+        assert len(result["origin_times"]) == len(result["per_origin_mase"]) == result["origins"] // N_SERIES
+        worst = result["fleet"]["worst"]
+        assert len(worst) == 10 and [w["ratio"] for w in worst] == sorted((w["ratio"] for w in worst), reverse=True)
+        assert result["baseline"] == deployed["report"]["baselines"]["seasonal_naive"]["name"]
+
+    def test_recomputed_holdout_is_the_pipelines_per_series_table(self, deployed, tmp_path):
+        """Without the table, the monitor recomputes each series' holdout MASE and scale with the
+        served file: the same numbers as the pipeline's evaluation."""
+        import pandas as pd
+
+        from onnxcast.pipeline.fleet_monitor import _runner, read_fleet
+        from onnxcast.pipeline.monitor import _as_datetime64, _open_session
+
+        cfg, fleet, _ = read_fleet(deployed["report"], None, tmp_path)
+        cut = _as_datetime64(TRAINED_UNTIL)
+        first = np.array([np.searchsorted(fleet.timestamps(i), cut, side="right") for i in range(fleet.n_series)])
+        session, _ = _open_session(deployed["model"])
+        ours, source = holdout_per_series(cfg, fleet, first, deployed["variant"], _runner(session), cfg.lookback, None)
+        table = pd.read_parquet(deployed["table"]).set_index("series")
+        assert source == "recomputed" and sorted(ours) == sorted(table.index)
+        np.testing.assert_allclose([ours[s]["mase"] for s in table.index], table[f"{deployed['variant']}.mase"],
+                                   rtol=1e-5)
+        np.testing.assert_allclose([ours[s]["scale"] for s in table.index], table["mase_scale"], rtol=1e-9)
+        assert judge(deployed, tmp_path, table=False)["p_value"] == pytest.approx(judge(deployed, tmp_path)["p_value"])
+
+
+@pytest.mark.slow  # the module's model is trained once (about 17 s)
+class TestChangedFleet:
+    def test_a_change_on_most_series_is_degraded_and_names_them(self, panel, deployed, tmp_path):
+        data, hit = changed(panel, tmp_path, "scaled", lambda y: 1.3 * y)
+        result = judge(deployed, tmp_path, data)
+        assert result["degraded"] is True and result["p_value"] < 0.01, result["test"]
+        worst = [w["series"] for w in result["fleet"]["worst"]]
+        assert set(worst) <= hit, set(worst) - hit
+        assert result["drift"] == ["y"]
+        lines = reasons(result)
+        assert any("worse than their holdout" in line and worst[0] in line for line in lines), lines
+        assert any("input drift in 'y'" in line for line in lines)
+
+    def test_unseen_and_too_short_series_are_left_out_with_their_reason(self, panel, deployed, tmp_path):
+        import pandas as pd
+
+        frame = pd.concat([panel["frame"], panel["others"]], ignore_index=True)
+        short = sorted(panel["frame"]["unique_id"].unique())[:2]
+        cut = pd.Timestamp(TRAINED_UNTIL) + pd.DateOffset(months=10)  # 10 new months: fewer than the horizon
+        frame = frame[~(frame["unique_id"].isin(short) & (pd.to_datetime(frame["ds"]) > cut))]
+        path = tmp_path / "with-others.csv"
+        frame.to_csv(path, index=False)
+        result = judge(deployed, tmp_path, str(path))
+        fleet = result["fleet"]
+        assert fleet["left_out_because"] == {"not_in_training": 3, "too_short": 2}
+        assert fleet["series"] == N_SERIES - 2
+        named = {e["series"]: e["because"] for e in fleet["left_out_series"]}
+        assert {named[s] for s in short} == {"too_short"}
+        assert {named[s] for s in panel["others"]["unique_id"].unique()} == {"not_in_training"}
+        assert result["degraded"] is False
+
+    def test_the_monitor_plot_draws_a_fleet(self, deployed, tmp_path):
+        from onnxcast.registry.monitoring import plot_monitor
+
+        path = plot_monitor(judge(deployed, tmp_path), tmp_path / "monitor.png")
+        assert path.stat().st_size > 10_000
+
+
+class TestPairedDegradationTest:
+    def test_the_same_errors_with_noise_are_not_degraded(self):
+        rng = np.random.default_rng(0)
+        holdout = rng.lognormal(0, 0.5, 200)
+        test = paired_degradation_test(holdout * rng.lognormal(0, 0.3, 200), holdout)
+        assert test["degraded"] is False and test["p_value"] > 0.05
+
+    def test_most_series_worse_is_degraded(self):
+        rng = np.random.default_rng(0)
+        holdout = rng.lognormal(0, 0.5, 200)
+        test = paired_degradation_test(holdout * rng.lognormal(np.log(1.2), 0.3, 200), holdout)
+        assert test["degraded"] is True and test["p_value"] < 0.001 and test["worse_share"] > 0.6
+
+    def test_better_series_are_not_degraded(self):
+        rng = np.random.default_rng(0)
+        holdout = rng.lognormal(0, 0.5, 200)
+        test = paired_degradation_test(0.7 * holdout, holdout)
+        assert test["degraded"] is False and test["p_value"] > 0.99
+
+    def test_too_few_series_are_not_judged(self):
+        test = paired_degradation_test(np.full(MIN_SERIES - 1, 10.0), np.full(MIN_SERIES - 1, 1.0))
+        assert test["degraded"] is False and test["p_value"] is None and "fewer than" in test["note"]
