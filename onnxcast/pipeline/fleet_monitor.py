@@ -138,7 +138,11 @@ def read_fleet(report: dict, data_uri: str | None, work_dir: Path, s3_settings: 
 
     from onnxcast.pipeline.config import PipelineConfig, data_source
     from onnxcast.pipeline.fleet_data import FleetData
-    from onnxcast.pipeline.fleet_quality import check_fleet_shard, check_fleet_table, merge_fleet_checks
+    from onnxcast.pipeline.fleet_quality import (
+        check_fleet_shard,
+        check_fleet_table,
+        merge_fleet_checks,
+    )
 
     values = {**report["config"], "trained_until": None, "out_dir": str(work_dir / "gate")}
     if data_uri:
