@@ -142,6 +142,21 @@ class TestChangedFleet:
         assert any("worse than their holdout" in line and worst[0] in line for line in lines), lines
         assert any("input drift in 'y'" in line for line in lines)
 
+    def test_small_level_changes_on_most_series_are_seen(self, panel, deployed, tmp_path):
+        """+2%, +5%, +10% on 80% of the series after training (the figures of docs/airflow.md):
+        each degraded, the evidence growing with the change, the changed series named worst."""
+        p_values = []
+        for factor in (1.02, 1.05, 1.1):
+            data, hit = changed(panel, tmp_path, f"x{factor}", lambda y, f=factor: f * y)
+            result = judge(deployed, tmp_path / str(factor), data)
+            worst = [w["series"] for w in result["fleet"]["worst"]]
+            print(f"  x{factor}: worse share {result['fleet']['worse_share']:.2f}, {len(set(worst) & hit)}/10 of the "
+                  f"worst changed, baseline {result['baseline_mase']:.4g} (holdout {result['holdout_baseline_mase']:.4g})")
+            assert result["degraded"] is True, (factor, result["test"])
+            assert len(set(worst) & hit) >= 8, (factor, worst)
+            p_values.append(result["p_value"])
+        assert p_values == sorted(p_values, reverse=True)
+
     def test_unseen_and_too_short_series_are_left_out_with_their_reason(self, panel, deployed, tmp_path):
         import pandas as pd
 
