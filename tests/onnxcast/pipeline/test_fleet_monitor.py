@@ -175,6 +175,17 @@ class TestChangedFleet:
         assert {named[s] for s in panel["others"]["unique_id"].unique()} == {"not_in_training"}
         assert result["p_value"] is not None
 
+    def test_no_new_data_judges_nothing(self, panel, deployed, tmp_path):
+        import pandas as pd
+
+        frame = panel["frame"]
+        path = tmp_path / "old.csv"
+        frame[pd.to_datetime(frame["ds"]) <= pd.Timestamp(TRAINED_UNTIL)].to_csv(path, index=False)
+        result = monitor(MonitorInput(deployed["model"], deployed["report"], "edge", str(path), deployed["table"]),
+                         tmp_path / "work")
+        assert (result["origins"], result["degraded"], result["mase"], result["drift"]) == (0, False, None, [])
+        assert result["fleet"]["left_out_because"] == {"too_short": N_SERIES} and reasons(result) == []
+
     def test_the_monitor_plot_draws_a_fleet(self, deployed, tmp_path):
         from onnxcast.registry.monitoring import plot_monitor
 
