@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fleet_run_fixtures import fleet_tracking_uri  # noqa: F401  (fixture)
 
 from onnxcast.pipeline.fleet_monitor import MIN_SERIES, holdout_per_series, paired_degradation_test
 from onnxcast.pipeline.monitor import MonitorInput, monitor, reasons
@@ -215,3 +216,29 @@ class TestPairedDegradationTest:
     def test_too_few_series_are_not_judged(self):
         test = paired_degradation_test(np.full(MIN_SERIES - 1, 10.0), np.full(MIN_SERIES - 1, 1.0))
         assert test["degraded"] is False and test["p_value"] is None and "fewer than" in test["note"]
+
+
+@pytest.mark.slow  # the module's model, and a SQLite MLflow store (~15 s on 2 cores)
+def test_the_fleet_result_is_logged_and_tagged_as_a_one_series_one(panel, deployed, tmp_path,
+                                                                    fleet_tracking_uri):  # noqa: F811
+    """The monitor run and the version tag ``onnxcast.monitor.<channel>`` of the registry take a
+    fleet result unchanged; monitor.json keeps the fleet block (the worst series)."""
+    from onnxcast.registry.monitoring import log_monitor_run, monitor_tag, set_monitor_tag
+    from onnxcast.registry.tracking import client_for
+
+    data, _ = changed(panel, tmp_path, "scaled", lambda y: 1.1 * y)
+    result = judge(deployed, tmp_path, data)
+    client = client_for(fleet_tracking_uri)
+    name = "fleet-monitor-m"
+    client.create_registered_model(name)
+    version = client.create_model_version(name, str(deployed["model"].parent), run_id=None).version
+    run = log_monitor_run(result, model_name=name, version=version, channel="edge", work_dir=tmp_path / "mlflow",
+                          tracking_uri=fleet_tracking_uri)
+    set_monitor_tag(name, version, "edge", result, run["run_id"], fleet_tracking_uri)
+    tag = json.loads(client.get_model_version(name, version).tags[monitor_tag("edge")])
+    assert set(tag) == set(TAG_FIELDS) and tag["degraded"] is True and tag["drift"] == ["y"]
+    assert tag["mase"] == pytest.approx(result["mase"]) and tag["holdout_ci"] == pytest.approx(result["holdout_ci"])
+    logged = client.get_run(run["run_id"]).data.metrics
+    assert logged["degraded"] == 1.0 and logged["realised_mase"] == pytest.approx(result["mase"])
+    saved = json.loads(Path(client.download_artifacts(run["run_id"], "monitor.json", str(tmp_path))).read_text())
+    assert [w["series"] for w in saved["fleet"]["worst"]] == [w["series"] for w in result["fleet"]["worst"]]
