@@ -92,6 +92,7 @@ class TestHealthyFleet:
         assert reasons(result) == []
         # what the version tag, the rollout page and retrain_signal read is there
         assert set(TAG_FIELDS) - {"at", "run_id"} <= set(result)
+        assert {"baseline_mase", "new_rows", "channel", "family", "variant"} <= set(result)  # monitor_channel's summary
 
     def test_figures_beside_the_holdouts_own(self, deployed, tmp_path):
         import pandas as pd
