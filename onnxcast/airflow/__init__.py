@@ -31,7 +31,8 @@ def get_provider_info() -> dict:
                                 "onnxcast.airflow.rollout"]},
         ],
         "sensors": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.serving"]}],
-        "triggers": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.serving"]}],
+        "triggers": [{"integration-name": "onnxcast",
+                      "python-modules": ["onnxcast.airflow.serving", "onnxcast.airflow.triggers"]}],
         "hooks": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.hooks"]}],
         "extra-links": ["onnxcast.airflow.links.MlflowRunLink"],
         "connection-types": [

@@ -9,8 +9,11 @@ from onnxcast.airflow.registry import ChampionChallengerOperator, RegisterModelO
 from onnxcast.airflow.rollout import (
     PromoteModelOperator,
     RefreshChannelsOperator,
+    ReportRolloutOperator,
     RollbackChannelOperator,
     StageRegisteredVersionOperator,
+    promote_requests,
+    remember_failure,
 )
 from onnxcast.airflow.serving import ServingReadySensor
 from onnxcast.airflow.steps import (
@@ -25,6 +28,7 @@ from onnxcast.airflow.steps import (
     ValidateModelOperator,
     end_mlflow_runs,
 )
+from onnxcast.airflow.triggers import RegistryAliasTrigger, registry_alias_asset
 
 __all__ = [
     "ChampionChallengerOperator",
@@ -38,11 +42,16 @@ __all__ = [
     "PromoteModelOperator",
     "ReferenceShardOperator",
     "RefreshChannelsOperator",
+    "RegistryAliasTrigger",
     "RegisterModelOperator",
+    "ReportRolloutOperator",
     "RollbackChannelOperator",
     "ServingReadySensor",
     "StageRegisteredVersionOperator",
     "TrainOrFetchModelOperator",
     "ValidateModelOperator",
     "end_mlflow_runs",
+    "promote_requests",
+    "registry_alias_asset",
+    "remember_failure",
 ]
