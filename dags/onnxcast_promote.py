@@ -43,7 +43,7 @@ with DAG(
     tags=["onnxcast", "rollout", "mlflow"],
     render_template_as_native_obj=True,
     is_paused_upon_creation=False,  # no schedule: unpaused only so that registry-triggered runs start
-    default_args={"owner": "onnxcast", "retries": 0, "on_failure_callback": remember_failure},
+    default_args={"owner": "onnxcast", "retries": 0},
     params={
         "model_name": pipeline_param("model_name", description="Registered model name"),
         "version": Param("challenger", type="string", minLength=1,
@@ -62,10 +62,12 @@ with DAG(
                        description="The registry alias that asked for this version (source registry)"),
     },
 ) as dag:
+    # the first line of a failure, for report_back to write on the model version
+    remember = {"on_failure_callback": remember_failure}
     stage = StageRegisteredVersionOperator(task_id="stage_version", model_name="{{ params.model_name }}",
-                                           ref="{{ params.version }}")
+                                           ref="{{ params.version }}", **remember)
     validate = ValidateModelOperator(task_id="validate", run_dir=RUN_DIR,
-                                     family="{{ ti.xcom_pull(task_ids='stage_version')['family'] }}")
+                                     family="{{ ti.xcom_pull(task_ids='stage_version')['family'] }}", **remember)
     promote = PromoteModelOperator(
         task_id="promote",
         run_dir=RUN_DIR,
@@ -75,6 +77,7 @@ with DAG(
         reason="{{ params.reason }}",
         assemble_report=True,
         outlets=[ROLLOUT],
+        **remember,
     )
     report = ReportRolloutOperator(task_id="report_back", model_name="{{ params.model_name }}",
                                    ref="{{ params.version }}", channels="{{ params.channels }}",
