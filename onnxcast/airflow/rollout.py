@@ -349,13 +349,14 @@ def promote_requests(events: Any) -> list[dict]:
     for refs in (events or {}).values():
         for ref in refs:
             payload = ((getattr(ref, "extra", None) or {}).get("payload")) or {}
-            model, channel = str(payload.get("model", "")), str(payload.get("channel", ""))
-            version, alias = str(payload.get("version", "")), str(payload.get("alias", ""))
+            model, channel, version, alias, requested_at = (
+                value if isinstance(value := payload.get(key), str) else ""
+                for key in ("model", "channel", "version", "alias", "requested_at"))
             if not (MODEL_NAME.fullmatch(model) and channel in CHANNELS and VERSION.fullmatch(version)
                     and ALIAS.fullmatch(alias)):
                 _log().warning("ignored an alias event that is not a valid request: %.300s", payload)
                 continue
-            run_id = promote_run_id(model, channel, version, str(payload.get("requested_at", "")))
+            run_id = promote_run_id(model, channel, version, requested_at)
             out[run_id] = {"trigger_run_id": run_id, "conf": {
                 "model_name": model, "version": version, "channels": [channel], "source": REGISTRY_SOURCE,
                 "alias": alias, "reason": f"alias {alias} set to v{version} in the MLflow registry"}}

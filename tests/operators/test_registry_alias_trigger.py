@@ -49,7 +49,7 @@ def mlflow_url(tmp_path_factory):
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
-                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}") from None
             time.sleep(0.5)
     yield url
     process.terminate()
@@ -138,3 +138,31 @@ class TestRegistryAliasTrigger:
         out = capsys.readouterr()
         lines = [line for line in (out.out + out.err).splitlines() if "poll failed" in line]
         assert len(lines) == 1 and "registered-models/search" in lines[0]
+
+
+class TestPromoteRequests:
+    """The dispatcher's step: asset events -> onnxcast_promote triggers (payloads checked again)."""
+
+    @staticmethod
+    def event(**payload):
+        from types import SimpleNamespace
+
+        base = {"model": "demand", "channel": "edge", "alias": "edge", "version": "3", "serving": "2",
+                "requested_at": "20261202T010000Z"}
+        return SimpleNamespace(extra={"from_trigger": True, "payload": {**base, **payload}})
+
+    def test_one_trigger_per_request_with_a_deterministic_run_id(self):
+        from onnxcast.airflow.rollout import promote_requests
+
+        out = promote_requests({"asset": [self.event(), self.event(), self.event(channel="cloud", alias="cloud")]})
+        assert [o["trigger_run_id"] for o in out] == ["registry__demand__edge__v3__20261202T010000Z",
+                                                      "registry__demand__cloud__v3__20261202T010000Z"]
+        assert out[0]["conf"] == {"model_name": "demand", "version": "3", "channels": ["edge"], "source": "registry",
+                                  "alias": "edge", "reason": "alias edge set to v3 in the MLflow registry"}
+
+    @pytest.mark.parametrize("bad", [{"model": "../x"}, {"channel": "gpu"}, {"version": "3; rm"}, {"alias": "a b"},
+                                     {"model": None}])
+    def test_invalid_payloads_are_dropped(self, bad):
+        from onnxcast.airflow.rollout import promote_requests
+
+        assert promote_requests({"asset": [self.event(**bad)]}) == []
