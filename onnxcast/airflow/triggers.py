@@ -21,7 +21,7 @@ changes) and the trigger keeps polling.
 from __future__ import annotations
 
 import asyncio
-import logging
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -29,9 +29,8 @@ from typing import Any
 from airflow.sdk import Asset, AssetWatcher
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-log = logging.getLogger(__name__)
-
 TRIGGER_PATH = "onnxcast.airflow.triggers.RegistryAliasTrigger"
+HOOKS_SECONDS = 600.0
 
 
 class RegistryAliasTrigger(BaseEventTrigger):
@@ -50,6 +49,7 @@ class RegistryAliasTrigger(BaseEventTrigger):
         self.mlflow_conn_id = mlflow_conn_id
         self.aws_conn_id = aws_conn_id
         self._last_error: str | None = None
+        self._hooks: tuple | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (TRIGGER_PATH, {"channel_aliases": self.channel_aliases, "poll_seconds": self.poll_seconds,
@@ -97,8 +97,14 @@ class RegistryAliasTrigger(BaseEventTrigger):
         from onnxcast.registry.tracking import client_for
 
         aliases = self.channel_aliases if self.channel_aliases is not None else channel_aliases()
-        client = client_for(MlflowHook(mlflow_conn_id=self.mlflow_conn_id).tracking_uri)
-        store = S3SettingsHook(aws_conn_id=self.aws_conn_id).open_store(store_uri(self.store_uri))
+        if self._hooks is None or time.monotonic() - self._hooks[0] > HOOKS_SECONDS:
+            # connections are resolved again now and then (rotated keys, assumed roles), not on
+            # every poll (each resolution logs, and asks the secrets backend)
+            self._hooks = (time.monotonic(), MlflowHook(mlflow_conn_id=self.mlflow_conn_id),
+                           S3SettingsHook(aws_conn_id=self.aws_conn_id))
+        _, mlflow_hook, s3_hook = self._hooks
+        client = client_for(mlflow_hook.tracking_uri)
+        store = s3_hook.open_store(store_uri(self.store_uri))
         models = read_registry(client, aliases)
 
         def served(model: str, channel: str) -> str | None:
