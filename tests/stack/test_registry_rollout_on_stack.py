@@ -80,7 +80,10 @@ def test_alias_set_over_rest_moves_the_channel(stack, registered):
     assert edge_version() == served["version"]
     # a second version of the same trained files: one the channel does not serve
     created = requests.post(f"{base}/model-versions/create", auth=pipeline, timeout=30,
-                            json={"name": MODEL, "source": served["source"], "run_id": served["run_id"]})
+                            json={"name": MODEL, "source": served["source"], "run_id": served["run_id"],
+                                  # MLflow 3: a logged model's source (models:/<model_id>) needs its id
+                                  **({"model_id": served["source"].removeprefix("models:/")}
+                                     if served["source"].startswith("models:/") else {})})
     assert created.status_code == 200, created.text
     version = created.json()["model_version"]["version"]
     time.sleep(5)  # a poll finds nothing to do: the alias still names the served version
