@@ -89,9 +89,11 @@ class RegistryAliasTrigger(BaseEventTrigger):
         from onnxcast.airflow.settings import channel_aliases, store_uri
         from onnxcast.registry.alias_rollout import (
             PENDING,
+            REVERT,
             read_registry,
             read_serving,
             reconcile,
+            revert_alias,
             write_rollout_state,
         )
         from onnxcast.registry.tracking import client_for
@@ -115,6 +117,10 @@ class RegistryAliasTrigger(BaseEventTrigger):
         requests, notes = reconcile(models, read_serving(models, aliases, served), aliases, now)
         payloads = []
         for request in requests:
+            if request.action == REVERT:  # refused before: the alias must not claim it
+                notes.append(f"{request.model}: " + revert_alias(client, request.model, request.alias,
+                                                                 request.version, request.serving))
+                continue
             requested_at = now.strftime("%Y%m%dT%H%M%SZ")
             payload = request.payload(requested_at)
             write_rollout_state(client, request.model, request.version, request.channel, PENDING, at=now,

@@ -5,8 +5,9 @@ channel alias on a model version) against what each channel of the rollout store
 requests); :func:`read_registry` and :func:`write_rollout_state` are the MLflow calls around
 it. The rollout state of a version on a channel is the model version tag
 ``onnxcast.rollout.<channel>``: JSON ``{"state": "pending"|"deployed"|"refused", "at",
-"reason", "run_id", ...}``. A ``pending`` tag younger than :data:`PENDING_TTL` and a
-``refused`` tag keep the watcher from asking again for the same version.
+"reason", "run_id", ...}``. A ``pending`` tag younger than :data:`PENDING_TTL` keeps the
+watcher from asking again for the same version; an alias on a version ``refused`` for its
+channel is moved back (a revert request), not asked for again.
 
 Names and versions read from the registry are untrusted: a model name that is not a store
 name (``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``) or a version that is not a number is skipped
@@ -34,20 +35,26 @@ MAX_TAG_CHARS = 5000
 MAX_MODELS = 10_000  # one poll reads at most this many registered models
 
 
+PROMOTE, REVERT = "promote", "revert"
+
+
 @dataclass(frozen=True)
 class Request:
     """Promote ``version`` of ``model`` to ``channel``: alias ``alias`` asks for it, the channel
-    serves ``serving`` (None: nothing yet)."""
+    serves ``serving`` (None: nothing yet). ``action`` "revert": the version was refused for
+    the channel already; move the alias back instead (it must not claim a deployment)."""
 
     model: str
     channel: str
     alias: str
     version: str
     serving: str | None
+    action: str = PROMOTE
 
     def payload(self, requested_at: str) -> dict:
         """The asset event's payload (docs/design/loop.md)."""
-        return {**asdict(self), "requested_at": requested_at,
+        fields = {k: v for k, v in asdict(self).items() if k != "action"}
+        return {**fields, "requested_at": requested_at,
                 "run_id": promote_run_id(self.model, self.channel, self.version, requested_at)}
 
 
@@ -115,7 +122,8 @@ def reconcile(models: Iterable[ModelState], serving: Mapping[tuple[str, str], st
                 continue  # a promotion of it is in flight
             if state is not None and state.get("state") == REFUSED:
                 notes.append(f"{model.name}@{alias}: v{version} was refused for {channel} "
-                             f"({str(state.get('reason', ''))[:200]}); not asked again")
+                             f"({str(state.get('reason', ''))[:200]}); not asked again, alias moved back")
+                requests.append(Request(model.name, channel, alias, version, current, REVERT))
                 continue
             requests.append(Request(model.name, channel, alias, version, current))
     return requests, notes

@@ -87,6 +87,12 @@ def store(tmp_path, make_run, registry, release_key) -> str:
     return uri
 
 
+def mine(payloads: list[dict], name: str) -> list[dict]:
+    """The payloads about ``name``: the server holds the other tests' models too (each test's
+    store holds only its own model, so theirs look undeployed)."""
+    return [p for p in payloads if p["model"] == name]
+
+
 def trigger(store_uri: str, **kwargs) -> RegistryAliasTrigger:
     return RegistryAliasTrigger(channel_aliases=ALIASES, poll_seconds=1, store_uri=store_uri, **kwargs)
 
@@ -100,7 +106,7 @@ class TestRegistryAliasTrigger:
     def test_alias_on_the_served_version_fires_nothing(self, registry, store):
         name, first, _, client = registry
         client.set_registered_model_alias(name, "edge", first)
-        assert asyncio.run(trigger(store).poll()) == []
+        assert mine(asyncio.run(trigger(store).poll()), name) == []
 
     def test_alias_set_fires_one_event_and_marks_the_version_pending(self, registry, store):
         name, first, second, client = registry
@@ -108,7 +114,8 @@ class TestRegistryAliasTrigger:
 
         async def first_event():
             async for event in trigger(store).run():
-                return event.payload
+                if event.payload["model"] == name:
+                    return event.payload
 
         payload = asyncio.run(asyncio.wait_for(first_event(), timeout=60))
         assert {k: payload[k] for k in ("model", "channel", "alias", "version", "serving")} == {
@@ -117,12 +124,24 @@ class TestRegistryAliasTrigger:
         state = rollout_state(client.get_model_version(name, second).tags, "edge")
         assert state["state"] == "pending" and state["run_id"] == payload["run_id"]
         # in flight: the next poll asks nothing
-        assert asyncio.run(trigger(store).poll()) == []
+        assert mine(asyncio.run(trigger(store).poll()), name) == []
+
+    def test_alias_set_again_on_a_refused_version_is_moved_back(self, registry, store):
+        from datetime import UTC, datetime
+
+        from onnxcast.registry.alias_rollout import write_rollout_state
+
+        name, first, second, client = registry
+        write_rollout_state(client, name, second, "edge", "refused", reason="validate: parity failed", run_id="r",
+                            at=datetime.now(UTC))
+        client.set_registered_model_alias(name, "edge", second)
+        assert mine(asyncio.run(trigger(store).poll()), name) == []
+        assert str(client.get_model_version_by_alias(name, "edge").version) == first
 
     def test_alias_for_a_channel_without_pointer_is_a_first_deployment(self, registry, store):
         name, first, _, client = registry
         client.set_registered_model_alias(name, "cloud", first)
-        payloads = asyncio.run(trigger(store).poll())
+        payloads = mine(asyncio.run(trigger(store).poll()), name)
         assert [(p["model"], p["channel"], p["version"], p["serving"]) for p in payloads] == [
             (name, "cloud", first, None)]
 

@@ -56,10 +56,10 @@ class TestReconcile:
         state = model({"edge": "3"}, {"3": tag("cloud", "pending")})
         assert len(reconcile([state], {("demand", "edge"): "2"}, ALIASES, NOW)[0]) == 1
 
-    def test_refused_version_is_not_asked_again(self):
+    def test_refused_version_is_not_asked_again_and_its_alias_goes_back(self):
         state = model({"edge": "3"}, {"3": tag("edge", "refused", minutes_ago=120)})
         requests, notes = reconcile([state], {("demand", "edge"): "2"}, ALIASES, NOW)
-        assert requests == [] and "refused" in notes[0]
+        assert requests == [Request("demand", "edge", "edge", "3", "2", "revert")] and "refused" in notes[0]
 
     def test_deployed_before_and_rolled_back_is_asked_again(self):
         # the alias is the desired state: a rollback that left the alias on v3 is undone
