@@ -398,25 +398,30 @@ class ReportRolloutOperator(_StoreOperator):
         channels = [self.channels] if isinstance(self.channels, str) else list(self.channels)
         promoted = ti.xcom_pull(task_ids="promote")
         version = self._version(ti)
-        reason = self._failure(ti) if not isinstance(promoted, dict) else ""
+        reason = self._failure(ti) if not isinstance(promoted, dict) else "the promotion did not move this channel"
         registry_run = self.source == REGISTRY_SOURCE and self.alias not in (None, "", "None")
         if version is None:
             raise AirflowFailException(f"refused, and {self.model_name} {self.ref!r} names no registered version "
                                        f"to write it on: {reason}")
         client = client_for(self.mlflow_hook.tracking_uri)
         extra = {"alias": str(self.alias)} if registry_run else {}
+        refused = []
         for channel in channels:
             state = DEPLOYED if isinstance(promoted, dict) and channel in (promoted.get("channels") or {}) else REFUSED
+            serving = self._serving(channel) if state == REFUSED else version
+            why = reason if state == REFUSED else "promoted"
+            if state == REFUSED and serving == version:  # another run (a duplicate request) moved it
+                state, why = DEPLOYED, f"the channel serves it (this run: {reason})"
             write_rollout_state(client, self.model_name, version, channel, state, run_id=context["run_id"],
-                                reason=reason if state == REFUSED else "promoted", source=self.source or "manual",
-                                **extra)
+                                reason=why, source=self.source or "manual", **extra)
             self.log.info("%s v%s on %s: %s%s", self.model_name, version, channel, state,
                           f" ({reason})" if state == REFUSED else "")
+            if state == REFUSED:
+                refused.append(channel)
             if state == REFUSED and registry_run:
-                serving = self._serving(channel)
                 self.log.info("%s", revert_alias(client, self.model_name, str(self.alias), version, serving))
-        if not isinstance(promoted, dict):
-            raise AirflowFailException(f"refused {self.model_name} v{version} for {readable(channels)}: {reason}")
+        if refused:
+            raise AirflowFailException(f"refused {self.model_name} v{version} for {readable(refused)}: {reason}")
         return {"model": self.model_name, "version": version, "channels": channels, "state": DEPLOYED}
 
     def _version(self, ti) -> str | None:
