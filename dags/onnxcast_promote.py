@@ -6,7 +6,12 @@ rollout channels. The gates are **re-checked** first: the version's files are do
 checked against the sha256s of its report, its data window is prepared again and every
 ONNX variant is validated again (parity, accuracy, baseline). Only a passing version is
 written to the rollout store; the channel pointers move by compare-and-swap and the
-registry alias `champion` follows.
+registry aliases `champion` and the channels' own (`edge`, `cloud`) follow.
+
+The last task, `report_back`, writes the outcome on the model version (tag
+`onnxcast.rollout.<channel>`: `deployed`, or `refused` with the reason); a refused run
+started from the registry (source `registry`: the alias watcher) also moves the alias back
+to the version the channel serves.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from airflow.sdk import DAG, Asset, Param
 
 from onnxcast.airflow.operators import (
     PromoteModelOperator,
+    ReportRolloutOperator,
     StageRegisteredVersionOperator,
     ValidateModelOperator,
+    remember_failure,
 )
 from onnxcast.airflow.params import pipeline_param
 from onnxcast.pipeline.config import CHANNELS
@@ -35,6 +42,7 @@ with DAG(
     catchup=False,
     tags=["onnxcast", "rollout", "mlflow"],
     render_template_as_native_obj=True,
+    is_paused_upon_creation=False,  # no schedule: unpaused only so that registry-triggered runs start
     default_args={"owner": "onnxcast", "retries": 0},
     params={
         "model_name": pipeline_param("model_name", description="Registered model name"),
@@ -47,12 +55,19 @@ with DAG(
                                        "ONNXCAST_STORE_URI (embedded mode: $ONNXCAST_HOME/rollout)"),
         "reason": Param("manual promotion", type="string", minLength=1,
                         description="Why: recorded in the manifest, the channel history and the registry"),
+        "source": Param("manual", type="string", enum=["manual", "registry"],
+                        description="Who asked: manual, or registry (the alias watcher: a refusal moves the "
+                                    "alias back)"),
+        "alias": Param(None, type=["null", "string"],
+                       description="The registry alias that asked for this version (source registry)"),
     },
 ) as dag:
+    # the first line of a failure, for report_back to write on the model version
+    remember = {"on_failure_callback": remember_failure}
     stage = StageRegisteredVersionOperator(task_id="stage_version", model_name="{{ params.model_name }}",
-                                           ref="{{ params.version }}")
+                                           ref="{{ params.version }}", **remember)
     validate = ValidateModelOperator(task_id="validate", run_dir=RUN_DIR,
-                                     family="{{ ti.xcom_pull(task_ids='stage_version')['family'] }}")
+                                     family="{{ ti.xcom_pull(task_ids='stage_version')['family'] }}", **remember)
     promote = PromoteModelOperator(
         task_id="promote",
         run_dir=RUN_DIR,
@@ -62,5 +77,10 @@ with DAG(
         reason="{{ params.reason }}",
         assemble_report=True,
         outlets=[ROLLOUT],
+        **remember,
     )
-    stage >> validate >> promote
+    report = ReportRolloutOperator(task_id="report_back", model_name="{{ params.model_name }}",
+                                   ref="{{ params.version }}", channels="{{ params.channels }}",
+                                   source="{{ params.source }}", alias="{{ params.alias }}",
+                                   store_uri="{{ params.store_uri }}")
+    stage >> validate >> promote >> report

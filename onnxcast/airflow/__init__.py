@@ -32,7 +32,8 @@ def get_provider_info() -> dict:
                                 "onnxcast.airflow.rollout", "onnxcast.airflow.monitor"]},
         ],
         "sensors": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.serving"]}],
-        "triggers": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.serving"]}],
+        "triggers": [{"integration-name": "onnxcast",
+                      "python-modules": ["onnxcast.airflow.serving", "onnxcast.airflow.triggers"]}],
         "hooks": [{"integration-name": "onnxcast", "python-modules": ["onnxcast.airflow.hooks"]}],
         "extra-links": ["onnxcast.airflow.links.MlflowRunLink"],
         "connection-types": [

@@ -11,8 +11,11 @@ from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.rollout import (
     PromoteModelOperator,
     RefreshChannelsOperator,
+    ReportRolloutOperator,
     RollbackChannelOperator,
     StageRegisteredVersionOperator,
+    promote_requests,
+    remember_failure,
 )
 from onnxcast.airflow.serving import ServingReadySensor
 from onnxcast.airflow.steps import (
@@ -27,6 +30,7 @@ from onnxcast.airflow.steps import (
     ValidateModelOperator,
     end_mlflow_runs,
 )
+from onnxcast.airflow.triggers import RegistryAliasTrigger, registry_alias_asset
 
 __all__ = [
     "RETRAIN",
@@ -42,7 +46,9 @@ __all__ = [
     "PromoteModelOperator",
     "ReferenceShardOperator",
     "RefreshChannelsOperator",
+    "RegistryAliasTrigger",
     "RegisterModelOperator",
+    "ReportRolloutOperator",
     "RetrainSignalOperator",
     "RollbackChannelOperator",
     "ServingReadySensor",
@@ -50,4 +56,7 @@ __all__ = [
     "TrainOrFetchModelOperator",
     "ValidateModelOperator",
     "end_mlflow_runs",
+    "promote_requests",
+    "registry_alias_asset",
+    "remember_failure",
 ]

@@ -69,6 +69,16 @@ class _StoreOperator(_TrackedOperator):
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
 
+    def _move_channel_aliases(self, model_name: str, moved: dict[str, str]) -> None:
+        """The registry's channel aliases follow the channels just moved (the alias watcher
+        then finds registry and store agreeing)."""
+        from onnxcast.airflow.settings import channel_aliases
+        from onnxcast.registry.tracking import set_channel_aliases
+
+        done = set_channel_aliases(model_name, moved, channel_aliases(), tracking_uri=self.mlflow_hook.tracking_uri)
+        for alias, (previous, version) in sorted(done.items()):
+            self.log.info("Alias %s: %s -> v%s", alias, f"v{previous}" if previous else "none", version)
+
     def open_store(self):
         from onnxcast.airflow.settings import store_uri
 
@@ -152,6 +162,7 @@ class PromoteModelOperator(_StoreOperator):
                                     record={"action": "promote", "channels": result.channels, "store": result.store,
                                             "by": _actor(context), "reason": reason})
             self.log.info("Alias champion: v%s -> v%s", previous, self.version)
+        self._move_channel_aliases(cfg.model_name, {channel: result.version for channel in result.channels})
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = {"model": cfg.model_name, "version": result.version,
                                                       "channels": sorted(result.channels), "manifest": manifest}
@@ -246,6 +257,7 @@ class RollbackChannelOperator(_StoreOperator):
             set_champion(self.model_name, result.version, tracking_uri=self.mlflow_hook.tracking_uri,
                          record={"action": "rollback", "channel": self.channel, "from_version": result.from_version,
                                  "by": _actor(context), "reason": self.reason})
+        self._move_channel_aliases(self.model_name, {self.channel: result.version})
         self.log.info("Channel %s of %s: v%s -> v%s%s", self.channel, self.model_name, result.from_version,
                       result.version, "" if result.changed else " (already there)")
         return {"model": self.model_name, "channel": self.channel, "version": result.version,
@@ -306,3 +318,134 @@ class RefreshChannelsOperator(_StoreOperator):
             self.log.info("Channel %s of %s: v%s re-signed, counter %s, expires %s", channel, self.model_name,
                           value["version"], value["counter"], value["expires"])
         return {"model": self.model_name, "channels": done}
+
+
+# --- registry-driven rollout (docs/airflow.md#registry-driven-rollout) ----------------------
+
+FAILURE_KEY = "failure"
+REGISTRY_SOURCE = "registry"
+PROMOTE_TASKS = ("stage_version", "validate", "promote")
+
+
+def remember_failure(context: Context) -> None:
+    """Failure callback of the promote DAG's tasks: the first line of the error as XCom
+    ``failure``, for ``report_back`` to write on the model version."""
+    exception = context.get("exception")
+    text = str(exception).strip().splitlines()[0] if exception is not None and str(exception).strip() else ""
+    line = text or (type(exception).__name__ if exception is not None else "the task was killed")
+    try:
+        context["ti"].xcom_push(key=FAILURE_KEY, value=line[:1000])
+    except Exception as exc:  # noqa: BLE001 - a callback must not fail the callback runner
+        _log().warning("could not record the failure of %s: %s", context.get("run_id"), exc)
+
+
+def promote_requests(events: Any) -> list[dict]:
+    """The ``onnxcast_promote`` triggers (``trigger_run_id``, ``conf``) of the alias watcher's
+    asset events: each payload checked again (it came from the registry), duplicates once."""
+    from onnxcast.pipeline.config import CHANNELS
+    from onnxcast.registry.alias_rollout import ALIAS, MODEL_NAME, VERSION, promote_run_id
+
+    out: dict[str, dict] = {}
+    for refs in (events or {}).values():
+        for ref in refs:
+            payload = ((getattr(ref, "extra", None) or {}).get("payload")) or {}
+            model, channel, version, alias, requested_at = (
+                value if isinstance(value := payload.get(key), str) else ""
+                for key in ("model", "channel", "version", "alias", "requested_at"))
+            if not (MODEL_NAME.fullmatch(model) and channel in CHANNELS and VERSION.fullmatch(version)
+                    and ALIAS.fullmatch(alias)):
+                _log().warning("ignored an alias event that is not a valid request: %.300s", payload)
+                continue
+            run_id = promote_run_id(model, channel, version, requested_at)
+            out[run_id] = {"trigger_run_id": run_id, "conf": {
+                "model_name": model, "version": version, "channels": [channel], "source": REGISTRY_SOURCE,
+                "alias": alias, "reason": f"alias {alias} set to v{version} in the MLflow registry"}}
+    for run_id in out:
+        _log().info("requesting onnxcast_promote run %s", run_id)
+    return list(out.values())
+
+
+class ReportRolloutOperator(_StoreOperator):
+    """Last task of ``onnxcast_promote`` (trigger rule ``all_done``): writes the outcome on the
+    model version (tag ``onnxcast.rollout.<channel>``: ``deployed``, or ``refused`` with the
+    first line of the failure) and, on a refusal of a registry-sourced run, moves the alias
+    back to the version the channel serves (deletes it when the channel has none): the alias
+    never claims a deployment that did not happen. Fails the task on a refusal, so the run
+    shows failed."""
+
+    template_fields: Sequence[str] = ("model_name", "ref", "channels", "source", "alias", "store_uri")
+
+    def __init__(self, *, model_name: str, ref: str, channels: Sequence[str] | str, source: str | None = None,
+                 alias: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.ref = ref
+        self.channels = channels
+        self.source = source
+        self.alias = alias
+
+    def execute(self, context: Context) -> dict:
+        from onnxcast.registry.alias_rollout import (
+            DEPLOYED,
+            REFUSED,
+            revert_alias,
+            write_rollout_state,
+        )
+        from onnxcast.registry.tracking import client_for
+
+        ti = context["ti"]
+        channels = [self.channels] if isinstance(self.channels, str) else list(self.channels)
+        promoted = ti.xcom_pull(task_ids="promote")
+        version = self._version(ti)
+        reason = self._failure(ti) if not isinstance(promoted, dict) else "the promotion did not move this channel"
+        registry_run = self.source == REGISTRY_SOURCE and self.alias not in (None, "", "None")
+        if version is None:
+            raise AirflowFailException(f"refused, and {self.model_name} {self.ref!r} names no registered version "
+                                       f"to write it on: {reason}")
+        client = client_for(self.mlflow_hook.tracking_uri)
+        extra = {"alias": str(self.alias)} if registry_run else {}
+        refused = []
+        for channel in channels:
+            state = DEPLOYED if isinstance(promoted, dict) and channel in (promoted.get("channels") or {}) else REFUSED
+            serving = self._serving(channel) if state == REFUSED else version
+            why = reason if state == REFUSED else "promoted"
+            if state == REFUSED and serving == version:  # another run (a duplicate request) moved it
+                state, why = DEPLOYED, f"the channel serves it (this run: {reason})"
+            write_rollout_state(client, self.model_name, version, channel, state, run_id=context["run_id"],
+                                reason=why, source=self.source or "manual", **extra)
+            self.log.info("%s v%s on %s: %s%s", self.model_name, version, channel, state,
+                          f" ({reason})" if state == REFUSED else "")
+            if state == REFUSED:
+                refused.append(channel)
+            if state == REFUSED and registry_run:
+                self.log.info("%s", revert_alias(client, self.model_name, str(self.alias), version, serving))
+        if refused:
+            raise AirflowFailException(f"refused {self.model_name} v{version} for {readable(refused)}: {reason}")
+        return {"model": self.model_name, "version": version, "channels": channels, "state": DEPLOYED}
+
+    def _version(self, ti) -> str | None:
+        from onnxcast.registry.tracking import alias_version
+
+        staged = ti.xcom_pull(task_ids="stage_version")
+        if isinstance(staged, dict) and staged.get("version"):
+            return str(staged["version"])
+        ref = str(self.ref).strip()
+        return ref if ref.isdigit() else alias_version(self.model_name, ref, self.mlflow_hook.tracking_uri)
+
+    def _failure(self, ti) -> str:
+        for task_id in PROMOTE_TASKS:
+            line = ti.xcom_pull(task_ids=task_id, key=FAILURE_KEY)
+            if line:
+                return f"{task_id}: {line}"
+        return "the promotion did not complete (an upstream task did not succeed)"
+
+    def _serving(self, channel: str) -> str | None:
+        pointer = self.open_store().read_channel(self.model_name, channel).value
+        return None if pointer is None else str(pointer.get("version"))
+
+
+def _log():
+    import logging
+
+    return logging.getLogger(__name__)

@@ -8,6 +8,12 @@ variable, the ``[onnxcast]`` section of airflow.cfg (``AIRFLOW__ONNXCAST__*`` wo
 | mode       | ``ONNXCAST_MODE``    | ``[onnxcast] mode``      | (unset means ``deployed``)  |
 | run store  | ``ONNXCAST_RUN_ROOT``| ``[onnxcast] run_root``  | ``$ONNXCAST_HOME/runs``     |
 | rollout    | ``ONNXCAST_STORE_URI``| ``[onnxcast] store_uri``| ``$ONNXCAST_HOME/rollout``  |
+| channel aliases | ``ONNXCAST_CHANNEL_ALIASES`` | ``[onnxcast] channel_aliases`` | ``edge=edge,cloud=cloud`` |
+| registry poll | ``ONNXCAST_REGISTRY_POLL_SECONDS`` | ``[onnxcast] registry_poll_seconds`` | ``15`` |
+
+The channel aliases (``channel=alias``, comma-separated) are the MLflow registry aliases the
+alias watcher (onnxcast.airflow.triggers) reads as "deploy this version to that channel";
+every promotion and rollback moves them too.
 
 The **embedded** mode (the demo, ``make airflow``, the tests: the repository's airflow.cfg
 says ``mode = embedded``) runs every task on one machine and falls back to local folders,
@@ -80,3 +86,33 @@ def store_uri(param: str | None = None) -> str:
 def store_configured(param: str | None = None) -> bool:
     """Whether a rollout store was named (not the embedded default)."""
     return bool(_given(param) or _setting("ONNXCAST_STORE_URI", "store_uri"))
+
+
+def channel_aliases() -> dict[str, str]:
+    """Channel -> registry alias (``ONNXCAST_CHANNEL_ALIASES``, default ``edge=edge,cloud=cloud``)."""
+    from onnxcast.pipeline.config import CHANNELS
+    from onnxcast.registry.alias_rollout import parse_channel_aliases
+
+    text = _setting("ONNXCAST_CHANNEL_ALIASES", "channel_aliases")
+    try:
+        return parse_channel_aliases(text, CHANNELS)
+    except ValueError as exc:
+        raise AirflowFailException(f"ONNXCAST_CHANNEL_ALIASES: {exc}") from None
+
+
+DEFAULT_POLL_SECONDS = 15.0
+
+
+def registry_poll_seconds() -> float:
+    """How often the alias watcher reads the registry (``ONNXCAST_REGISTRY_POLL_SECONDS``, 1 to 3600)."""
+    text = _setting("ONNXCAST_REGISTRY_POLL_SECONDS", "registry_poll_seconds")
+    if text is None:
+        return DEFAULT_POLL_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 3600:
+        raise AirflowFailException(f"ONNXCAST_REGISTRY_POLL_SECONDS: {text[:40]!r} is not a number of seconds "
+                                   "from 1 to 3600")
+    return value

@@ -447,6 +447,25 @@ def set_champion(model_name: str, version: str, *, record: dict, tracking_uri: s
     return previous
 
 
+def set_channel_aliases(model_name: str, moved: dict[str, str], channel_aliases: dict[str, str], *,
+                        tracking_uri: str | None = None) -> dict[str, tuple[str | None, str]]:
+    """Point the registry alias of each channel in ``moved`` (channel -> version it now serves)
+    at that version, so the registry says what the store serves and the alias watcher
+    (onnxcast.airflow.triggers) stays quiet. ``channel_aliases``: channel -> alias (the
+    deployment setting). Returns ``{alias: (previous version, version)}`` of the aliases moved."""
+    client = client_for(tracking_uri)
+    done: dict[str, tuple[str | None, str]] = {}
+    for channel, version in sorted(moved.items()):
+        alias = channel_aliases.get(channel)
+        if alias is None or alias in done:
+            continue
+        previous = alias_version(model_name, alias, tracking_uri)
+        if previous != str(version):
+            client.set_registered_model_alias(model_name, alias, str(version))
+            done[alias] = (previous, str(version))
+    return done
+
+
 def download_version_files(model_name: str, version: str, dest: str | Path,
                            tracking_uri: str | None = None) -> Path:
     """Download the files of a model version into ``dest``; returns the folder holding MLmodel."""

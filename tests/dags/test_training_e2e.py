@@ -201,3 +201,60 @@ class TestFetchPath:
         assert version.tags["onnxcast.family"] == family
         store = airflow_support.configure() / "rollout" / fetched_model
         assert json.loads((store / "channels" / "edge.json").read_text())["signed"]["version"] == str(version.version)
+
+
+
+@pytest.fixture(scope="module")
+def unserved_version(second_run) -> str:
+    """A version no channel has served: a new registered version of the second run's files
+    (the store already holds v2 from the promote test, and a version is written once)."""
+    second = client().get_model_version(MODEL, str(airflow_support.xcom(second_run[0], "register")["version"]))
+    return str(client().create_model_version(MODEL, second.source, run_id=second.run_id, tags=second.tags).version)
+
+
+class TestRegistryDrivenPromotion:
+    """onnxcast_promote as the alias watcher starts it (conf source "registry"): refused while
+    one of the version's files is tampered with, then deployed."""
+
+    @staticmethod
+    def _promote_from_registry(version: str):
+        client().set_registered_model_alias(MODEL, "edge", version)  # what the release manager did
+        conf = {"model_name": MODEL, "version": version, "channels": ["edge"], "source": "registry",
+                "alias": "edge", "reason": f"alias edge set to v{version} in the MLflow registry"}
+        return load_dag("onnxcast_promote").test(run_conf=conf)
+
+    @staticmethod
+    def _rollout_tag(version: str) -> dict:
+        return json.loads(client().get_model_version(MODEL, version).tags["onnxcast.rollout.edge"])
+
+    @staticmethod
+    def _edge() -> str:
+        return json.loads((store_dir() / "channels" / "edge.json").read_text())["signed"]["version"]
+
+    def test_refused_version_is_tagged_and_the_alias_moves_back(self, unserved_version):
+        from urllib.parse import urlparse
+
+        served = self._edge()
+        files = Path(urlparse(client().get_model_version_download_uri(MODEL, unserved_version)).path)
+        victim = sorted(files.rglob("*.onnx"))[0]
+        original = victim.read_bytes()
+        victim.write_bytes(original + b"\0")
+        try:
+            run = self._promote_from_registry(unserved_version)
+        finally:
+            victim.write_bytes(original)
+        states = airflow_support.task_states(run)
+        assert states["stage_version"] == "failed" and states["report_back"] == "failed", states
+        tag = self._rollout_tag(unserved_version)
+        assert tag["state"] == "refused" and tag["run_id"] == run.run_id
+        assert tag["reason"].startswith("stage_version: ") and "differs from the sha256" in tag["reason"]
+        assert str(client().get_model_version_by_alias(MODEL, "edge").version) == served
+        assert self._edge() == served
+
+    def test_passing_version_is_deployed_and_the_alias_stays(self, unserved_version):
+        run = self._promote_from_registry(unserved_version)
+        assert set(airflow_support.task_states(run).values()) == {"success"}
+        tag = self._rollout_tag(unserved_version)
+        assert (tag["state"], tag["run_id"], tag["source"]) == ("deployed", run.run_id, "registry")
+        assert self._edge() == unserved_version
+        assert str(client().get_model_version_by_alias(MODEL, "edge").version) == unserved_version
