@@ -457,9 +457,26 @@ def _check_same_version(store: RolloutStore, model_name: str, plan: VersionPlan,
     ours = _identity({"artifacts": {a.name: a.entry for a in plan.artifacts}, "channels": plan.channels})
     if existing is not None:
         check_manifest_shape(existing, store.url(store.version_key(model_name, plan.version)))
-    if existing is None or _identity(existing) != ours:
+    if existing is None or (_identity(existing) != ours and not _same_models(existing, plan.report)):
         raise ConflictError(f"{store.url(store.version_key(model_name, plan.version))}: version {plan.version} "
                             "already exists with different artifacts; versions are immutable, choose another version")
+
+
+def _same_models(existing: dict, report: dict) -> bool:
+    """Whether every model file of the stored version is, byte for byte, an eligible variant of
+    ``report``: the same registered version promoted again (an alias set back on it in the
+    registry), re-validated now. Its variant choice may differ from the stored one (latency
+    decides between close variants, and latency is measured again); the stored manifest stays
+    what devices get, as versions are immutable."""
+    artifacts = existing.get("artifacts") or {}
+    if not artifacts:
+        return False
+    for entry in artifacts.values():
+        found = [v for m in report.get("models", []) if m.get("family") == entry.get("family")
+                 for v in m.get("variants", []) if v.get("name") == entry.get("variant")]
+        if not found or found[0].get("eligible") is not True or found[0].get("sha256") != entry.get("sha256"):
+            return False
+    return True
 
 
 def _write_once(store: RolloutStore, key: str, data: bytes) -> bool:

@@ -155,6 +155,30 @@ class TestPromote:
         with pytest.raises(ConflictError, match="version 1 already exists with different artifacts"):
             promote(make_run("b"), store_uri, "m", "edge", version="1")
 
+    def test_the_same_models_promoted_again_with_another_variant_choice_move_to_the_stored_version(
+            self, store_uri, make_run):
+        """An alias set back on a registered version in MLflow re-validates it: latency may now
+        choose another of its variants. The stored (immutable) version is what the channel gets."""
+        import json
+
+        report = make_run("a")
+        promote(report, store_uri, "m", "edge", version="1")
+        promote(make_run("b"), store_uri, "m", "edge", version="2")
+        again = json.loads(report.read_text())
+        again["selected"]["edge"] = {"family": "lstm", "variant": "fp32"}
+        report.write_text(json.dumps(again))
+        result = promote(report, store_uri, "m", "edge", version="1")
+        assert result.channels == {"edge": "moved"} and result.written == ()
+        store = open_store(store_uri)
+        assert store.read_channel("m", "edge").value["version"] == "1"
+        assert store.read_manifest("m", "1")["channels"]["edge"]["variant"] == "fp32-opt"
+        # an ineligible variant now (a gate failed on re-validation) is not the same model
+        again["models"][0]["variants"][1]["eligible"] = False
+        again["selected"]["edge"] = {"family": "lstm", "variant": "fp32"}
+        report.write_text(json.dumps(again))
+        with pytest.raises(ConflictError, match="version 1 already exists with different artifacts"):
+            promote(report, store_uri, "m", "cloud", version="1")
+
     def test_tampered_version_fails_verification_before_the_pointer_moves(self, tmp_path, make_run):
         store = LocalStore(tmp_path / "store")
         version = promote(make_run("a"), store, "m", "cloud").version
