@@ -154,7 +154,9 @@ class TestSecondRunThatDoesNotBeatTheChampion:
         run, _ = second_run
         decision = airflow_support.xcom(run, "champion_challenger")
         assert decision["promote"] is False
-        assert decision["challenger_mae"] >= decision["champion_mae"]
+        # the champion is kept when the challenger is worse, or better by a difference the
+        # paired test does not find significant (seen: 0.6384 vs 0.6405, both trained alike)
+        assert decision["challenger_mae"] >= decision["champion_mae"] or "not significantly" in decision["reason"]
         tags = client().get_model_version(MODEL, decision["challenger_version"]).tags
         assert tags["onnxcast.decision.promote"] == "False"
         assert float(tags["onnxcast.decision.champion_mae"]) == pytest.approx(decision["champion_mae"])
