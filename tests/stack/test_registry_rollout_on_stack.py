@@ -6,7 +6,14 @@ pointer in the rollout bucket moves. Prints the delays (docs/airflow.md#registry
 
 The version comes from one small single-series training on the stack (onnxcast_promote
 stages a single-series version again; the fleet model of test_training_on_stack is not
-one), and a second registered version of the same files is the one the alias asks for."""
+one), and a second registered version of the same files is the one the alias asks for.
+
+The same version then closes the drift loop (docs/airflow.md#monitoring-and-retraining):
+onnxcast_monitor, triggered over the REST API on the training CSV plus three new years, starts
+no training run when they are as the process went on; with a level shift its retrain_signal
+emits an onnxcast_retrain event, the scheduler starts an asset-triggered onnxcast_training run
+with the deployed version's settings and the drifted file, which trains, registers and (when
+the challenger wins on the new holdout) promotes. Prints the delays."""
 
 from __future__ import annotations
 
@@ -120,3 +127,154 @@ def test_alias_set_over_rest_moves_the_channel(stack, registered):
     # the dispatcher ran once for it: one promote run, no duplicate
     runs = api.get("/api/v2/dags/onnxcast_promote/dagRuns", params={"limit": 100}).json()["dag_runs"]
     assert len([r for r in runs if r["dag_run_id"].startswith(f"registry__{MODEL}__edge__")]) == 1
+
+
+# --- the drift loop: monitor -> onnxcast_retrain event -> asset-triggered training -> promotion ---
+
+NEW_WEEKS = 156  # three years after the training data's end: about 45 rolling origins (>= 20 judged)
+SHIFT = 4.0  # ppm, from the first new week (as tests/dags/test_monitor_dag.py shifts its CO2)
+
+
+def _channel_reader(stack, channel: str):
+    s3 = s3_client(stack, "pipeline")
+    bucket = stack["buckets"]["rollout"]
+    prefix = stack["onnxcast_settings"]["ONNXCAST_STORE_URI"].split(bucket, 1)[1].strip("/")
+    key = f"{prefix}/{MODEL}/channels/{channel}.json"
+    return lambda: json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())["signed"]["version"]
+
+
+def _ts(value: str | None) -> float | None:
+    from datetime import datetime
+
+    return None if value is None else datetime.fromisoformat(value).timestamp()
+
+
+def _xcom(api: AirflowApi, dag: str, run_id: str, task: str, key: str = "return_value"):
+    response = api.get(f"/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances/{task}/xcomEntries/{key}")
+    assert response.status_code == 200, response.text
+    value = response.json()["value"]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _states(api: AirflowApi, dag: str, run_id: str) -> dict:
+    tis = api.get(f"/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances", params={"limit": 100}).json()
+    return {t["task_id"]: t["state"] for t in tis["task_instances"] if t["map_index"] in (-1, 0)}
+
+
+def _asset_triggered_training_runs(api: AirflowApi, stack) -> dict:
+    runs = api.get(f"/api/v2/dags/{stack['training_dag']}/dagRuns", params={"limit": 100}).json()["dag_runs"]
+    return {r["dag_run_id"]: r for r in runs if r["run_type"] == "asset_triggered"}
+
+
+@pytest.fixture(scope="module")
+def loop_data(stack, registered, tmp_path_factory) -> dict:
+    """The training CSV with three more years after its end (the deployed version's
+    trained_until): as the process went on (the last three years again, raised by their
+    growth) and with a +4 ppm level shift from the first new week; both in the data bucket.
+    onnxcast_monitor is unpaused (as an operator does; a triggered run of a paused DAG waits)."""
+    import numpy as np
+    import pandas as pd
+    from real_series import weekly_co2_csv
+
+    if not stack["training_dag_unpaused"]:
+        pytest.skip("the stack was started with --keep-paused: asset events queue no training run")
+    frame = pd.read_csv(weekly_co2_csv(tmp_path_factory.mktemp("loop-data") / "co2_weekly.csv"))
+    y = frame["y"].to_numpy()
+    growth = y[-52:].mean() - y[-NEW_WEEKS - 52:-NEW_WEEKS].mean()
+    last = pd.Timestamp(frame["ds"].iloc[-1])
+    new = pd.DataFrame({"ds": [(last + pd.Timedelta(weeks=k + 1)).strftime("%Y-%m-%d") for k in range(NEW_WEEKS)],
+                        "y": np.round(y[-NEW_WEEKS:] + growth, 2)})
+    s3, bucket = s3_client(stack, "pipeline"), stack["buckets"]["data"]
+    uris = {}
+    for name, shift in (("healthy", 0.0), ("drifted", SHIFT)):
+        path = tmp_path_factory.mktemp(f"loop-{name}") / f"co2_{name}.csv"
+        pd.concat([frame, new.assign(y=new["y"] + shift)], ignore_index=True).to_csv(path, index=False)
+        key = f"co2/{MODEL}-{name}.csv"
+        s3.upload_file(str(path), bucket, key)
+        uris[name] = f"s3://{bucket}/{key}"
+    api = registered["api"]
+    response = api.patch("/api/v2/dags/onnxcast_monitor", json={"is_paused": False})
+    assert response.status_code == 200, response.text
+    return {**uris, "trained_until": frame["ds"].iloc[-1], "end": new["ds"].iloc[-1]}
+
+
+def _monitor_run(api: AirflowApi, dataset_uri: str) -> dict:
+    conf = {"model_name": MODEL, "channels": ["cloud"], "dataset_uri": dataset_uri}
+    response = api.post("/api/v2/dags/onnxcast_monitor/dagRuns", json={"logical_date": None, "conf": conf})
+    assert response.status_code == 200, response.text
+    return _wait_run(api, "onnxcast_monitor", response.json()["dag_run_id"], 600)
+
+
+def test_healthy_monitor_run_starts_no_training(stack, registered, loop_data):
+    api = registered["api"]
+    before = _asset_triggered_training_runs(api, stack)
+    run = _monitor_run(api, loop_data["healthy"])
+    states = _states(api, "onnxcast_monitor", run["dag_run_id"])
+    assert states == {"monitor": "success", "retrain_signal": "skipped"}, (run, states)
+    (summary,) = _xcom(api, "onnxcast_monitor", run["dag_run_id"], "monitor")
+    print(f"\nhealthy monitor on the stack: cloud v{summary['version']} realised MASE {summary['mase']:.3f} vs "
+          f"holdout {summary['holdout_mase']:.3f}, p={summary['p_value']:.3g}, {summary['origins']} origins, "
+          f"{summary['seconds']:.1f} s in the task")
+    assert summary["degraded"] is False and summary["drift"] == [] and summary["reasons"] == []
+    assert summary["origins"] >= 20 and summary["from"] > loop_data["trained_until"]
+    events = api.get("/api/v2/assets/events", params={"source_run_id": run["dag_run_id"]}).json()["asset_events"]
+    assert events == []
+    time.sleep(10)  # the scheduler loops every ~1 s: a run an event queued would be there by now
+    assert _asset_triggered_training_runs(api, stack).keys() == before.keys()
+
+
+def test_drift_retrains_and_promotes_on_the_stack(stack, registered, loop_data):
+    api = registered["api"]
+    cloud = _channel_reader(stack, "cloud")
+    served = cloud()
+    before = _asset_triggered_training_runs(api, stack)
+    injected = time.time()
+    monitor = _monitor_run(api, loop_data["drifted"])
+    states = _states(api, "onnxcast_monitor", monitor["dag_run_id"])
+    assert states == {"monitor": "success", "retrain_signal": "success"}, (monitor, states)
+    (summary,) = _xcom(api, "onnxcast_monitor", monitor["dag_run_id"], "monitor")
+    assert summary["version"] == served and summary["reasons"], summary
+    events = api.get("/api/v2/assets/events", params={"source_run_id": monitor["dag_run_id"]}).json()["asset_events"]
+    assert [e["name"] for e in events] == ["onnxcast_retrain"], events
+    extra = events[0]["extra"]
+    assert (extra["model"], extra["channel"], extra["version"]) == (MODEL, "cloud", served), extra
+    assert extra["conf"]["data_uri"] == loop_data["drifted"] and extra["conf"]["max_epochs"] == 1, extra["conf"]
+
+    training, moved = None, None
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        if moved is None and cloud() != served:
+            moved = time.time()
+        if training is None:
+            new = [r for k, r in _asset_triggered_training_runs(api, stack).items() if k not in before]
+            assert len(new) <= 1, new
+            training = new[0] if new else None
+        else:
+            training = api.get(f"/api/v2/dags/{stack['training_dag']}/dagRuns/{training['dag_run_id']}").json()
+            if training["state"] in ("success", "failed"):
+                break
+        time.sleep(2)
+    if moved is None and cloud() != served:  # moved between the last poll and the run's end
+        moved = time.time()
+    assert training is not None, f"no asset-triggered {stack['training_dag']} run after {RUN_TIMEOUT}s"
+    assert training["state"] == "success", (training, _states(api, stack["training_dag"], training["dag_run_id"]))
+    run_id = training["dag_run_id"]
+    check = _xcom(api, stack["training_dag"], run_id, "check_data", "summary")
+    trigger = check["trigger"]
+    assert (trigger["kind"], trigger["model"], trigger["version"]) == ("retrain", MODEL, served), trigger
+    assert trigger["reasons"] == extra["reasons"] and "data_uri" in trigger["settings"], trigger
+    assert str(check["end"]).startswith(loop_data["end"]), check  # trained on the drifted file, to its end
+    version = str(_xcom(api, stack["training_dag"], run_id, "register")["version"])
+    promoted = _states(api, stack["training_dag"], run_id)["promote"] == "success"
+    if promoted:
+        assert moved is not None and cloud() == version, (cloud(), version)
+    else:
+        assert cloud() == served
+    times = {"monitor started": _ts(monitor["start_date"]), "monitor done (event)": _ts(events[0]["timestamp"]),
+             "training run queued": _ts(training["queued_at"]), "training run started": _ts(training["start_date"]),
+             "training run done": _ts(training["end_date"]), "channel moved": moved}
+    print(f"\ndrift loop on the stack: monitor (cloud v{served}) realised MASE {summary['mase']:.3f} vs holdout "
+          f"{summary['holdout_mase']:.3f}, p={summary['p_value']:.3g}, drift {summary['drift']}; reasons "
+          f"{extra['reasons']}\n  drifted monitor run triggered -> "
+          + " -> ".join(f"{k} {v - injected:.1f} s" for k, v in times.items() if v is not None)
+          + f"\n  retraining run {run_id}: v{version} {'promoted' if promoted else 'kept the champion'}")
