@@ -18,6 +18,7 @@ the challenger wins on the new holdout) promotes. Prints the delays."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 
@@ -132,7 +133,13 @@ def test_alias_set_over_rest_moves_the_channel(stack, registered):
 # --- the drift loop: monitor -> onnxcast_retrain event -> asset-triggered training -> promotion ---
 
 NEW_WEEKS = 156  # three years after the training data's end: about 45 rolling origins (>= 20 judged)
-SHIFT = 4.0  # ppm, from the first new week (as tests/dags/test_monitor_dag.py shifts its CO2)
+SHIFT = 8.0  # ppm, from the first new week; +4 ppm was flagged at p=0.041 only (2026-12-02), too near the line
+# The retraining run's own training, registration and promotion take ~9 minutes on the stack
+# (register alone ~4 min): CI follows the loop until that run has started and its check_data
+# took the event's settings (~1 minute; training to promotion is proven by tests/dags); with
+# ONNXCAST_STACK_FULL_LOOP=1 the test waits until the channel serves the retrained version
+# (the figures in docs/airflow.md were measured so).
+FULL_LOOP = os.environ.get("ONNXCAST_STACK_FULL_LOOP") == "1"
 
 
 def _channel_reader(stack, channel: str):
@@ -253,7 +260,23 @@ def test_drift_retrains_and_promotes_on_the_stack(stack, registered, loop_data):
             training = api.get(f"/api/v2/dags/{stack['training_dag']}/dagRuns/{training['dag_run_id']}").json()
             if training["state"] in ("success", "failed"):
                 break
+            if not FULL_LOOP and _states(api, stack["training_dag"], training["dag_run_id"]).get("check_data") \
+                    == "success":
+                break
         time.sleep(2)
+    if training is not None and not FULL_LOOP and training["state"] not in ("success", "failed"):
+        check = _xcom(api, stack["training_dag"], training["dag_run_id"], "check_data", "summary")
+        trigger = check["trigger"]
+        assert (trigger["kind"], trigger["model"], trigger["version"]) == ("retrain", MODEL, served), trigger
+        assert trigger["reasons"] == extra["reasons"] and "data_uri" in trigger["settings"], trigger
+        assert str(check["end"]).startswith(loop_data["end"]), check
+        started = _ts(training["start_date"]) if training.get("start_date") else None
+        api.patch(f"/api/v2/dags/{stack['training_dag']}/dagRuns/{training['dag_run_id']}", json={"state": "failed"})
+        print(f"\ndrift loop on the stack (to the retraining's check_data; ONNXCAST_STACK_FULL_LOOP=1 for the "
+              f"rest): p={summary['p_value']:.3g}, reasons {extra['reasons']}; event "
+              f"{_ts(events[0]['timestamp']) - injected:.1f} s, retraining started "
+              f"{(started or time.time()) - injected:.1f} s after the drifted monitor run was triggered")
+        return
     if moved is None and cloud() != served:  # moved between the last poll and the run's end
         moved = time.time()
     assert training is not None, f"no asset-triggered {stack['training_dag']} run after {RUN_TIMEOUT}s"
