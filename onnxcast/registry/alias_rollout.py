@@ -85,9 +85,12 @@ def parse_channel_aliases(text: str | None, channels: Iterable[str]) -> dict[str
         if not sep or channel not in known:
             raise ValueError(f"channel_aliases: {part!r} is not <channel>=<alias> with a channel of "
                              f"{', '.join(known)}")
-        if not ALIAS.fullmatch(alias) or alias.lower() in RESERVED_ALIASES:
+        if not ALIAS.fullmatch(alias):
             raise ValueError(f"channel_aliases: alias {alias!r} of channel {channel} is not an MLflow alias "
-                             f"name (letters, digits, _ and -; {', '.join(RESERVED_ALIASES)} are reserved)")
+                             "name (letters, digits, _ and -)")
+        if alias.lower() in RESERVED_ALIASES:
+            raise ValueError(f"channel_aliases: alias {alias!r} of channel {channel} is reserved (latest: "
+                             "MLflow's newest version; challenger: set on every trained model)")
         if channel in out:
             raise ValueError(f"channel_aliases: channel {channel} is named twice")
         shared = [c for c, a in out.items() if a.lower() == alias.lower()]
