@@ -9,9 +9,13 @@ written to the rollout store; the channel pointers move by compare-and-swap and 
 registry aliases `champion` and the channels' own (`edge`, `cloud`) follow.
 
 The last task, `report_back`, writes the outcome on the model version (tag
-`onnxcast.rollout.<channel>`: `deployed`, or `refused` with the reason); a refused run
-started from the registry (source `registry`: the alias watcher) also moves the alias back
-to the version the channel serves.
+`onnxcast.rollout.<channel>`: `deployed`; `refused` with the reason when a gate,
+verification or conflict refused it; `failed` for an infrastructure error, asked again by
+the watcher after its pending expiry; `superseded` when the alias moved on first); a
+refused run started from the registry (source `registry`: the alias watcher) also moves
+the alias back to the version the channel serves. Runs go one at a time, and a
+registry-sourced run whose alias no longer names its version when the channel would move
+is skipped as superseded.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ with DAG(
     schedule=None,
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
+    max_active_runs=1,  # one promotion at a time: a late request never races a newer one
     tags=["onnxcast", "rollout", "mlflow"],
     render_template_as_native_obj=True,
     is_paused_upon_creation=False,  # no schedule: unpaused only so that registry-triggered runs start
@@ -75,6 +80,8 @@ with DAG(
         channels="{{ params.channels }}",
         store_uri="{{ params.store_uri }}",
         reason="{{ params.reason }}",
+        source="{{ params.source }}",
+        alias="{{ params.alias }}",
         assemble_report=True,
         outlets=[ROLLOUT],
         **remember,

@@ -7,7 +7,10 @@ the triggerer) sees the alias name a version the channel does not serve and upda
 asset `onnxcast_registry_alias`; this DAG, scheduled on it, triggers one gated
 `onnxcast_promote` run per request (source `registry`). That run moves the channel, or
 writes the refusal on the model version (tag `onnxcast.rollout.<channel>`) and moves the
-alias back. Pause this DAG to stop registry-driven rollout.
+alias back. Only the watcher's own events are taken: one posted through the REST API
+(`POST /api/v2/assets/events`) or from any task is logged and ignored, and each request is
+checked against the registry read again (the alias must still name that version). Pause
+this DAG to stop registry-driven rollout.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ with DAG(
 
     @task
     def requests(triggering_asset_events=None) -> list[dict]:
-        """One ``onnxcast_promote`` trigger per valid request of the events (duplicates once)."""
-        from onnxcast.airflow.operators import promote_requests
+        """One ``onnxcast_promote`` trigger per valid request of the events (duplicates once): only
+        the watcher's events (none posted through the REST API), each checked against the
+        registry read again now (the alias still names the version, the pending tag is this
+        request's)."""
+        from onnxcast.airflow.operators import dispatch_requests
 
-        return promote_requests(triggering_asset_events)
+        return dispatch_requests(triggering_asset_events)
 
     TriggerDagRunOperator.partial(
         task_id="trigger_promote",

@@ -14,6 +14,7 @@ from onnxcast.airflow.rollout import (
     ReportRolloutOperator,
     RollbackChannelOperator,
     StageRegisteredVersionOperator,
+    dispatch_requests,
     promote_requests,
     remember_failure,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "TrainOrFetchModelOperator",
     "ValidateModelOperator",
     "end_mlflow_runs",
+    "dispatch_requests",
     "promote_requests",
     "registry_alias_asset",
     "remember_failure",

@@ -99,12 +99,17 @@ class PromoteModelOperator(_StoreOperator):
     """
 
     template_fields: Sequence[str] = ("run_dir", "version", "channels", "store_uri", "decision", "reason",
-                                      "signing_key")
+                                      "signing_key", "source", "alias")
 
     def __init__(self, *, run_dir: str, version: str, channels: Sequence[str] | str = ("edge", "cloud"),
                  decision: dict | str | None = None, assemble_report: bool = False, reason: str = "",
-                 move_champion: bool = True, **kwargs: Any) -> None:
+                 move_champion: bool = True, source: str | None = None, alias: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # a registry-sourced run (the alias watcher's request): skipped as superseded when the
+        # alias has moved on from its version by the time the channel would move
+        self.source = source
+        self.alias = alias
         self.run_dir = run_dir
         self.version = version
         self.channels = channels
@@ -151,6 +156,7 @@ class PromoteModelOperator(_StoreOperator):
         reason = self.reason or (decision or {}).get("reason") or "promoted by Airflow"
         store = self.open_store()
         signers = self.release_signers()
+        self._check_not_superseded(context, cfg.model_name)
         try:
             result = promote(work, store, cfg.model_name, self.channels, version=str(self.version),
                              actor=_actor(context), reason=reason, signers=signers)
@@ -169,6 +175,20 @@ class PromoteModelOperator(_StoreOperator):
         self.log.info("Promoted %s v%s to %s in %s (%s)", cfg.model_name, result.version, readable(result.channels),
                       result.store, "changed" if result.changed else "already there: nothing to do")
         return {**result.as_xcom(), "manifest": manifest}
+
+    def _check_not_superseded(self, context: Context, model_name: str) -> None:
+        """Right before the compare-and-swap of a registry-sourced run: the alias must still name
+        this version, or a late run would move the channel (and the alias) back over a newer
+        request. Skips (XCom ``superseded``: the version the alias names now) when it does not."""
+        from onnxcast.registry.tracking import alias_version
+
+        if self.source != REGISTRY_SOURCE or self.alias in (None, "", "None"):
+            return
+        now = alias_version(model_name, str(self.alias), self.mlflow_hook.tracking_uri)
+        if now != str(self.version):
+            context["ti"].xcom_push(key=SUPERSEDED_KEY, value=now or "")
+            raise AirflowSkipException(f"superseded: alias {self.alias} of {model_name} names "
+                                       f"{'v' + now if now else 'no version'} now, not v{self.version}")
 
     def _assemble(self, cfg) -> None:
         from onnxcast.base.files import read_json, write_json
@@ -323,6 +343,8 @@ class RefreshChannelsOperator(_StoreOperator):
 # --- registry-driven rollout (docs/airflow.md#registry-driven-rollout) ----------------------
 
 FAILURE_KEY = "failure"
+FAILURE_KIND_KEY = "failure_kind"  # "refused" (AirflowFailException: gate, verification, conflict) or "failed"
+SUPERSEDED_KEY = "superseded"
 REGISTRY_SOURCE = "registry"
 PROMOTE_TASKS = ("stage_version", "validate", "promote")
 
@@ -333,21 +355,54 @@ def remember_failure(context: Context) -> None:
     exception = context.get("exception")
     text = str(exception).strip().splitlines()[0] if exception is not None and str(exception).strip() else ""
     line = text or (type(exception).__name__ if exception is not None else "the task was killed")
+    # the operators raise AirflowFailException for what retrying cannot change (a gate, a
+    # verification, a conflict, a setting); anything else is an outage: "failed", asked again
+    kind = "refused" if isinstance(exception, AirflowFailException) else "failed"
     try:
         context["ti"].xcom_push(key=FAILURE_KEY, value=line[:1000])
+        context["ti"].xcom_push(key=FAILURE_KIND_KEY, value=kind)
     except Exception as exc:  # noqa: BLE001 - a callback must not fail the callback runner
         _log().warning("could not record the failure of %s: %s", context.get("run_id"), exc)
 
 
-def promote_requests(events: Any) -> list[dict]:
+def event_source_fault(ref: Any, *, dag_id: str | None = None, task_id: str | None = None) -> str | None:
+    """Why an asset event is not from the expected producer (None: it is). ``dag_id``/``task_id``
+    None: the alias watcher's trigger (extra ``from_trigger``, no source task); else that task.
+    An event POSTed to ``/api/v2/assets/events`` (asset permissions only; Airflow adds
+    ``from_rest_api`` to its extra) is never taken, whatever else its body says."""
+    extra = getattr(ref, "extra", None) or {}
+    source = (getattr(ref, "source_dag_id", None), getattr(ref, "source_task_id", None))
+    if not isinstance(extra, dict) or extra.get("from_rest_api"):
+        return "posted through the REST API"
+    if dag_id is None and (extra.get("from_trigger") is not True or source != (None, None)):
+        return f"not from the alias watcher (source {source[0]}.{source[1]})"
+    if dag_id is not None and source != (dag_id, task_id):
+        return f"from {source[0]}.{source[1]}, not {dag_id}.{task_id}"
+    return None
+
+
+def promote_requests(events: Any, client: Any) -> list[dict]:
     """The ``onnxcast_promote`` triggers (``trigger_run_id``, ``conf``) of the alias watcher's
-    asset events: each payload checked again (it came from the registry), duplicates once."""
+    asset events: only events the watcher emitted (:func:`event_source_fault`), each payload
+    checked again (it came from the registry) and against the registry read again now
+    (``client``: :func:`~onnxcast.registry.alias_rollout.check_request`), duplicates once;
+    anything else logged in one line and ignored."""
     from onnxcast.pipeline.config import CHANNELS
-    from onnxcast.registry.alias_rollout import ALIAS, MODEL_NAME, VERSION, promote_run_id
+    from onnxcast.registry.alias_rollout import (
+        ALIAS,
+        MODEL_NAME,
+        VERSION,
+        check_request,
+        promote_run_id,
+    )
 
     out: dict[str, dict] = {}
     for refs in (events or {}).values():
         for ref in refs:
+            fault = event_source_fault(ref)
+            if fault is not None:
+                _log().warning("ignored an alias event %s: %.300s", fault, getattr(ref, "extra", None))
+                continue
             payload = ((getattr(ref, "extra", None) or {}).get("payload")) or {}
             model, channel, version, alias, requested_at = (
                 value if isinstance(value := payload.get(key), str) else ""
@@ -357,6 +412,12 @@ def promote_requests(events: Any) -> list[dict]:
                 _log().warning("ignored an alias event that is not a valid request: %.300s", payload)
                 continue
             run_id = promote_run_id(model, channel, version, requested_at)
+            if run_id in out:
+                continue
+            fault = check_request(client, model, channel, alias, version, run_id)
+            if fault is not None:
+                _log().warning("ignored the alias event of %s: the registry no longer asks for it (%s)", run_id, fault)
+                continue
             out[run_id] = {"trigger_run_id": run_id, "conf": {
                 "model_name": model, "version": version, "channels": [channel], "source": REGISTRY_SOURCE,
                 "alias": alias, "reason": f"alias {alias} set to v{version} in the MLflow registry"}}
@@ -365,13 +426,23 @@ def promote_requests(events: Any) -> list[dict]:
     return list(out.values())
 
 
+def dispatch_requests(events: Any) -> list[dict]:
+    """:func:`promote_requests` against the registry of ``mlflow_default`` (the dispatcher's task)."""
+    from onnxcast.airflow.hooks import MlflowHook
+    from onnxcast.registry.tracking import client_for
+
+    return promote_requests(events, client_for(MlflowHook().tracking_uri))
+
+
 class ReportRolloutOperator(_StoreOperator):
     """Last task of ``onnxcast_promote`` (trigger rule ``all_done``): writes the outcome on the
-    model version (tag ``onnxcast.rollout.<channel>``: ``deployed``, or ``refused`` with the
-    first line of the failure) and, on a refusal of a registry-sourced run, moves the alias
-    back to the version the channel serves (deletes it when the channel has none): the alias
-    never claims a deployment that did not happen. Fails the task on a refusal, so the run
-    shows failed."""
+    model version (tag ``onnxcast.rollout.<channel>``: ``deployed``; ``refused`` with the
+    first line of the failure when a gate, verification or conflict refused it; ``failed``
+    for an infrastructure error, which the watcher asks again after its pending expiry;
+    ``superseded`` when the alias moved on before the channel moved) and, on a refusal of a
+    registry-sourced run, moves the alias back to the version the channel serves (deletes it
+    when the channel has none): the alias never claims a deployment that did not happen.
+    Fails the task on a refusal or failure, so the run shows failed."""
 
     template_fields: Sequence[str] = ("model_name", "ref", "channels", "source", "alias", "store_uri")
 
@@ -388,7 +459,9 @@ class ReportRolloutOperator(_StoreOperator):
     def execute(self, context: Context) -> dict:
         from onnxcast.registry.alias_rollout import (
             DEPLOYED,
+            FAILED,
             REFUSED,
+            SUPERSEDED,
             revert_alias,
             write_rollout_state,
         )
@@ -405,9 +478,25 @@ class ReportRolloutOperator(_StoreOperator):
                                        f"to write it on: {reason}")
         client = client_for(self.mlflow_hook.tracking_uri)
         extra = {"alias": str(self.alias)} if registry_run else {}
+        superseded = ti.xcom_pull(task_ids="promote", key=SUPERSEDED_KEY) if not isinstance(promoted, dict) else None
+        if superseded is not None:
+            why = f"alias {self.alias} moved on to {'v' + superseded if superseded else 'no version'} first"
+            for channel in channels:
+                write_rollout_state(client, self.model_name, version, channel, SUPERSEDED, run_id=context["run_id"],
+                                    reason=why, source=self.source or "manual", **extra)
+            self.log.info("%s v%s on %s: superseded (%s)", self.model_name, version, readable(channels), why)
+            return {"model": self.model_name, "version": version, "channels": channels, "state": SUPERSEDED}
+        outage = not isinstance(promoted, dict) and self._failure_kind(ti) == FAILED
         refused = []
         for channel in channels:
             state = DEPLOYED if isinstance(promoted, dict) and channel in (promoted.get("channels") or {}) else REFUSED
+            if state == REFUSED and outage:
+                write_rollout_state(client, self.model_name, version, channel, FAILED, run_id=context["run_id"],
+                                    reason=reason, source=self.source or "manual", **extra)
+                self.log.info("%s v%s on %s: failed, asked again later (%s)", self.model_name, version, channel,
+                              reason)
+                refused.append(channel)
+                continue
             serving = self._serving(channel) if state == REFUSED else version
             why = reason if state == REFUSED else "promoted"
             if state == REFUSED and serving == version:  # another run (a duplicate request) moved it
@@ -421,7 +510,8 @@ class ReportRolloutOperator(_StoreOperator):
             if state == REFUSED and registry_run:
                 self.log.info("%s", revert_alias(client, self.model_name, str(self.alias), version, serving))
         if refused:
-            raise AirflowFailException(f"refused {self.model_name} v{version} for {readable(refused)}: {reason}")
+            raise AirflowFailException(f"{'failed' if outage else 'refused'} {self.model_name} v{version} for "
+                                       f"{readable(refused)}: {reason}")
         return {"model": self.model_name, "version": version, "channels": channels, "state": DEPLOYED}
 
     def _version(self, ti) -> str | None:
@@ -439,6 +529,14 @@ class ReportRolloutOperator(_StoreOperator):
             if line:
                 return f"{task_id}: {line}"
         return "the promotion did not complete (an upstream task did not succeed)"
+
+    def _failure_kind(self, ti) -> str:
+        """"refused" or "failed" of the first task that recorded a failure; "failed" when none
+        did (a task killed, an upstream that never ran: nothing refused the version)."""
+        for task_id in PROMOTE_TASKS:
+            if ti.xcom_pull(task_ids=task_id, key=FAILURE_KEY):
+                return ti.xcom_pull(task_ids=task_id, key=FAILURE_KIND_KEY) or "refused"
+        return "failed"
 
     def _serving(self, channel: str) -> str | None:
         pointer = self.open_store().read_channel(self.model_name, channel).value

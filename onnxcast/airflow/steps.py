@@ -291,7 +291,10 @@ class CheckDataOperator(_TrackedOperator):
         from onnxcast.airflow.retraining import retrain_events, retrain_settings
         from onnxcast.base.files import write_json
 
-        events = retrain_events(context)
+        try:
+            events = retrain_events(context)  # a forged event (REST API, another task) fails here
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
         if not events:
             return {}
         event = events[-1]  # several events queued up: the newest one's settings

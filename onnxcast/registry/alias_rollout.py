@@ -24,8 +24,11 @@ from datetime import UTC, datetime, timedelta
 
 ROLLOUT_TAG_PREFIX = "onnxcast.rollout."
 PENDING, DEPLOYED, REFUSED = "pending", "deployed", "refused"
+FAILED, SUPERSEDED = "failed", "superseded"
 PENDING_TTL = timedelta(minutes=30)
-RESERVED_ALIASES = ("latest",)  # MLflow reserves it (models:/name@latest is the newest version)
+# latest: MLflow reserves it (models:/name@latest is the newest version); challenger: the
+# training DAG moves it to every trained model (a channel on it would deploy them all)
+RESERVED_ALIASES = ("latest", "challenger")
 DEFAULT_CHANNEL_ALIASES = "edge=edge,cloud=cloud"
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 VERSION = re.compile(r"[1-9][0-9]{0,8}")
@@ -70,7 +73,8 @@ class ModelState:
 
 def parse_channel_aliases(text: str | None, channels: Iterable[str]) -> dict[str, str]:
     """``"edge=edge,cloud=champion"`` -> ``{"edge": "edge", "cloud": "champion"}``; ValueError
-    naming the part at fault (an unknown channel, a reserved or malformed alias)."""
+    naming the part at fault (an unknown channel, a reserved or malformed alias, an alias named
+    for two channels: a refusal on one would move the alias the other serves)."""
     known = tuple(channels)
     out: dict[str, str] = {}
     for part in (text if text is not None else DEFAULT_CHANNEL_ALIASES).split(","):
@@ -81,11 +85,18 @@ def parse_channel_aliases(text: str | None, channels: Iterable[str]) -> dict[str
         if not sep or channel not in known:
             raise ValueError(f"channel_aliases: {part!r} is not <channel>=<alias> with a channel of "
                              f"{', '.join(known)}")
-        if not ALIAS.fullmatch(alias) or alias.lower() in RESERVED_ALIASES:
+        if not ALIAS.fullmatch(alias):
             raise ValueError(f"channel_aliases: alias {alias!r} of channel {channel} is not an MLflow alias "
-                             f"name (letters, digits, _ and -; {', '.join(RESERVED_ALIASES)} is reserved)")
+                             "name (letters, digits, _ and -)")
+        if alias.lower() in RESERVED_ALIASES:
+            raise ValueError(f"channel_aliases: alias {alias!r} of channel {channel} is reserved (latest: "
+                             "MLflow's newest version; challenger: set on every trained model)")
         if channel in out:
             raise ValueError(f"channel_aliases: channel {channel} is named twice")
+        shared = [c for c, a in out.items() if a.lower() == alias.lower()]
+        if shared:
+            raise ValueError(f"channel_aliases: alias {alias!r} is named for channels {shared[0]} and {channel}; "
+                             "one alias drives one channel")
         out[channel] = alias
     return out
 
@@ -120,6 +131,8 @@ def reconcile(models: Iterable[ModelState], serving: Mapping[tuple[str, str], st
             state = rollout_state(tags, channel)
             if state is not None and state.get("state") == PENDING and _age(state, now) < PENDING_TTL:
                 continue  # a promotion of it is in flight
+            if state is not None and state.get("state") == FAILED and _age(state, now) < PENDING_TTL:
+                continue  # failed on an outage: asked again once PENDING_TTL has passed
             if state is not None and state.get("state") == REFUSED:
                 notes.append(f"{model.name}@{alias}: v{version} was refused for {channel} "
                              f"({str(state.get('reason', ''))[:200]}); not asked again, alias moved back")
@@ -160,6 +173,29 @@ def promote_run_id(model: str, channel: str, version: str, requested_at: str) ->
                          f"version {version[:20]!r}")
     stamp = re.sub(r"[^0-9TZ]", "", requested_at)[:16] or "0"
     return f"registry__{model}__{channel}__v{version}__{stamp}"
+
+
+def check_request(client, model: str, channel: str, alias: str, version: str, run_id: str) -> str | None:
+    """Why a promotion request must not start (None: it may): the registry, read again now,
+    must still have ``alias`` on ``version``, and the version's rollout tag for ``channel``,
+    when there is one, must be the watcher's ``pending`` with this ``run_id``."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        now = str(client.get_model_version_by_alias(model, alias).version)
+    except MlflowException:
+        now = None
+    if now != str(version):
+        return f"alias {alias} of {model} names {'v' + now if now else 'no version'}, not v{version}"
+    try:
+        tags = dict(client.get_model_version(model, str(version)).tags or {})
+    except MlflowException:
+        return f"{model} v{version} cannot be read"
+    state = rollout_state(tags, channel)
+    if state is not None and (state.get("state") != PENDING or state.get("run_id") != run_id):
+        return (f"{model} v{version} on {channel} is {str(state.get('state'))[:20]} for run "
+                f"{str(state.get('run_id'))[:120]}, not pending for {run_id}")
+    return None
 
 
 def read_registry(client, channel_aliases: Mapping[str, str]) -> list[ModelState]:

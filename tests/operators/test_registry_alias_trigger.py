@@ -53,7 +53,11 @@ def mlflow_url(tmp_path_factory):
             time.sleep(0.5)
     yield url
     process.terminate()
-    process.wait(timeout=20)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:  # a loaded machine: gunicorn's workers slow to stop
+        process.kill()
+        process.wait(timeout=20)
 
 
 @pytest.fixture
@@ -159,23 +163,60 @@ class TestRegistryAliasTrigger:
         assert len(lines) == 1 and "registered-models/search" in lines[0]
 
 
+class FakeRegistry:
+    """The two MLflow calls check_request makes, on a fixed registry state."""
+
+    def __init__(self, aliases: dict, tags: dict | None = None):
+        self.aliases, self.tags = aliases, tags or {}
+
+    def get_model_version_by_alias(self, name, alias):
+        from types import SimpleNamespace
+
+        from mlflow.exceptions import MlflowException
+
+        if alias not in self.aliases:
+            raise MlflowException("no such alias", error_code="INVALID_PARAMETER_VALUE")
+        return SimpleNamespace(version=self.aliases[alias])
+
+    def get_model_version(self, name, version):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(tags=self.tags.get(str(version), {}))
+
+
+RUN_ID = "registry__demand__edge__v3__20261202T010000Z"
+
+
+def pending(run_id: str = RUN_ID) -> dict:
+    from datetime import UTC, datetime
+
+    from onnxcast.registry.alias_rollout import rollout_tag, state_value
+
+    return {"3": {rollout_tag("edge"): state_value("pending", at=datetime.now(UTC), reason="alias", run_id=run_id)}}
+
+
 class TestPromoteRequests:
-    """The dispatcher's step: asset events -> onnxcast_promote triggers (payloads checked again)."""
+    """The dispatcher's step: asset events -> onnxcast_promote triggers (payloads checked again,
+    only the watcher's events, the registry read again)."""
 
     @staticmethod
-    def event(**payload):
+    def event(source_dag_id=None, source_task_id=None, extra=None, **payload):
         from types import SimpleNamespace
 
         base = {"model": "demand", "channel": "edge", "alias": "edge", "version": "3", "serving": "2",
                 "requested_at": "20261202T010000Z"}
-        return SimpleNamespace(extra={"from_trigger": True, "payload": {**base, **payload}})
+        return SimpleNamespace(extra=extra if extra is not None else {"from_trigger": True,
+                                                                        "payload": {**base, **payload}},
+                               source_dag_id=source_dag_id, source_task_id=source_task_id)
+
+    ASKING = FakeRegistry({"edge": "3", "cloud": "3"})
 
     def test_one_trigger_per_request_with_a_deterministic_run_id(self):
         from onnxcast.airflow.rollout import promote_requests
 
-        out = promote_requests({"asset": [self.event(), self.event(), self.event(channel="cloud", alias="cloud")]})
-        assert [o["trigger_run_id"] for o in out] == ["registry__demand__edge__v3__20261202T010000Z",
-                                                      "registry__demand__cloud__v3__20261202T010000Z"]
+        out = promote_requests({"asset": [self.event(), self.event(), self.event(channel="cloud", alias="cloud")]},
+                               self.ASKING)
+        assert [o["trigger_run_id"] for o in out] == [RUN_ID, "registry__demand__cloud__v3__20261202T010000Z"]
         assert out[0]["conf"] == {"model_name": "demand", "version": "3", "channels": ["edge"], "source": "registry",
                                   "alias": "edge", "reason": "alias edge set to v3 in the MLflow registry"}
 
@@ -184,4 +225,179 @@ class TestPromoteRequests:
     def test_invalid_payloads_are_dropped(self, bad):
         from onnxcast.airflow.rollout import promote_requests
 
-        assert promote_requests({"asset": [self.event(**bad)]}) == []
+        assert promote_requests({"asset": [self.event(**bad)]}, self.ASKING) == []
+
+    @pytest.mark.parametrize("forged", [
+        # POST /api/v2/assets/events: Airflow adds from_rest_api, whatever the body says
+        {"extra": {"from_rest_api": True, "from_trigger": True, "payload": {
+            "model": "demand", "channel": "edge", "alias": "edge", "version": "3",
+            "requested_at": "20261202T010000Z"}}},
+        {"source_dag_id": "some_dag", "source_task_id": "emit"},  # a task's outlet, not the watcher
+        {"extra": {"payload": {"model": "demand", "channel": "edge", "alias": "edge", "version": "3",
+                               "requested_at": "20261202T010000Z"}}},  # no from_trigger
+    ])
+    def test_events_not_from_the_watcher_start_nothing(self, forged, caplog):
+        from onnxcast.airflow.rollout import promote_requests
+
+        assert promote_requests({"asset": [self.event(**forged)]}, self.ASKING) == []
+        assert "ignored an alias event" in caplog.text
+
+    @pytest.mark.parametrize("registry", [FakeRegistry({"edge": "4"}), FakeRegistry({}),
+                                          FakeRegistry({"edge": "3"}, pending("registry__demand__edge__v3__other")),
+                                          FakeRegistry({"edge": "3"}, {"3": {"onnxcast.rollout.edge": json.dumps(
+                                              {"state": "refused", "run_id": RUN_ID})}})])
+    def test_a_request_the_registry_no_longer_makes_starts_nothing(self, registry, caplog):
+        from onnxcast.airflow.rollout import promote_requests
+
+        assert promote_requests({"asset": [self.event()]}, registry) == []
+        assert "no longer asks for it" in caplog.text
+
+    def test_the_pending_tag_of_this_request_passes(self):
+        from onnxcast.airflow.rollout import promote_requests
+
+        out = promote_requests({"asset": [self.event()]}, FakeRegistry({"edge": "3"}, pending()))
+        assert [o["trigger_run_id"] for o in out] == [RUN_ID]
+
+
+class TestWatcherEventsOnARealRegistry:
+    def test_only_the_watchers_own_request_for_what_the_alias_names_now(self, registry, store):
+        """A real poll's payload passes the dispatcher; the same payload posted through the REST
+        API, or after the alias moved on, does not."""
+        from types import SimpleNamespace
+
+        from onnxcast.airflow.rollout import promote_requests
+
+        name, first, second, client = registry
+        client.set_registered_model_alias(name, "edge", second)
+        [payload] = mine(asyncio.run(trigger(store).poll()), name)
+
+        def event(**extra):
+            return SimpleNamespace(extra={"from_trigger": True, "payload": payload, **extra}, source_dag_id=None,
+                                   source_task_id=None)
+
+        assert [o["trigger_run_id"] for o in promote_requests({"a": [event()]}, client)] == [payload["run_id"]]
+        assert promote_requests({"a": [event(from_rest_api=True)]}, client) == []
+        client.set_registered_model_alias(name, "edge", first)
+        assert promote_requests({"a": [event()]}, client) == []
+
+
+class PullingTI:
+    """A task instance whose XComs other tasks pushed: ``{(task_id, key): value}``."""
+
+    def __init__(self, xcoms: dict) -> None:
+        self.xcoms = dict(xcoms)
+
+    def xcom_pull(self, task_ids: str, key: str = "return_value"):
+        return self.xcoms.get((task_ids, key))
+
+    def xcom_push(self, key: str, value) -> None:
+        self.xcoms[("self", key)] = value
+
+
+class RecordingRegistry:
+    """The registry calls report_back makes: tags written and aliases moved, recorded."""
+
+    def __init__(self, aliases: dict) -> None:
+        self.aliases, self.tags = dict(aliases), {}
+
+    def set_model_version_tag(self, name, version, key, value):
+        self.tags[(str(version), key)] = json.loads(value)
+
+    def get_model_version_by_alias(self, name, alias):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(version=self.aliases[alias])
+
+    def set_registered_model_alias(self, name, alias, version):
+        self.aliases[alias] = str(version)
+
+    def delete_registered_model_alias(self, name, alias):
+        self.aliases.pop(alias)
+
+
+def with_hook(op):
+    from types import SimpleNamespace
+
+    op.__dict__["mlflow_hook"] = SimpleNamespace(tracking_uri="http://registry.invalid")  # never reached
+    return op
+
+
+class TestSupersededAndFailed:
+    """A late registry run never moves a channel over a newer request; an outage is 'failed'
+    (asked again), not a permanent refusal."""
+
+    def test_promote_skips_as_superseded_when_the_alias_moved_on(self, monkeypatch):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        import onnxcast.registry.tracking as tracking
+        from onnxcast.airflow.rollout import SUPERSEDED_KEY, PromoteModelOperator
+
+        monkeypatch.setattr(tracking, "alias_version", lambda model, alias, uri: "6")
+        ti = PullingTI({})
+        op = with_hook(PromoteModelOperator(task_id="promote", run_dir="x", version="5", channels=["edge"],
+                                            source="registry", alias="edge"))
+        with pytest.raises(AirflowSkipException, match="superseded: alias edge of demand names v6 now, not v5"):
+            op._check_not_superseded({"ti": ti}, "demand")
+        assert ti.xcoms[("self", SUPERSEDED_KEY)] == "6"
+        with_hook(PromoteModelOperator(task_id="promote", run_dir="x", version="6", channels=["edge"],
+                                       source="registry", alias="edge"))._check_not_superseded({"ti": ti}, "demand")
+        # a manual promotion is the operator's own decision: no alias to follow
+        with_hook(PromoteModelOperator(task_id="promote", run_dir="x", version="5", channels=["edge"],
+                                       source="manual", alias=None))._check_not_superseded({"ti": ti}, "demand")
+
+    @staticmethod
+    def report(monkeypatch, xcoms: dict, aliases: dict, serving: str = "4"):
+        import onnxcast.registry.tracking as tracking
+        from onnxcast.airflow.rollout import ReportRolloutOperator
+
+        registry = RecordingRegistry(aliases)
+        monkeypatch.setattr(tracking, "client_for", lambda uri: registry)
+        op = with_hook(ReportRolloutOperator(task_id="report_back", model_name="demand", ref="5", channels=["edge"],
+                                             source="registry", alias="edge"))
+        monkeypatch.setattr(op, "_serving", lambda channel: serving)
+        ti = PullingTI({("stage_version", "return_value"): {"version": "5"}, **xcoms})
+        return op, {"ti": ti, "run_id": "registry__demand__edge__v5__x"}, registry
+
+    def test_superseded_run_writes_superseded_and_leaves_the_alias(self, monkeypatch):
+        from onnxcast.airflow.rollout import SUPERSEDED_KEY
+
+        op, context, registry = self.report(monkeypatch, {("promote", SUPERSEDED_KEY): "6"}, {"edge": "6"})
+        assert op.execute(context)["state"] == "superseded"
+        assert registry.tags[("5", "onnxcast.rollout.edge")]["state"] == "superseded"
+        assert registry.aliases == {"edge": "6"}
+
+    def test_an_outage_is_failed_and_the_alias_stays(self, monkeypatch):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onnxcast.airflow.rollout import FAILURE_KEY, FAILURE_KIND_KEY
+
+        xcoms = {("stage_version", FAILURE_KEY): "ConnectionError: MLflow unreachable",
+                 ("stage_version", FAILURE_KIND_KEY): "failed"}
+        op, context, registry = self.report(monkeypatch, xcoms, {"edge": "5"})
+        with pytest.raises(AirflowFailException, match="failed demand v5 for edge: stage_version: ConnectionError"):
+            op.execute(context)
+        assert registry.tags[("5", "onnxcast.rollout.edge")]["state"] == "failed"
+        assert registry.aliases == {"edge": "5"}  # the watcher asks again after the pending expiry
+
+    def test_a_gate_refusal_is_refused_and_the_alias_goes_back(self, monkeypatch):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onnxcast.airflow.rollout import FAILURE_KEY, FAILURE_KIND_KEY
+
+        xcoms = {("validate", FAILURE_KEY): "gate parity failed", ("validate", FAILURE_KIND_KEY): "refused"}
+        op, context, registry = self.report(monkeypatch, xcoms, {"edge": "5"})
+        with pytest.raises(AirflowFailException, match="refused demand v5 for edge: validate: gate parity"):
+            op.execute(context)
+        assert registry.tags[("5", "onnxcast.rollout.edge")]["state"] == "refused"
+        assert registry.aliases == {"edge": "4"}
+
+    @pytest.mark.parametrize("exception, kind", [("fail", "refused"), ("conn", "failed")])
+    def test_remember_failure_tells_a_refusal_from_an_outage(self, exception, kind):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onnxcast.airflow.rollout import FAILURE_KIND_KEY, remember_failure
+
+        ti = PullingTI({})
+        error = AirflowFailException("gate failed") if exception == "fail" else ConnectionError("refused by host")
+        remember_failure({"exception": error, "ti": ti})
+        assert ti.xcoms[("self", FAILURE_KIND_KEY)] == kind

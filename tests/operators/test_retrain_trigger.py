@@ -16,12 +16,13 @@ REASONS = ["edge: realised MASE 1.04 over 101 origins worse than the holdout's 0
            "edge: input drift in 'y' (change_mean)"]
 
 
-def triggered(conf: dict) -> dict:
+def triggered(conf: dict, source: tuple = ("onnxcast_monitor", "retrain_signal"), **extra) -> dict:
     from onnxcast.airflow.retraining import RETRAIN
 
     context = make_context(run_id="asset_triggered__2026-11-29T00:00:00+00:00")
     event = SimpleNamespace(extra={"model": "ops-forecaster", "channel": "edge", "version": "3",
-                                   "reasons": REASONS, "conf": conf})
+                                   "reasons": REASONS, "conf": conf, **extra},
+                            source_dag_id=source[0], source_task_id=source[1])
     context["triggering_asset_events"] = {RETRAIN: [event]}
     return context
 
@@ -33,6 +34,37 @@ def check_data(tmp_path, context):
                            compare_with_champion=False)
     op.execute(context)
     return Path(context["ti"].xcoms["run_dir"])
+
+
+FORGED = [({}, ("onnxcast_monitor", "retrain_signal"), "REST API"),  # extra["from_rest_api"] added below
+          (None, ("some_dag", "emit"), "from some_dag.emit"), (None, (None, None), "from None.None")]
+
+
+class TestRetrainEventSource:
+    """Only onnxcast_monitor.retrain_signal asks for a retraining: an event posted through the
+    REST API (POST /api/v2/assets/events, asset permissions only) or from another task is refused."""
+
+    @pytest.mark.parametrize(("rest", "source", "fragment"), FORGED)
+    def test_forged_events_are_refused_naming_the_event(self, rest, source, fragment):
+        from onnxcast.airflow.retraining import retrain_events
+        from onnxcast.base.errors import ConfigError
+
+        extra = {"from_rest_api": True} if rest is not None else {}
+        with pytest.raises(ConfigError, match=f"refused the onnxcast_retrain event .*{fragment}"):
+            retrain_events(triggered({"data_uri": "/srv/other/data.csv"}, source, **extra))
+
+    def test_the_monitors_event_is_taken(self):
+        from onnxcast.airflow.retraining import retrain_events
+
+        [event] = retrain_events(triggered({"lookback": 60}))
+        assert event["conf"] == {"lookback": 60}
+
+    def test_a_forged_event_fails_check_data_and_trains_nothing(self, tmp_path):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        with pytest.raises(AirflowFailException, match="REST API"):
+            check_data(tmp_path, triggered({**OPS_SETTINGS, "model_name": "someone-elses"}, from_rest_api=True))
+        assert not list(tmp_path.rglob("config.json"))
 
 
 @pytest.mark.slow  # a real data check and MLflow run per test

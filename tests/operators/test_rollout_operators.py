@@ -25,7 +25,8 @@ class TestPromoteModelOperator:
 
         values = {"run_dir": "{{ r }}", "version": "{{ v }}", "channels": "{{ params.channels }}",
                   "store_uri": "{{ params.store_uri }}", "decision": "{{ ti.xcom_pull('decide') }}", "reason": "why",
-                  "signing_key": "{{ var.value.onnxcast_signing_key }}"}
+                  "signing_key": "{{ var.value.onnxcast_signing_key }}", "source": "{{ params.source }}",
+                  "alias": "{{ params.alias }}"}
         op = PromoteModelOperator(task_id="promote", **values)
         assert set(op.template_fields) == set(values)
         assert_template_fields_stored_unchanged(op, values)

@@ -81,11 +81,17 @@ class TestReconcile:
         requests, notes = reconcile([model({"edge": version})], {("demand", "edge"): "2"}, ALIASES, NOW)
         assert requests == [] and notes
 
-    def test_one_alias_driving_both_channels(self):
-        aliases = {"edge": "champion", "cloud": "champion"}
-        requests, _ = reconcile([model({"champion": "4"})],
-                                {("demand", "edge"): "4", ("demand", "cloud"): "3"}, aliases, NOW)
-        assert requests == [Request("demand", "cloud", "champion", "4", "3")]
+    def test_failed_on_an_outage_is_asked_again_after_the_pending_expiry(self):
+        served = {("demand", "edge"): "2"}
+        fresh = model({"edge": "3"}, {"3": tag("edge", "failed", minutes_ago=5)})
+        stale = model({"edge": "3"}, {"3": tag("edge", "failed", minutes_ago=31)})
+        assert reconcile([fresh], served, ALIASES, NOW) == ([], [])
+        assert reconcile([stale], served, ALIASES, NOW)[0] == [Request("demand", "edge", "edge", "3", "2")]
+
+    def test_superseded_version_named_again_is_asked_again(self):
+        state = model({"edge": "3"}, {"3": tag("edge", "superseded")})
+        assert reconcile([state], {("demand", "edge"): "2"}, ALIASES, NOW)[0] == [
+            Request("demand", "edge", "edge", "3", "2")]
 
     def test_unreadable_tag_does_not_block(self):
         state = model({"edge": "3"}, {"3": {rollout_tag("edge"): "{not json"}})
@@ -93,17 +99,56 @@ class TestReconcile:
 
 
 class TestChannelAliases:
-    def test_default_and_a_shared_alias(self):
+    def test_default_and_champion_on_one_channel(self):
         assert parse_channel_aliases(None, ("edge", "cloud")) == {"edge": "edge", "cloud": "cloud"}
-        assert parse_channel_aliases("edge=champion, cloud=champion", ("edge", "cloud")) == {
-            "edge": "champion", "cloud": "champion"}
+        assert parse_channel_aliases("edge=edge, cloud=champion", ("edge", "cloud")) == {
+            "edge": "edge", "cloud": "champion"}
 
     @pytest.mark.parametrize("text, fault", [("edge=latest", "reserved"), ("gpu=x", "gpu"),
                                              ("edge", "<channel>=<alias>"), ("edge=a b", "a b"),
-                                             ("edge=a,edge=b", "twice")])
+                                             ("edge=a,edge=b", "twice"),
+                                             # every trained model gets challenger: it would deploy them all
+                                             ("cloud=challenger", "reserved"), ("edge=Challenger", "reserved"),
+                                             # a refusal on one channel would move what the other serves
+                                             ("edge=prod,cloud=prod", "'prod' is named for channels edge and cloud"),
+                                             ("edge=champion,cloud=champion", "one alias drives one channel")])
     def test_bad_settings_name_the_part_at_fault(self, text, fault):
         with pytest.raises(ValueError, match=fault):
             parse_channel_aliases(text, ("edge", "cloud"))
+
+
+class TestCheckRequest:
+    """The registry read again before a request starts a promotion."""
+
+    @staticmethod
+    def registry(alias_version, tags=None):
+        from types import SimpleNamespace
+
+        from mlflow.exceptions import MlflowException
+
+        def by_alias(name, alias):
+            if alias_version is None:
+                raise MlflowException("no alias", error_code="INVALID_PARAMETER_VALUE")
+            return SimpleNamespace(version=alias_version)
+
+        return SimpleNamespace(get_model_version_by_alias=by_alias,
+                               get_model_version=lambda name, version: SimpleNamespace(tags=tags or {}))
+
+    def test_the_watchers_pending_request_passes(self):
+        from onnxcast.registry.alias_rollout import check_request
+
+        tags = {rollout_tag("edge"): state_value("pending", at=NOW, reason="r", run_id="run-1")}
+        assert check_request(self.registry("3", tags), "demand", "edge", "edge", "3", "run-1") is None
+        assert check_request(self.registry("3"), "demand", "edge", "edge", "3", "run-1") is None
+
+    @pytest.mark.parametrize("alias_version, state, run_id, fault", [
+        ("4", None, None, "names v4, not v3"), (None, None, None, "names no version"),
+        ("3", "pending", "run-0", "not pending for run-1"), ("3", "refused", "run-1", "is refused")])
+    def test_what_the_registry_no_longer_asks_for_is_named(self, alias_version, state, run_id, fault):
+        from onnxcast.registry.alias_rollout import check_request
+
+        tags = {rollout_tag("edge"): state_value(state, at=NOW, reason="r", run_id=run_id)} if state else {}
+        assert fault in check_request(self.registry(alias_version, tags), "demand", "edge", "edge", "3", "run-1")
 
 
 class TestRunIdAndTag:
