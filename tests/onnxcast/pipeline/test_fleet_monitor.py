@@ -214,6 +214,14 @@ class TestPairedDegradationTest:
         test = paired_degradation_test(0.7 * holdout, holdout)
         assert test["degraded"] is False and test["p_value"] > 0.99
 
+    def test_one_non_finite_series_does_not_hide_the_degraded_ones(self):
+        holdout = np.ones(30)
+        realised = np.r_[np.full(29, 3.0), np.nan]
+        test = paired_degradation_test(realised, holdout, non_finite=["s29"])
+        assert test["degraded"] is True and test["p_value"] is None and "non-finite forecasts" in test["note"]
+        result = {"channel": "edge", "degraded": True, "test": test, "drift": [], "fleet": {"worst": []}}
+        assert reasons(result) == ["edge: non-finite forecasts in 1 series (s29)"]
+
     def test_too_few_series_are_not_judged(self):
         test = paired_degradation_test(np.full(MIN_SERIES - 1, 10.0), np.full(MIN_SERIES - 1, 1.0))
         assert test["degraded"] is False and test["p_value"] is None and "fewer than" in test["note"]
