@@ -29,11 +29,15 @@ from onnxcast.base.errors import OnnxcastError
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["RETRAIN", "MonitorChannelsOperator", "RetrainSignalOperator"]
+__all__ = ["RETRAIN", "ChannelFailed", "MonitorChannelsOperator", "RetrainSignalOperator", "judge_channels"]
 
 
 class MonitorChannelsOperator(_TrackedOperator):
     """Judge the model each of ``channels`` serves on the data since it was trained.
+
+    A channel with no pointer in the rollout store is skipped (``skipped: "serves nothing"``),
+    one that cannot be judged carries ``error``; the task fails only when no channel is served
+    or every served one failed.
 
     XCom: one summary per channel (``channel``, ``version``, ``mase``, ``holdout_mase``,
     ``holdout_ci``, ``p_value``, ``degraded``, ``drift``, ``reasons``, ``run_id``, ``seconds``,
@@ -55,8 +59,19 @@ class MonitorChannelsOperator(_TrackedOperator):
         channels = [self.channels] if isinstance(self.channels, str) else list(self.channels or [])
         if not channels:
             raise AirflowFailException("channels: name at least one channel to monitor")
-        summaries = [self._monitor(context, channel) for channel in channels]
-        return summaries
+        return judge_channels(channels, self._served, lambda channel: self._monitor(context, channel),
+                              model=self.model_name, log=self.log)
+
+    def _served(self, channel: str) -> bool:
+        """Whether the store holds a pointer for ``channel`` (a model promoted to only one
+        channel leaves the other unserved: nothing to judge there, not a failure)."""
+        from onnxcast.airflow.settings import store_uri
+        from onnxcast.rollout.store import MAX_POINTER_BYTES, open_store
+
+        store = store_uri(self.store_uri)
+        settings = self.s3_hook.settings_for(store) if store.startswith("s3://") else None
+        key_store = open_store(store, settings)
+        return key_store.read(key_store.channel_key(self.model_name, channel), MAX_POINTER_BYTES) is not None
 
     def _monitor(self, context: Context, channel: str) -> dict:
         from onnxcast.airflow.settings import store_uri
@@ -70,7 +85,7 @@ class MonitorChannelsOperator(_TrackedOperator):
                                       run_key=f"{context['dag_run'].dag_id}/{context['run_id']}",
                                       s3_settings_for=self.s3_hook.settings_for)
         except OnnxcastError as exc:  # refused pull, unreadable data, no report: the same next try
-            raise AirflowFailException(f"{self.model_name} channel {channel}: {' '.join(str(exc).split())}") from None
+            raise ChannelFailed(f"{self.model_name} channel {channel}: {' '.join(str(exc).split())}") from None
         if not getattr(self, "_linked", False):  # the task's "MLflow run" button: the first channel's run
             persist_mlflow_run_url(context, summary["url"])
             self._linked = True
@@ -96,6 +111,39 @@ class MonitorChannelsOperator(_TrackedOperator):
         return given
 
 
+class ChannelFailed(Exception):
+    """One channel could not be judged (its message names the model, channel and cause)."""
+
+
+def judge_channels(channels: list[str], served, judge, *, model: str, log) -> list[dict]:
+    """Each channel's summary: ``judge(channel)`` where ``served(channel)``, else a skipped
+    entry (``skipped: "serves nothing"``); a channel whose judging raised ChannelFailed (or
+    whose store could not be read) gets ``error``. Raises AirflowFailException when no channel
+    is served, or when every served channel failed (the errors named); otherwise the failures
+    are logged and kept in the XCom beside the others' results."""
+    summaries, failed = [], []
+    for channel in channels:
+        base = {"model": model, "channel": channel, "reasons": []}
+        try:
+            if not served(channel):
+                log.warning("%s channel %s serves nothing (no pointer in the rollout store): skipped", model, channel)
+                summaries.append({**base, "skipped": "serves nothing"})
+                continue
+            summaries.append(judge(channel))
+        except (ChannelFailed, OnnxcastError) as exc:
+            message = " ".join(str(exc).split())
+            if not isinstance(exc, ChannelFailed):
+                message = f"{model} channel {channel}: {message}"
+            log.error("%s", message)
+            failed.append(message)
+            summaries.append({**base, "error": message})
+    if all(s.get("skipped") for s in summaries):
+        raise AirflowFailException(f"{model}: no channel of {', '.join(channels)} serves a version (nothing promoted)")
+    if failed and all(s.get("skipped") or s.get("error") for s in summaries):
+        raise AirflowFailException("; ".join(failed))
+    return summaries
+
+
 class RetrainSignalOperator(BaseOperator):
     """Emit the retraining event (its outlet: :data:`RETRAIN`) when a channel degraded or
     drifted; skip otherwise (a skipped task emits no asset event)."""
@@ -111,9 +159,7 @@ class RetrainSignalOperator(BaseOperator):
         results = [r for r in (self.results or []) if isinstance(r, dict)]
         flagged = [r for r in results if r.get("reasons")]
         if not flagged:
-            raise AirflowSkipException("no channel degraded or drifted: "
-                                       + "; ".join(f"{r['channel']} v{r['version']} p={_fmt(r['p_value'])}"
-                                                   for r in results))
+            raise AirflowSkipException("no channel degraded or drifted: " + "; ".join(_line(r) for r in results))
         first = flagged[0]
         extra = {"model": first["model"], "channel": first["channel"], "version": first["version"],
                  "channels": [r["channel"] for r in flagged],
@@ -122,6 +168,12 @@ class RetrainSignalOperator(BaseOperator):
             context["outlet_events"][outlet].extra = extra
         self.log.info("Retraining asked for %s: %s", first["model"], "; ".join(extra["reasons"]))
         return extra
+
+
+def _line(summary: dict) -> str:
+    if summary.get("skipped") or summary.get("error"):
+        return f"{summary['channel']} {summary.get('skipped') or 'not judged: ' + summary['error']}"
+    return f"{summary['channel']} v{summary['version']} p={_fmt(summary['p_value'])}"
 
 
 def _fmt(value) -> str:

@@ -16,8 +16,13 @@ the holdout's per-series figures (docs/airflow.md#monitoring-and-retraining).
   ``fleet.families``).
 - **Degraded** is a paired one-sided test across series: Wilcoxon's signed-rank test that
   the per-series log ratio realised / holdout MASE is above 0 (series are the independent
-  units; the ratio makes a series of any scale count alike). Fewer than ``MIN_SERIES``
-  judged series: never degraded. The series that got worse most are named.
+  units; the ratio makes a series of any scale count alike). Like with like: the realised
+  MASE the test takes is each series' latest new rows laid out as its holdout was (the same
+  origins counted back from its end), so both average the same number of windows; a series
+  with fewer new steps than its holdout's is judged (its realised MASE over all its new
+  origins is reported) but not compared. Fewer than ``MIN_SERIES`` compared series: never
+  degraded; a non-finite forecast in any series: always ("non-finite forecasts", the series
+  named). The series that got worse most are named.
 - **Input drift**: the one-series suite (onnxcast.pipeline.monitor.drift_suite) on the
   seasonal change of every column pooled over series, each series' change divided by its
   training's mean absolute seasonal change (so a series of any scale counts alike), rows in
@@ -54,7 +59,13 @@ BATCH = 1024
 def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """The monitor result of a fleet model (the one-series keys, plus ``fleet``)."""
     from onnxcast.pipeline.data import seasons_for_freq
-    from onnxcast.pipeline.monitor import _as_datetime64, _iso, _open_session, served_variant
+    from onnxcast.pipeline.monitor import (
+        _as_datetime64,
+        _iso,
+        _open_session,
+        finite_or_none,
+        served_variant,
+    )
 
     started = time.monotonic()
     report = item.report
@@ -90,15 +101,22 @@ def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dic
             origins = _origins(int(fleet.lengths[i]), int(first_new[i]), horizon, seasons)
             judged_index.append(i)
             origin_lists.append(origins)
-    figures = realised_per_series(fleet, judged_index, origin_lists, run, lookback, horizon,
-                                  np.array([holdout[fleet.ids[i]]["scale"] for i in judged_index]),
-                                  _baseline_season(report, season))
+    scales = np.array([holdout[fleet.ids[i]]["scale"] for i in judged_index])
+    with np.errstate(invalid="ignore", over="ignore"):
+        figures = realised_per_series(fleet, judged_index, origin_lists, run, lookback, horizon, scales,
+                                      _baseline_season(report, season))
+        # like with like: each series' latest new data laid out as its holdout was (the same
+        # count of origins, same stride, aligned at its end), so that both MASEs average alike
+        back = like_sized_back(cfg, fleet)
+        like, latest = compared_mase(fleet, judged_index, first_new, back, run, lookback, horizon, scales)
     ids = [fleet.ids[i] for i in judged_index]
     realised = figures["mase"]
     before = np.array([holdout[s]["mase"] for s in ids], np.float64)
-    fleet_block = _fleet_block(ids, realised, before, left_out, source)
+    non_finite = [ids[k] for k in np.flatnonzero(~np.isfinite(realised))]
+    fleet_block = _fleet_block([ids[k] for k in like], latest, before[like], left_out, source)
+    fleet_block.update(judged=len(ids), compared=len(like), holdout_origins_per_series=int(len(back)))
     aggregate = _holdout_aggregate(report, entry, variant)
-    test = paired_degradation_test(realised, before)
+    test = paired_degradation_test(latest, before[like], non_finite=non_finite)
     result: dict[str, Any] = {
         "channel": item.channel, "family": entry["family"], "variant": variant["name"],
         "trained_until": trained_until, "data_uri": fleet.source, "data_sha256": fleet.sha256,
@@ -108,10 +126,10 @@ def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dic
         "origins": int(sum(len(o) for o in origin_lists)),
         "stride": int(Counter(_stride(o) for o in origin_lists).most_common(1)[0][0]) if origin_lists else None,
         "block": 1, "mase_scale": None, **aggregate,
-        "mase": float(realised.mean()) if len(realised) else None,
-        "mase_ci": _interval(realised),
+        "mase": finite_or_none(realised.mean()) if len(realised) else None,
+        "mase_ci": _interval(realised) if not non_finite else None,
         "baseline": (report["baselines"].get("seasonal_naive") or {}).get("name") or report["baselines"].get("best"),
-        "baseline_mase": float(figures["baseline"].mean()) if len(realised) else None,
+        "baseline_mase": finite_or_none(figures["baseline"].mean()) if len(realised) else None,
         "holdout_baseline_mase": _float((report["baselines"].get("seasonal_naive") or {}).get("mase")),
         "test": test, "p_value": test["p_value"], "degraded": test["degraded"], "fleet": fleet_block,
     }
@@ -206,7 +224,7 @@ def _truncated(fleet, index: np.ndarray, ends: np.ndarray):
 # --- the realised error ------------------------------------------------------------------------
 
 def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run, lookback: int, horizon: int,
-                        scales: np.ndarray, baseline_season: int) -> dict:
+                        scales: np.ndarray, baseline_season: int, *, times: bool = True) -> dict:
     """Per judged series: the realised MASE (mean over its origins of the MAE over its scale)
     and the seasonal naive's on the same origins; per origin time, the mean scaled MAE over the
     series with an origin then (the fleet's error over time)."""
@@ -233,13 +251,15 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
     counts = np.bincount(owner, minlength=len(index))
     mase = np.bincount(owner, weights=error, minlength=len(index)) / counts
     baseline = np.bincount(owner, weights=naive_error, minlength=len(index)) / counts
+    if not times:
+        return {"mase": mase, "baseline": baseline}
     calendars = {i: fleet.timestamps(i).astype("datetime64[s]").astype(np.int64) for i in index}
     stamps = np.concatenate([calendars[i][o] for i, o in zip(index, origins, strict=True)])
     times, where = np.unique(stamps, return_inverse=True)
     per_time = np.bincount(where, weights=error) / np.bincount(where)
-    from onnxcast.pipeline.monitor import _iso
+    from onnxcast.pipeline.monitor import _iso, finite_or_none
 
-    return {"mase": mase, "baseline": baseline, "per_origin_mase": [float(v) for v in per_time],
+    return {"mase": mase, "baseline": baseline, "per_origin_mase": [finite_or_none(v) for v in per_time],
             "origin_times": [_iso(np.datetime64(int(t), "s")) for t in times]}
 
 
@@ -267,20 +287,57 @@ def _baseline_season(report: dict, season: int) -> int:
 
 # --- the verdict ---------------------------------------------------------------------------------
 
-def paired_degradation_test(realised: np.ndarray, holdout: np.ndarray, alpha: float | None = None) -> dict:
+def like_sized_back(cfg, fleet) -> np.ndarray:
+    """Steps back from a series' end of its holdout origins as training laid them out
+    (onnxcast.pipeline.fleet_eval.plan_for): the realised MASE the test compares is taken at
+    the same count of origins from each series' latest rows."""
+    from onnxcast.pipeline.fleet_eval import plan_for
+
+    return np.asarray(plan_for(cfg, fleet).back, np.int64)
+
+
+def compared_mase(fleet, index: list[int], first_new: np.ndarray, back: np.ndarray, run, lookback: int,
+                  horizon: int, scales: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The realised MASE the paired test compares: per series of ``index`` whose new rows
+    (from ``first_new``) hold the holdout's layout (origins ``back`` steps before its end),
+    its MASE at those origins. (positions into ``index`` of the compared series, their MASE)."""
+    like = [k for k, i in enumerate(index) if int(fleet.lengths[i]) - int(back[0]) >= int(first_new[i])]
+    mase = realised_per_series(fleet, [index[k] for k in like], [int(fleet.lengths[index[k]]) - back for k in like],
+                               run, lookback, horizon, np.asarray(scales)[like], 1, times=False)["mase"]
+    return like, mase
+
+
+def paired_degradation_test(realised: np.ndarray, holdout: np.ndarray, alpha: float | None = None, *,
+                            non_finite: list[str] | None = None) -> dict:
     """One-sided Wilcoxon signed-rank test across series that the log ratio realised / holdout
-    MASE is above 0 (the series got worse). Degraded when p < ``alpha`` and at least
-    ``MIN_SERIES`` series."""
+    MASE is above 0 (the series got worse). Both MASEs of a series must average the same
+    number of like windows (the realised one over the latest windows laid out as the
+    holdout's): under no change the log ratio is then symmetric about 0, which it is not when
+    one averages more windows than the other (the less variable mean has the larger expected
+    log). Degraded when p < ``alpha`` and at least ``MIN_SERIES`` series; and whenever a
+    series had a non-finite forecast (``non_finite``: their ids), with the note
+    "non-finite forecasts"."""
     from scipy import stats
 
     from onnxcast.pipeline.monitor import ALPHA
 
     alpha = ALPHA if alpha is None else alpha
     realised, holdout = np.asarray(realised, np.float64), np.asarray(holdout, np.float64)
-    result: dict[str, Any] = {"test": "Wilcoxon signed-rank, one-sided, per-series log(realised / holdout MASE)",
+    result: dict[str, Any] = {"test": "Wilcoxon signed-rank, one-sided, per-series log(realised / holdout MASE) "
+                                      "over like-sized windows",
                               "alpha": alpha, "min_series": MIN_SERIES, "series": int(len(realised)),
                               "statistic": None, "p_value": None, "ratio": None, "median_ratio": None,
                               "worse_share": None, "degraded": False}
+    bad = list(non_finite or [])
+    finite = np.isfinite(realised) & np.isfinite(holdout)
+    if not np.all(finite):
+        bad += [f"#{k}" for k in np.flatnonzero(~finite)] if non_finite is None else []
+        realised, holdout = realised[finite], holdout[finite]
+    if bad:
+        named = ", ".join(bad[:WORST]) + (f" and {len(bad) - WORST} more" if len(bad) > WORST else "")
+        result.update(degraded=True, non_finite=bad[:LEFT_OUT_NAMED], non_finite_series=len(bad),
+                      note=f"non-finite forecasts in {len(bad)} series: {named}")
+        return result
     if len(realised) < MIN_SERIES:
         result["note"] = f"{len(realised)} series judged, fewer than {MIN_SERIES}: not judged"
         return result
@@ -383,5 +440,5 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-__all__ = ["MIN_SERIES", "holdout_per_series", "monitor_fleet", "paired_degradation_test", "pooled_drift",
+__all__ = ["MIN_SERIES", "holdout_per_series", "compared_mase", "like_sized_back", "monitor_fleet", "paired_degradation_test", "pooled_drift",
            "read_fleet", "realised_per_series"]

@@ -126,11 +126,13 @@ def plot_monitor(result: dict, path: str | Path) -> Path:
 
     times = np.array([np.datetime64(t.rstrip("Z")) for t in result["origin_times"]])
     figure, axis = plt.subplots(figsize=(12, 4))
-    axis.plot(times, result["per_origin_mase"], color="tab:blue", linewidth=1, label="realised MASE per origin")
+    per_origin = [np.nan if v is None else v for v in result["per_origin_mase"]]
+    axis.plot(times, per_origin, color="tab:blue", linewidth=1, label="realised MASE per origin")
     low, high = result["holdout_ci"]
     axis.axhspan(low, high, color="tab:green", alpha=0.2, label="holdout MASE 95% interval")
     axis.axhline(result["holdout_mase"], color="tab:green", linewidth=1, label="holdout MASE")
-    axis.axhline(result["mase"], color="tab:blue", linestyle="--", linewidth=1, label="realised MASE (mean)")
+    if result["mase"] is not None:
+        axis.axhline(result["mase"], color="tab:blue", linestyle="--", linewidth=1, label="realised MASE (mean)")
     verdict = "DEGRADED" if result.get("degraded") else "not degraded"
     axis.set_title(f"{result['channel']}: {result['family']} {result['variant']}, {verdict} "
                    f"(p={result.get('p_value') if result.get('p_value') is None else round(result['p_value'], 4)}); "
@@ -157,6 +159,8 @@ def _log_figures(client, run_id: str, result: dict) -> None:
     metrics = [Metric(k, float(v), now, 0) for k, v in figures.items() if v is not None]
     for step, (value, at) in enumerate(zip(result.get("per_origin_mase") or [], result.get("origin_times") or [],
                                            strict=True)):
+        if value is None:  # a non-finite forecast at that origin (the result says None, not NaN)
+            continue
         stamp = calendar.timegm(time.strptime(at, "%Y-%m-%dT%H:%M:%SZ")) * 1000
         metrics.append(Metric("origin_mase", float(value), stamp, step))
     params = [Param(k, str(result.get(k))) for k in ("channel", "family", "variant", "trained_until", "from", "to",
