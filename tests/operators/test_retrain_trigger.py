@@ -121,7 +121,9 @@ class TestMonitorChannelsOperator:
         assert set(op.template_fields) == set(values)
         assert_template_fields_stored_unchanged(op, values)
 
-    def test_a_channel_with_nothing_served_fails_naming_it(self, tmp_path):
+    def test_a_model_with_no_channel_served_fails_naming_it(self, tmp_path):
+        """Only edge asked and nothing served: the task fails (one served channel would be judged
+        and the unserved one skipped: tests/dags/test_monitor_channels.py)."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from onnxcast.airflow.operators import MonitorChannelsOperator
@@ -130,7 +132,7 @@ class TestMonitorChannelsOperator:
                                      store_uri=str(tmp_path))
         with pytest.raises(AirflowFailException) as err:
             op.execute(make_context())
-        assert str(err.value).startswith("nothing-here channel edge: ") and "no such channel" in str(err.value)
+        assert str(err.value) == "nothing-here: no channel of edge serves a version (nothing promoted)"
 
 
 class TestRetrainSignalOperator:
