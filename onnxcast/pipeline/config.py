@@ -172,6 +172,10 @@ class PipelineConfig:
     d_model: int = setting(64, help="Transformer width", cli="--d-model", group=TRAINING, low=1, high=4096)
     n_heads: int = setting(4, help="Transformer attention heads (must divide --d-model)", cli="--n-heads",
                            group=TRAINING, low=1, high=1024)
+    # PatchTST's tokens: ~24 a window keeps attention to 24**2 scores a head (docs/performance.md)
+    patch_length: int = setting(
+        0, help="Transformer steps per token (patches cut from the newest step); 0: lookback // 24, at least 1",
+        cli="--patch-length", group=TRAINING, low=0, high=100_000)
     seed: int = setting(42, help="random seed (training is repeatable)", cli="--seed", group=TRAINING,
                         low=0, high=2**32 - 1)
     # export / optimize / validate
@@ -247,6 +251,8 @@ class PipelineConfig:
             problems.append(f"champion_metric must be one of {list(CHAMPION_METRICS)}, got {self.champion_metric!r}")
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.patch_length > self.lookback:
+            problems.append(f"patch_length ({self.patch_length}) must be at most the lookback ({self.lookback})")
         if self.target_column in self.feature_columns:
             problems.append(f"target column {self.target_column!r} is also listed as a feature")
         if self.series_column and self.series_column in (self.time_column, self.target_column,
@@ -267,6 +273,11 @@ class PipelineConfig:
     @property
     def n_features(self) -> int:
         return 1 + len(self.feature_columns)
+
+    @property
+    def transformer_patch(self) -> int:
+        """Steps per Transformer token: ``patch_length``, or ``lookback // 24`` (at least 1) for 0."""
+        return transformer_patch(self.patch_length, self.lookback)
 
     @property
     def levels(self) -> tuple[float, ...]:
@@ -447,6 +458,14 @@ SIZE_SETTINGS = {
 }
 
 
+TOKENS_PER_WINDOW = 24  # the Transformer's default patch: lookback // 24 steps
+
+
+def transformer_patch(patch_length: int, lookback: int) -> int:
+    """Steps per Transformer token for the ``patch_length`` setting (0: automatic)."""
+    return patch_length or max(1, lookback // TOKENS_PER_WINDOW)
+
+
 def model_size_problems(cfg: PipelineConfig) -> list[str]:
     """One problem per selected family whose estimated size is over the limits, naming the
     setting that makes it so and the largest value of it that fits with the others."""
@@ -484,10 +503,12 @@ def estimate_model_size(family: str, cfg: PipelineConfig, **override: int) -> tu
         return lstm + h * horizon + horizon + anchors, 0
     if family == "transformer":
         d, layers = v["d_model"], v["num_layers"]
+        patch = transformer_patch(cfg.patch_length, lookback)
+        tokens = lookback // patch
         layer = 4 * (d * d + d) + 2 * (2 * d * d) + 3 * d + 4 * d  # attention, feed-forward, two norms
-        parameters = features * d + d + layers * layer + 2 * d + 2 * d * horizon + horizon + anchors
-        # scores, softmax and their gradients: 3 float32 [batch, heads, time, time] per layer
-        attention = 3 * 4 * v["batch_size"] * v["n_heads"] * lookback * lookback * layers
+        parameters = features * patch * d + d + layers * layer + 2 * d + 2 * d * horizon + horizon + anchors
+        # scores, softmax and their gradients: 3 float32 [batch, heads, tokens, tokens] per layer
+        attention = 3 * 4 * v["batch_size"] * v["n_heads"] * tokens * tokens * layers
         return parameters, attention
     extra = (features - 1) * lookback + _MAX_SEASONS * horizon
     if family == "nhits":

@@ -38,10 +38,16 @@ TORCHSCRIPT_OPSET = 17
 
 
 def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lookback: int,
-                metadata: dict[str, str], opset: int | None = None, exporter: str | None = None) -> Path:
+                metadata: dict[str, str], opset: int | None = None, exporter: str | None = None,
+                as_written: bool = False) -> Path:
     """Export ``model`` to ``path`` (written atomically), check it, and return the path. A
     model with quantile offsets (``has_quantiles``) gets the ``quantiles`` output too; its
-    ``metadata`` must then name the ``quantile_levels``."""
+    ``metadata`` must then name the ``quantile_levels``.
+
+    What is traced is the model's export form (onnxcast.pipeline.graph_forms: the same function
+    in fewer, cheaper ONNX ops); ``as_written`` traces the module as it is (the benchmark's
+    comparison)."""
+    from onnxcast.pipeline.graph_forms import graph_form
     from onnxcast.pipeline.models import WithQuantiles
 
     path = Path(path)
@@ -51,17 +57,21 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     example[:, :, 0] = torch.linspace(0.0, 1.0, lookback)  # non-constant, like real data
     exporter = exporter or EXPORTER.get(str(metadata.get("model_family")), "dynamo")
     window = getattr(model, "min_history", None)  # window families read the newest ``lookback`` steps
-    outputs = [OUTPUT_NAME]
-    if getattr(model, "has_quantiles", False):
-        model, outputs = WithQuantiles(model).eval(), [OUTPUT_NAME, QUANTILES_NAME]
+    quantiles = bool(getattr(model, "has_quantiles", False))
+    outputs = [OUTPUT_NAME, QUANTILES_NAME] if quantiles else [OUTPUT_NAME]
+    name = type(model.core).__name__
+    try:
+        traced = (WithQuantiles(model) if quantiles else model) if as_written else graph_form(model)
+    except (TypeError, ValueError) as exc:
+        raise ExportError(f"no export form for {name}: {exc}") from exc
     _quiet_torchvision_registry()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            proto = (_export_dynamo(model, example, min_time=window or 2, outputs=outputs) if exporter == "dynamo"
-                     else _export_torchscript(model, example, outputs=outputs))
+            proto = (_export_dynamo(traced.eval(), example, min_time=window or 2, outputs=outputs)
+                     if exporter == "dynamo" else _export_torchscript(traced.eval(), example, outputs=outputs))
     except Exception as exc:  # torch.export raises many types; report them as one
-        raise ExportError(f"torch.onnx.export failed for {type(model.core).__name__}: {str(exc).splitlines()[0]}") from exc
+        raise ExportError(f"torch.onnx.export failed for {name}: {str(exc).splitlines()[0]}") from exc
     if window:
         slice_window_from_the_end(proto, window)
     if opset is not None:

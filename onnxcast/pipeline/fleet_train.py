@@ -151,7 +151,8 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
         fleet, split, (fleet.season, *implied), cfg.horizon, cfg.lookback, seed=cfg.seed)
     spec = ModelSpec(family=family, n_features=fleet.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, season=anchor, seasons=model_seasons(anchor, implied, cfg.lookback),
+                     n_heads=cfg.n_heads, patch=cfg.transformer_patch if family == "transformer" else 1,
+                     season=anchor, seasons=model_seasons(anchor, implied, cfg.lookback),
                      global_model=True, n_series=fleet.n_series)
     sampler = WindowSampler(fleet, split, cfg.lookback, cfg.horizon, season=anchor,
                             power=cfg.series_sampling_power, seed=cfg.seed)

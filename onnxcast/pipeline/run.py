@@ -147,7 +147,8 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
         values[: split.train_end, 0], (series.season, *implied), cfg.horizon, cfg.lookback)
     spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, season=anchor,
+                     n_heads=cfg.n_heads, patch=cfg.transformer_patch if family == "transformer" else 1,
+                     season=anchor,
                      seasons=model_seasons(anchor, implied, cfg.lookback))
     log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
              f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")

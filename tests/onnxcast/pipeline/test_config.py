@@ -93,7 +93,8 @@ def test_the_size_estimate_counts_the_parameters_the_model_has(family):
     cfg = PipelineConfig(data_uri="x.csv", out_dir="out", feature_columns=("temp",), hidden_size=24, num_layers=3,
                          d_model=32, n_heads=4, lookback=96, horizon=12, models=(family,))
     spec = ModelSpec(family=family, n_features=2, horizon=12, lookback=96, hidden_size=24, num_layers=3, d_model=32,
-                     n_heads=4, season=24, seasons=(24, 48, 96))
+                     n_heads=4, season=24, seasons=(24, 48, 96),
+                     patch=cfg.transformer_patch if family == "transformer" else 1)
     actual = sum(p.numel() for p in build_model(spec).parameters())
     assert estimate_model_size(family, cfg)[0] == actual
 
@@ -123,7 +124,7 @@ def test_bad_quality_settings_name_the_setting(values, fragment):
      "hidden_size 2,048 makes the nhits model about 822,248,032 parameters (13.2 GB to train), over the limit "
      "of 50,000,000: use hidden_size 489 or less with these settings"),
     (["--models", "lstm", "--hidden-size", "4096"], "hidden_size 4,096 makes the lstm model about"),
-    (["--models", "transformer", "--lookback", "20000"],
+    (["--models", "transformer", "--lookback", "20000", "--patch-length", "1"],
      "lookback 20,000 makes the transformer model about 2,457.6 GB of attention scores per batch"),
     (["--models", "dlinear", "--lookback", "100000", "--horizon", "1000"], "use lookback 23,497 or less"),
     (["--baseline-margin", "1.5"], "baseline_margin must be in [0, 1)"),
