@@ -3,9 +3,9 @@
     python bench/memprobe.py torch RUN_DIR FAMILY      PyTorch eager from the run's state dict
     python bench/memprobe.py onnx MODEL.onnx N_FEATURES LOOKBACK
 
-Prints JSON ``{"1": MiB, "64": MiB}``: the growth of the peak resident set size (VmHWM)
-over the process's size after its imports, through loading the model and running batch 1,
-then batch 64 (so the batch-64 figure includes the batch-1 run's buffers, which are reused).
+Prints JSON ``{"1": MiB, "64": MiB, "1024": MiB}``: the growth of the peak resident set size
+(VmHWM) over the process's size after its imports, through loading the model and running batch
+1, then 64, then 1,024 (so each figure includes the smaller runs' buffers, which are reused).
 A fresh process is needed because a long-lived one reuses freed heap pages and hides growth.
 """
 
@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+BATCHES = (1, 64, 1024)
 
 
 def status_kib(key: str) -> int:
@@ -38,7 +40,7 @@ def main(argv: list[str]) -> None:
         spec = ModelSpec(**json.loads((directory / "model.json").read_text())["spec"])
         n_features, lookback = spec.n_features, spec.lookback
         inputs = {b: np.random.default_rng(0).standard_normal((b, lookback, n_features), dtype=np.float32)
-                  for b in (1, 64)}
+                  for b in BATCHES}
         base = status_kib("VmRSS:")
         model = build_model(spec)
         model.load_state_dict(torch.load(directory / "model.pt", weights_only=True))
@@ -52,7 +54,7 @@ def main(argv: list[str]) -> None:
 
         n_features, lookback = int(argv[2]), int(argv[3])
         inputs = {b: np.random.default_rng(0).standard_normal((b, lookback, n_features), dtype=np.float32)
-                  for b in (1, 64)}
+                  for b in BATCHES}
         base = status_kib("VmRSS:")
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
@@ -64,7 +66,7 @@ def main(argv: list[str]) -> None:
             session.run(["forecast"], {"history": x})
 
     out = {}
-    for batch in (1, 64):
+    for batch in BATCHES:
         run(inputs[batch])
         run(inputs[batch])
         out[str(batch)] = (status_kib("VmHWM:") - base) / 1024.0

@@ -6,12 +6,14 @@ Usage::
     .venv/bin/python bench/run.py --run-dir DIR   # measure an existing pipeline run directory
     .venv/bin/python bench/run.py --quick         # smoke mode: seconds of training, few repeats
 
-For each family, batch (1, 64) and thread count (1, 2) it measures latency p50/p95 after a
-warm-up, throughput, peak memory, size, holdout MAE and the achieved GFLOP/s as a fraction
-of the machine's float32 GEMM peak measured at the same thread count. Candidates of one
-(family, batch, threads) cell are timed in interleaved rounds, so a burst of load from
-other processes on these shared 2-core machines hits all of them alike and the ratios stay
-comparable. Writes ``bench/results.json`` and ``bench/results.md``.
+For each family, batch (1, 64, and 1,024: a fleet) and thread count (1, 2) it measures latency
+p50/p95 after a warm-up, throughput, peak memory, size, holdout MAE, and how far each variant
+is from the machine's limit for that model: a roofline from the FLOPs and bytes of one forecast
+(counted on the exported graph, bench/flops.py), the float32 GEMM peak and the memory bandwidth
+measured at the same thread count. Candidates of one (family, batch, threads) cell are timed
+in interleaved rounds, so a burst of load from other processes on these shared 2-core machines
+hits all of them alike and the ratios stay comparable; the load average before and after says
+whether the run was disturbed. Writes ``bench/results.json`` and ``bench/results.md``.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from flops import model_flops  # noqa: E402
+from flops import graph_cost  # noqa: E402
 
 log = logging.getLogger("bench")
 
-BATCHES = (1, 64)
-FAMILIES = ("lstm", "transformer")
+BATCHES = (1, 64, 1024)
+FLEET_BATCH = 1024  # a fleet is served at batch sizes of hundreds to thousands
+# A run is "disturbed" when other work held a core: the 1-minute load average over this before
+# the run, or over this after it (the benchmark itself keeps one core busy).
+QUIET_LOAD_BEFORE, QUIET_LOAD_AFTER = 0.5, 1.5
 
 
 @dataclass
@@ -96,6 +101,44 @@ def gemm_peak_gflops(threads: int, n: int = 1024, repeats: int = 40) -> dict:
         result["numpy_openblas"] = _best_rate(lambda: x @ x, 2 * n**3, repeats)
     result["peak"] = max(result.values())
     return result
+
+
+def int8_gemm_peak(threads: int, n: int = 1024, repeats: int = 20) -> float:
+    """Best rate (GOP/s) of ONNX Runtime's uint8 x int8 ``MatMulInteger`` at ``n``: what the
+    int8 kernels (VNNI, AMX) can do, the ceiling of an int8 variant's products."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.integers(-64, 64, (n, n)).astype(np.int8), "w")
+    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "peak",
+                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [None, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [None, n])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    a = rng.integers(0, 255, (n, n)).astype(np.uint8)
+    return _best_rate(lambda: session.run(None, {"a": a}), 2 * n**3, repeats)
+
+
+def memory_bandwidth_gbs(threads: int, mib: int = 1024, repeats: int = 5) -> float:
+    """Best copy rate (GB/s, bytes read plus bytes written) of a ``mib`` MiB tensor at
+    ``threads`` threads: larger than any cache here, so it is the memory's bandwidth."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    source = torch.ones(mib * 1024 * 1024 // 4)
+    target = torch.empty_like(source)
+    try:
+        return _best_rate(lambda: target.copy_(source), 2 * source.numel() * 4, repeats)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 def _best_rate(fn: Callable[[], object], flops: float, repeats: int) -> float:
@@ -192,12 +235,11 @@ def time_interleaved(candidates: list[Candidate], inputs: dict[int, np.ndarray],
 
 
 def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats: dict[int, int],
-                 warmup: int, peaks: dict[int, float]) -> tuple[list[dict], dict]:
+                 warmup: int, machine: dict) -> tuple[list[dict], dict]:
     """Rows of one family, and its entry in the shape select_variants reads."""
     from onnxcast.pipeline.metrics import forecast_metrics
-    from onnxcast.pipeline.run import _load_data, load_model
+    from onnxcast.pipeline.run import _load_data, family_dir, load_model
     from onnxcast.pipeline.validate import (
-        baseline_metrics,
         check_parity,
         holdout_windows,
         onnx_predict,
@@ -209,7 +251,6 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
     series, split = _load_data(cfg)
     holdout = holdout_windows(cfg, series, split)
     model, spec = load_model(cfg, family)
-    flops_per_forecast = model_flops(spec, cfg.lookback)
 
     candidates = [torch_candidate(cfg.run_dir, cfg, family), *onnx_candidates(cfg, family)]
     reference = torch_runner(model)
@@ -227,6 +268,8 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
 
     rng = np.random.default_rng(cfg.seed)
     inputs = {b: sample_histories(series.values, b, cfg.lookback, rng) for b in BATCHES}
+    fp32_path = family_dir(cfg, family) / "onnx" / "fp32.onnx"
+    cost = {b: graph_cost(fp32_path, inputs[b]) for b in BATCHES}
     for threads in threads_list:
         time_interleaved(candidates, inputs, threads, rounds, repeats, warmup)
 
@@ -235,18 +278,22 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
     rows = []
     for c in candidates:
         for threads in threads_list:
+            peak, bandwidth = machine["gemm_peak_gflops"][threads], machine["memory_bandwidth_gbs"][threads]
             for b in BATCHES:
                 times = np.asarray(c.times[(b, threads)])
                 p50, p95 = float(np.percentile(times, 50)), float(np.percentile(times, 95))
-                achieved = flops_per_forecast * b / (p50 / 1000.0) / 1e9
                 torch_p50 = float(np.percentile(candidates[0].times[(b, threads)], 50))
+                flops, moved = cost[b]["flops"] * b, cost[b]["bytes"] * b
+                roofline_ms = 1000.0 * max(flops / (peak * 1e9), moved / (bandwidth * 1e9))
                 rows.append({
                     "family": family, "variant": c.variant, "batch": b, "threads": threads,
                     "p50_ms": p50, "p95_ms": p95, "throughput_per_s": b * 1000.0 / p50,
                     "speedup_vs_torch": torch_p50 / p50,
                     "holdout_mae": c.holdout_mae, "mae_vs_fp32": c.holdout_mae / fp32_mae - 1.0,
                     "size_bytes": c.size_bytes, "size_vs_fp32": None,
-                    "achieved_gflops": achieved, "gflops_fraction": achieved / peaks[threads],
+                    "achieved_gflops": flops / (p50 / 1000.0) / 1e9, "gflops_fraction": flops / (p50 / 1000.0) / 1e9 / peak,
+                    "roofline_ms": roofline_ms, "x_roofline": p50 / roofline_ms,
+                    "roofline_bound": "compute" if flops / peak >= moved / bandwidth else "memory",
                     "peak_rss_delta_mib": (memory[c.variant] or {}).get(b), "parity_ratio": c.parity,
                     "samples": len(times), "note": c.note,
                 })
@@ -254,8 +301,12 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
     for row in rows:
         row["size_vs_fp32"] = row["size_bytes"] / fp32_size
 
+    from onnxcast.pipeline.validate import baseline_metrics
+
     baseline_mae = baseline_metrics(cfg, series, split)["mae"]
     entry = _selection_entry(family, rows, candidates, cfg, threads_list[0], baseline_mae)
+    entry["cost_per_forecast"] = {str(b): {k: v for k, v in cost[b].items() if k != "by_op"} for b in BATCHES}
+    entry["flops_by_op"] = cost[FLEET_BATCH]["by_op"]
     return rows, entry
 
 
@@ -339,25 +390,63 @@ def load_run(run_dir: Path, reoptimize: bool):
 # --- output -----------------------------------------------------------------------------------
 
 def write_markdown(results: dict, path: Path) -> None:
+    load = results["load_average"]
+    machine = [f"{results['gemm_peak_gflops_by_threads'][t]:.0f} GFLOP/s float32 GEMM, "
+               f"{results['int8_gemm_peak_gops_by_threads'][t]:.0f} GOP/s int8, "
+               f"{results['memory_bandwidth_gbs_by_threads'][t]:.1f} GB/s memory at {t} thread(s)"
+               for t in results["threads"]]
     lines = [
-        f"Benchmark of {results['date']} on {results['machine']}.",
-        f"Lookback {results['lookback']}, horizon {results['horizon']}; float32 GEMM peak "
-        + ", ".join(f"{v:.0f} GFLOP/s at {t} thread(s)" for t, v in results["gemm_peak_gflops_by_threads"].items())
-        + f". ORT: {results['ort_session']}; PyTorch: {results['torch_mode']}. Memory: {results['memory_method']}.",
+        f"Benchmark of {results['date']} on {results['machine']}; load average {load['before']} before, "
+        f"{load['after']} after: {'DISTURBED (other work held a core; ratios within the run still hold)' if load['disturbed'] else 'quiet'}.",
+        f"Lookback {results['lookback']}, horizon {results['horizon']}; " + "; ".join(machine)
+        + f". ORT: {results['ort_session']}; PyTorch: {results['torch_mode']}. Memory: {results['memory_method']}. "
+        f"Roofline: {results['roofline_method']}.",
         "",
-        "| family | variant | threads | batch | p50 ms | p95 ms | forecasts/s | x torch | holdout MAE | "
+        "Each family's chosen variants (its edge choice at batch 1, its cloud choice at 64 and 1,024), x PyTorch "
+        "eager in the same run at 1 / 2 threads, and batch 1,024 against the roofline (1 thread):",
+        "",
+        "| family | edge variant | batch 1 | cloud variant | batch 64 | batch 1,024 | forecasts/s at 1,024 | roofline | x roofline |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    threads = results["threads"]
+
+    def cell(family: str, variant: str | None, batch: int, t: int) -> dict | None:
+        return next((r for r in results["rows"] if r["family"] == family and r["variant"] == variant
+                     and r["batch"] == batch and r["threads"] == t), None)
+
+    def ratios(family: str, variant: str | None, batch: int) -> str:
+        found = [cell(family, variant, batch, t) for t in threads]
+        return " / ".join(f"{r['speedup_vs_torch']:.2f}x" if r else "-" for r in found)
+
+    for family, chosen in results["selected_per_family"].items():
+        edge, cloud = chosen.get("edge"), chosen.get("cloud")
+        fleet = cell(family, cloud, FLEET_BATCH, threads[0])
+        fleet_text = ("- | - | - | -" if fleet is None else
+                      f"{ratios(family, cloud, FLEET_BATCH)} | {fleet['throughput_per_s']:,.0f} | "
+                      f"{FLEET_BATCH * 1000 / fleet['roofline_ms']:,.0f} ({fleet['roofline_bound']}) | "
+                      f"{fleet['x_roofline']:.2f}")
+        lines.append(f"| {family} | {edge or 'none'} | {ratios(family, edge, 1)} | {cloud or 'none'} | "
+                     f"{ratios(family, cloud, 64)} | {fleet_text} |")
+    lines += [
+        "",
+        "| family | variant | threads | batch | p50 ms | p95 ms | forecasts/s | x torch | x roofline | holdout MAE | "
         "MAE vs fp32 | size KiB | GEMM peak | peak RSS MiB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["rows"]:
         mem = "" if r["peak_rss_delta_mib"] is None else f"{r['peak_rss_delta_mib']:.1f}"
         lines.append(
             f"| {r['family']} | {r['variant']} | {r['threads']} | {r['batch']} | {r['p50_ms']:.3f} | "
-            f"{r['p95_ms']:.3f} | {r['throughput_per_s']:.0f} | {r['speedup_vs_torch']:.2f} | "
+            f"{r['p95_ms']:.3f} | {r['throughput_per_s']:.0f} | {r['speedup_vs_torch']:.2f} | {r['x_roofline']:.2f} | "
             f"{r['holdout_mae']:.2f} | {100 * r['mae_vs_fp32']:+.2f}% | {r['size_bytes'] / 1024:.0f} | "
             f"{100 * r['gflops_fraction']:.1f}% | {mem} |")
-    lines += ["", f"Selected at {results['threads'][0]} thread(s): "
-              + ", ".join(f"{ch} = {s['family']} {s['variant']}" for ch, s in results["selected"].items()), ""]
+    lines += ["", "Work per forecast (fp32 graph, batch 1,024): "
+              + "; ".join(f"{family} {cost[str(FLEET_BATCH)]['flops'] / 1e6:.2f} MFLOP, "
+                          f"{cost[str(FLEET_BATCH)]['bytes'] / 1e3:.1f} kB"
+                          for family, cost in results["cost_per_forecast"].items()), ""]
+    lines += [f"Selected at {results['threads'][0]} thread(s) (all families competing): "
+              + (", ".join(f"{ch} = {s['family']} {s['variant']}" for ch, s in results["selected"].items()) or "none"),
+              ""]
     lines += ["| goal | value | met |", "|---|---|---|"]
     for g in results["goals"]:
         lines.append(f"| {g['goal']} | {g['value']} | {'yes' if g['met'] else 'no'} |")
@@ -366,10 +455,11 @@ def write_markdown(results: dict, path: Path) -> None:
 
 
 def goals(rows: list[dict], selected_by_family: dict[str, dict], threads: int) -> list[dict]:
-    """The issue's goals for each family's chosen edge (batch 1) and cloud (batch 64) variant."""
-    def row(family: str, variant: str, batch: int) -> dict:
-        return next(r for r in rows if r["family"] == family and r["variant"] == variant
-                    and r["batch"] == batch and r["threads"] == threads)
+    """The issue's goals for each family's chosen edge (batch 1) and cloud (batch 64, and a fleet's
+    batch 1,024 against the roofline) variant, at ``threads``."""
+    def row(family: str, variant: str, batch: int) -> dict | None:
+        return next((r for r in rows if r["family"] == family and r["variant"] == variant
+                     and r["batch"] == batch and r["threads"] == threads), None)
 
     out = []
     for family, chosen in selected_by_family.items():
@@ -383,12 +473,11 @@ def goals(rows: list[dict], selected_by_family: dict[str, dict], threads: int) -
                         "value": f"{r['speedup_vs_torch']:.2f}x", "met": r["speedup_vs_torch"] >= target})
             out.append({"goal": f"{family} {channel} ({variant}) MAE within 1% of fp32",
                         "value": f"{100 * r['mae_vs_fp32']:+.2f}%", "met": r["mae_vs_fp32"] <= 0.01})
+        fleet = row(family, chosen.get("cloud"), FLEET_BATCH) if chosen.get("cloud") else None
+        if fleet:
+            out.append({"goal": f"{family} cloud ({fleet['variant']}) at batch {FLEET_BATCH:,} within 2x of the roofline",
+                        "value": f"{fleet['x_roofline']:.2f}x", "met": fleet["x_roofline"] <= 2.0})
     for family in selected_by_family:
-        fastest = max((r for r in rows if r["family"] == family and r["batch"] == 64 and r["threads"] == threads
-                       and r["variant"] != "torch"), key=lambda r: r["gflops_fraction"])
-        if family == "lstm":
-            out.append({"goal": f"lstm batch 64 >= 60% of GEMM peak (best: {fastest['variant']})",
-                        "value": f"{100 * fastest['gflops_fraction']:.1f}%", "met": fastest["gflops_fraction"] >= 0.6})
         int8 = [r for r in rows if r["family"] == family and r["variant"] == "int8"]
         if int8:
             out.append({"goal": f"{family} int8 size <= 30% of fp32", "value": f"{100 * int8[0]['size_vs_fp32']:.1f}%",
@@ -415,12 +504,13 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     logging.getLogger("torch").setLevel(logging.ERROR)
     started = time.monotonic()
+    load_before = load_average()
 
     threads_list = [int(t) for t in args.threads.split(",")]
     if args.quick:
-        repeats, rounds, warmup = {1: 5, 64: 1}, 2, 2
+        repeats, rounds, warmup = {1: 5, 64: 1, FLEET_BATCH: 1}, 2, 1
     else:
-        repeats, rounds, warmup = {1: 40, 64: 4}, args.rounds, 5
+        repeats, rounds, warmup = {1: 40, 64: 4, FLEET_BATCH: 1}, args.rounds, 3
 
     if args.run_dir:
         cfg = load_run(args.run_dir, args.reoptimize)
@@ -428,23 +518,27 @@ def main(argv: list[str] | None = None) -> int:
         cfg = prepare_run(args.out_dir, 1 if args.quick else args.epochs, 0.05 if args.quick else args.train_minutes)
     log.info("run directory %s ready after %.0fs", cfg.run_dir, time.monotonic() - started)
 
-    peaks = {}
+    peaks, machine = {}, {"gemm_peak_gflops": {}, "int8_gemm_peak_gops": {}, "memory_bandwidth_gbs": {}}
     for threads in threads_list:
         peaks[threads] = gemm_peak_gflops(threads, repeats=5 if args.quick else 40)
-        log.info("float32 GEMM peak at %d thread(s): %s", threads, {k: round(v, 1) for k, v in peaks[threads].items()})
+        machine["gemm_peak_gflops"][threads] = peaks[threads]["peak"]
+        machine["int8_gemm_peak_gops"][threads] = int8_gemm_peak(threads, repeats=3 if args.quick else 20)
+        machine["memory_bandwidth_gbs"][threads] = memory_bandwidth_gbs(threads, mib=256 if args.quick else 1024)
+        log.info("at %d thread(s): float32 GEMM peak %s, int8 %.0f GOP/s, memory %.1f GB/s", threads,
+                 {k: round(v, 1) for k, v in peaks[threads].items()}, machine["int8_gemm_peak_gops"][threads],
+                 machine["memory_bandwidth_gbs"][threads])
 
     from onnxcast.pipeline.report import select_variants
 
     rows, entries = [], []
     for family in cfg.models:
-        family_rows, entry = bench_family(cfg, family, threads_list, rounds, repeats, warmup,
-                                          {t: p["peak"] for t, p in peaks.items()})
+        family_rows, entry = bench_family(cfg, family, threads_list, rounds, repeats, warmup, machine)
         rows += family_rows
         entries.append(entry)
         for r in family_rows:
-            log.info("%-11s %-8s t%d b%-2d p50 %8.3f ms  x%.2f  MAE %.2f  %.1f%% peak", r["family"], r["variant"],
-                     r["threads"], r["batch"], r["p50_ms"], r["speedup_vs_torch"], r["holdout_mae"],
-                     100 * r["gflops_fraction"])
+            log.info("%-11s %-8s t%d b%-4d p50 %9.3f ms  x%.2f torch  MAE %.2f  x%.1f roofline", r["family"],
+                     r["variant"], r["threads"], r["batch"], r["p50_ms"], r["speedup_vs_torch"], r["holdout_mae"],
+                     r["x_roofline"])
 
     selected, ranking = select_variants(entries)
     per_family = {e["family"]: dict(zip(("edge", "cloud"), _best_per_family(e), strict=True))
@@ -453,22 +547,31 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
     import torch
 
+    load_after = load_average()
     results = {
         "date": dt.date.today().isoformat(),
         "machine": machine_description(),
+        "load_average": {"before": load_before, "after": load_after,
+                         "disturbed": load_before > QUIET_LOAD_BEFORE or load_after > QUIET_LOAD_AFTER},
         "threads": threads_list,
         "gemm_peak_gflops": peaks[threads_list[0]]["peak"],
-        "gemm_peak_gflops_by_threads": {t: p["peak"] for t, p in peaks.items()},
+        "gemm_peak_gflops_by_threads": machine["gemm_peak_gflops"],
         "gemm_peak_detail": peaks,
+        "int8_gemm_peak_gops_by_threads": machine["int8_gemm_peak_gops"],
+        "memory_bandwidth_gbs_by_threads": machine["memory_bandwidth_gbs"],
         "lookback": cfg.lookback, "horizon": cfg.horizon,
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
         "ort_session": "CPUExecutionProvider, intra-op threads as listed, inter-op 1, spinning off",
         "torch_mode": f"eager, torch.set_num_threads as listed, inference_mode, "
                       f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
         "memory_method": "peak RSS growth (VmHWM) over the size after imports, in a fresh process per "
-                         "candidate: loading the model, then runs at batch 1, then at 64 (1 thread)",
+                         "candidate: loading the model, then runs at batch 1, 64 and 1,024 (1 thread)",
+        "roofline_method": "per forecast: FLOPs of the fp32 graph's matrix products (bench/flops.py) at the "
+                           "float32 GEMM peak, or its history, outputs and weights (once per batch) at the "
+                           "memory bandwidth, whichever takes longer; at the same thread count",
         "timing": {"rounds": rounds, "repeats_per_round": repeats, "warmup": warmup, "quick": args.quick},
-        "flops_per_forecast": {e["family"]: model_flops(_spec(cfg, e["family"]), cfg.lookback) for e in entries},
+        "cost_per_forecast": {e["family"]: e["cost_per_forecast"] for e in entries},
+        "flops_by_op": {e["family"]: e["flops_by_op"] for e in entries},
         "rows": rows,
         "selected": selected,
         "selected_per_family": per_family,
@@ -493,14 +596,6 @@ def _best_per_family(entry: dict) -> tuple[str | None, str | None]:
 
     selected, _ = select_variants([entry])
     return tuple((selected.get(ch) or {}).get("variant") for ch in ("edge", "cloud"))
-
-
-def _spec(cfg, family: str):
-    from onnxcast.base.files import read_json
-    from onnxcast.pipeline.models import ModelSpec
-    from onnxcast.pipeline.run import family_dir
-
-    return ModelSpec(**read_json(family_dir(cfg, family) / "model.json")["spec"])
 
 
 if __name__ == "__main__":

@@ -81,14 +81,14 @@ def test_transformer_attention_is_fused_and_lstm_outputs_are_trimmed(variants):
     ops = [n.op_type for n in onnx.load(paths["fp32-opt"]).graph.node]
     int8_ops = [n.op_type for n in onnx.load(paths["int8"]).graph.node]
     if family == "nhits":  # every Gemm/MatMul of a weight is int8: 3 blocks x 4 layers (less the last,
-        # unused backcast) and the 3 interpolations; the export form's exact products (anchor
-        # selection and mix, the quantiles' map) stay float
+        # unused backcast) and the 3 interpolations; the export form's exact products (the
+        # anchors' mix, the quantiles' map) stay float
         from onnxcast.pipeline.graph_forms import EXACT_MATRICES
 
         exact = [n for n in onnx.load(paths["fp32"]).graph.node if n.op_type in ("Gemm", "MatMul")
                  and n.input[1] in EXACT_MATRICES]
         assert int8_ops.count("MatMulInteger") == 14
-        assert int8_ops.count("MatMul") + int8_ops.count("Gemm") == len(exact) >= 2
+        assert int8_ops.count("MatMul") + int8_ops.count("Gemm") == len(exact) >= 1
         return
     if family == "transformer":
         assert ops.count("Attention") == 2 and "Softmax" not in ops
