@@ -45,6 +45,22 @@ def test_the_export_form_forecasts_what_the_model_does(family, n_features, globa
         np.testing.assert_allclose(quantiles.numpy(), expected_q.numpy(), rtol=2e-5, atol=1e-3 * float(scale[0]))
 
 
+@pytest.mark.parametrize("family", ["lstm", "transformer"])
+def test_a_first_release_model_exports_the_same_function(family):
+    """model.json files from before the anchors' mix and quantiles: one anchor, no seasons, no
+    patches; fetched from the registry, they are exported through the same forms."""
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(family=family, n_features=1, horizon=24, lookback=168, season=24),
+                        np.array([1000.0]), np.array([100.0]))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    model.eval()
+    history = torch.randn(3, 170, 1) * 100 + 1000
+    with torch.no_grad():
+        np.testing.assert_allclose(graph_form(model)(history).numpy(), model(history).numpy(), rtol=2e-5, atol=0.05)
+
+
 def test_a_model_without_quantiles_exports_the_forecast_alone():
     spec = ModelSpec(family="dlinear", n_features=1, horizon=12, lookback=48, season=12, seasons=(12,))
     model = build_model(spec).eval()
