@@ -20,13 +20,19 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
                    check=True, capture_output=True, text=True, timeout=240)
     report = json.loads(results.read_text())
     cells = {(r["family"], r["variant"], r["batch"]) for r in report["rows"]}
-    for family in ("lstm", "transformer"):
+    for family in ("lstm", "transformer", "nhits", "dlinear"):
         for variant in ("torch", "fp32", "fp32-opt", "int8", "fp16"):
-            assert {(family, variant, 1), (family, variant, 64)} <= cells
+            assert {(family, variant, 1), (family, variant, 64), (family, variant, 1024)} <= cells
+        cost = report["cost_per_forecast"][family]["1024"]
+        assert cost["flops"] > 0 and cost["bytes"] > 0
     for row in report["rows"]:
         assert row["p50_ms"] > 0 and row["p95_ms"] >= row["p50_ms"] and row["throughput_per_s"] > 0
-        assert 0 < row["gflops_fraction"] < 2 and row["size_bytes"] > 0 and row["holdout_mae"] > 0
+        assert row["size_bytes"] > 0 and row["holdout_mae"] > 0
+        assert row["roofline_ms"] > 0 and row["x_roofline"] > 0 and row["roofline_bound"] in ("compute", "memory")
     assert report["gemm_peak_gflops"] > 0 and report["machine"]
+    assert report["memory_bandwidth_gbs_by_threads"]["1"] > 0 and report["int8_gemm_peak_gops_by_threads"]["1"] > 0
+    load = report["load_average"]
+    assert load["disturbed"] == (load["before"] > 0.5 or load["after"] > 1.5)
     assert set(report["selected"]) in ({"edge", "cloud"}, set())
     for family, judged in report["gates"].items():  # the pipeline's own gates, baseline included
         assert judged["passed"] == (not judged["failures"])
