@@ -160,15 +160,17 @@ def test_an_unknown_champion_metric_is_refused_in_one_line(tmp_path):
 
 
 def widen_intervals(path: Path, factor: float) -> None:
-    """Multiply the quantile offsets (the [horizon, Q] initializer the export folds in) of an ONNX model."""
+    """Multiply the quantile offsets of an exported ONNX model: the last row of the export form's
+    ``quantile_map`` (onnxcast.pipeline.graph_forms: ``[forecast, scale] @ quantile_map``)."""
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load(str(path))
-    levels = dict((p.key, p.value) for p in model.metadata_props)["onnxcast.quantile_levels"].split(",")
-    found = [i for i in model.graph.initializer if len(i.dims) == 2 and i.dims[1] == len(levels)]
-    assert len(found) == 1, [i.name for i in found]
-    found[0].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(found[0]) * factor, found[0].name))
+    found = [i for i in model.graph.initializer if i.name == "quantile_map"]
+    assert len(found) == 1, [i.name for i in model.graph.initializer]
+    values = numpy_helper.to_array(found[0]).copy()
+    values[-1] *= factor
+    found[0].CopyFrom(numpy_helper.from_array(values, found[0].name))
     onnx.save(model, str(path))
 
 
