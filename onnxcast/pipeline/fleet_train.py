@@ -75,12 +75,17 @@ class WindowSampler:
                         int((~usable).sum()), fleet.n_series)
         p = np.where(usable, self.n_origins.astype(np.float64) ** float(power), 0.0)
         self.p = p / p.sum()
+        # Generator.choice(p=...) checks and sums p on every call, O(series) a batch: 0.1 ms at
+        # 10,000 series, 11 ms at 1,000,000 (an N-HiTS step is ~25 ms). Its own steps with the
+        # cumulative sum made once (draw): the same draws, bit for bit, in 0.01-0.08 ms.
+        self.cdf = np.cumsum(self.p)
+        self.cdf /= self.cdf[-1]
         self.weights = series_weights(fleet, split, season)
         self.rng = np.random.default_rng(seed)
 
     def draw(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         """``size`` (series, origin) pairs: a series by ``p``, then one of its origins uniformly."""
-        s = self.rng.choice(len(self.p), size=size, p=self.p)
+        s = self.cdf.searchsorted(self.rng.random(size), side="right")
         o = self.min_context + np.floor(self.rng.random(size) * self.n_origins[s]).astype(np.int64)
         return s, o
 
@@ -142,7 +147,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     from onnxcast.pipeline.fleet_data import split_fleet
     from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
     from onnxcast.pipeline.run import model_seasons, save_model
-    from onnxcast.pipeline.training import describe, seed_everything, train_sampled
+    from onnxcast.pipeline.training import BF16_FAMILIES, describe, seed_everything, train_sampled
 
     fleet = FleetData.load(cfg.layout.fleet)
     split = split_fleet(fleet.lengths, cfg)
@@ -168,8 +173,8 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
         result = train_sampled(model, sampler, validation, windows_per_epoch=cfg.fleet_windows_per_epoch,
                                max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes, patience=cfg.patience,
                                batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed,
-                               loss=FLEET_LOSS)
-    log.info("trained global %s in %.1fs: %s", family, result.seconds, describe(result))
+                               loss=FLEET_LOSS, bf16=cfg.bf16_training and family in BF16_FAMILIES)
+    log.info("trained global %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
     save_model(cfg, family, model, spec, {
         "source": "trained", "training": result.to_dict(),
         "fleet": {"series": fleet.n_series, "windows_per_epoch": cfg.fleet_windows_per_epoch,

@@ -130,15 +130,22 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
         from onnxcast.pipeline.fleet_train import train_global
 
         return train_global(cfg, family)
-    from onnxcast.pipeline.data import seasons_for_freq, windows
+    from onnxcast.pipeline.data import seasons_for_freq
     from onnxcast.pipeline.evaluation import best_anchor_season
     from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
-    from onnxcast.pipeline.training import describe, seed_everything, train_model
+    from onnxcast.pipeline.training import (
+        BF16_FAMILIES,
+        describe,
+        seed_everything,
+        series_windows,
+        train_model,
+    )
 
     series, split = _load_data(cfg)
     values = series.values
-    train = windows(values, cfg.lookback, cfg.horizon, 0, split.train_end)[:2]
-    validation = windows(values, cfg.lookback, cfg.horizon, split.train_end, split.validation_end)[:2]
+    # views of the series, not copies of every window (a batch gathers its own)
+    train = series_windows(values, cfg.lookback, cfg.horizon, 0, split.train_end)
+    validation = series_windows(values, cfg.lookback, cfg.horizon, split.train_end, split.validation_end)
     # Every family starts from a seasonal-naive forecast: the period that was most accurate on
     # the training rows among those the lookback holds (weekly on hourly demand with a week of
     # history), unless the settings name a season. The window families also mix in the others.
@@ -162,8 +169,9 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     with torch_threads(cfg.threads):
         result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
                              patience=cfg.patience, batch_size=cfg.batch_size,
-                             learning_rate=cfg.learning_rate, seed=cfg.seed)
-    log.info("trained %s in %.1fs: %s", family, result.seconds, describe(result))
+                             learning_rate=cfg.learning_rate, seed=cfg.seed,
+                             bf16=cfg.bf16_training and family in BF16_FAMILIES)
+    log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
 

@@ -62,7 +62,7 @@ def test_save_and_load_round_trip(tmp_path):
     assert PipelineConfig.load(tmp_path / "c.json") == cfg
 
 
-@pytest.mark.parametrize("name", sorted(RANGES))
+@pytest.mark.parametrize("name", sorted(n for n, r in RANGES.items() if r.kind is not bool))
 def test_every_numeric_setting_has_its_range_checked(name):
     """Zero, a negative number, NaN, a string and a bool: each is refused by name, or valid."""
     kind = RANGES[name][0]
@@ -74,10 +74,18 @@ def test_every_numeric_setting_has_its_range_checked(name):
             PipelineConfig(data_uri="x.csv", out_dir="out", **{name: 1.5})
 
 
+@pytest.mark.parametrize("name", sorted(n for n, r in RANGES.items() if r.kind is bool))
+def test_every_switch_is_true_or_false(name):
+    for bad in (0, 1, "true", None):
+        with pytest.raises(ConfigError, match=rf"\b{name} must be true or false"):
+            PipelineConfig(data_uri="x.csv", out_dir="out", **{name: bad})
+
+
 def test_every_numeric_field_is_in_the_range_table():
     import dataclasses
 
-    numeric = {f.name for f in dataclasses.fields(PipelineConfig) if f.type in ("int", "float", "int | None", "float | None")}
+    numeric = {f.name for f in dataclasses.fields(PipelineConfig)
+               if f.type in ("int", "float", "int | None", "float | None", "bool")}
     assert numeric == set(RANGES)
     quality = {f.name for f in dataclasses.fields(QualitySettings)}
     assert quality == set(QUALITY_RANGES)

@@ -102,6 +102,19 @@ def test_batches_are_deterministic_with_the_seed_and_weighted_by_the_series_scal
     assert series_weights(fleet, split, SEASON)[5] == pytest.approx(expected, rel=1e-6)
 
 
+def test_the_sampler_draws_the_series_generator_choice_drew(m3):
+    """Issue 23: the sampler draws series from its cumulative weights (Generator.choice summed
+    and checked all of them on every batch); a seed still draws the windows it drew before."""
+    drawn = sampler(m3, seed=11)
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        series, origins = drawn.draw(64)
+        expected = rng.choice(len(drawn.p), size=64, p=drawn.p)
+        np.testing.assert_array_equal(series, expected)
+        np.testing.assert_array_equal(
+            origins, drawn.min_context + np.floor(rng.random(64) * drawn.n_origins[expected]).astype(np.int64))
+
+
 def test_batches_from_a_big_fleet_never_materialise_its_windows():
     # layout only (10,000 series x 1,000 points, 40 MB): the values are irrelevant here
     n, length = 10_000, 1_000

@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+from onnxcast.pipeline import training
 from onnxcast.pipeline.models import ModelSpec, build_model
-from onnxcast.pipeline.training import epoch_progress, predict, seed_everything, train_model
+from onnxcast.pipeline.training import (
+    epoch_progress,
+    evaluate_loss,
+    predict,
+    seed_everything,
+    series_windows,
+    train_model,
+)
 
 
 def data(seed=0, n=300, lookback=24, horizon=6):
@@ -150,3 +158,92 @@ def test_patience_counts_from_the_best_trained_epoch_not_from_the_anchor():
     trained_best = 1 + losses.index(min(losses))
     assert result.epochs == min(8, trained_best + 2)  # two epochs without a better TRAINED epoch
     assert result.best_epoch > 0 and result.best_validation_loss < result.initial_validation_loss
+
+
+# --- issue 23: training throughput (bench/training.py measures it) ---------------------------
+
+needs_bf16 = pytest.mark.skipif(not training.bf16_supported(), reason="this CPU has no bf16 units (AMX, AVX512-BF16)")
+
+
+@needs_bf16
+def test_bf16_training_gives_the_same_weights_twice_and_says_so():
+    a, result_a = fit(family="lstm", seed=5, bf16=True)
+    b, result_b = fit(family="lstm", seed=5, bf16=True)
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert all(p.dtype == torch.float32 for p in a.parameters())  # autocast computes in bf16, weights stay float32
+    assert result_a.history == result_b.history
+    assert result_a.precision == "bfloat16-autocast"
+    float32, result_f = fit(family="lstm", seed=5)
+    assert result_f.precision == "float32"
+    assert not all(torch.equal(pa, pf) for pa, pf in zip(a.state_dict().values(), float32.state_dict().values(),
+                                                     strict=True))
+
+
+def test_without_bf16_units_bf16_training_falls_back_to_float32(monkeypatch):
+    reference, result_f = fit(family="lstm", seed=4)
+    monkeypatch.setattr(training, "bf16_supported", lambda: False)
+    model, result = fit(family="lstm", seed=4, bf16=True)
+    assert result.precision == "float32" and result.history == result_f.history
+    for (name, pa), pb in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.equal(pa, pb), name
+
+
+@needs_bf16
+def test_validation_loss_of_bf16_training_is_float32():
+    """The best validation loss is the float32 loss of the weights kept, not an autocast one."""
+    model, result = fit(family="lstm", seed=6, bf16=True, max_epochs=2)
+    x, y = data()
+    assert result.best_validation_loss == evaluate_loss(model, torch.from_numpy(x[240:]), torch.from_numpy(y[240:]),
+                                                        32 * 4)
+
+
+def test_training_windows_are_views_of_the_series_and_train_the_same_weights_as_copies():
+    """data.windows copies every window (the series lookback times over); series_windows shares
+    the series' memory, and training on it gives the same weights as on the copies."""
+    from onnxcast.pipeline.data import windows
+
+    values = _example_windows(rows=800, train_end=800)[0]  # 800 hours of the example, float32 [800, 1]
+    history, target = series_windows(values, 168, 24, 0, 700)
+    copied_history, copied_target, _ = windows(values, 168, 24, 0, 700)
+    assert np.array_equal(history.numpy(), copied_history) and np.array_equal(target.numpy(), copied_target)
+    for view in (history, target):  # the series' own buffer, nothing more
+        assert view.untyped_storage().data_ptr() == values.ctypes.data
+        assert view.untyped_storage().nbytes() == values.nbytes
+    assert copied_history.nbytes > 100 * values.nbytes  # what the copies cost
+
+    spec = ModelSpec(family="nhits", n_features=1, horizon=24, lookback=168, hidden_size=8, season=168,
+                     seasons=(168, 24))
+    weights = []
+    for train in ((copied_history, copied_target), (history, target)):
+        seed_everything(1)
+        model = build_model(spec, values.mean(axis=0), values.std(axis=0))
+        train_model(model, train, series_windows(values, 168, 24, 700, 800), max_epochs=2, max_minutes=5,
+                    patience=5, batch_size=64, learning_rate=2e-3, seed=1)
+        weights.append(model.state_dict())
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+
+
+def test_bf16_training_trains_the_lstm_in_bf16_where_the_cpu_has_the_units(tmp_path):
+    """float32 by default; bf16_training: the families of training.BF16_FAMILIES in bf16 autocast
+    where the CPU has bf16 units. model.json records what ran."""
+    from real_series import TINY_SETTINGS, weekly_co2_csv
+
+    from onnxcast.base.files import read_json
+    from onnxcast.pipeline import run as pipeline
+    from onnxcast.pipeline.config import PipelineConfig
+
+    settings = {**TINY_SETTINGS, "data_uri": weekly_co2_csv(), "out_dir": str(tmp_path / "run"), "max_epochs": 1,
+                "hidden_size": 8, "num_layers": 1, "models": ["lstm", "dlinear"]}
+    cfg = PipelineConfig.from_dict(settings)
+    pipeline.prepare_data(cfg)
+    precision = {}
+    for bf16_training in (False, True):
+        run = PipelineConfig.from_dict({**settings, "bf16_training": bf16_training})
+        for family in ("lstm", "dlinear"):
+            pipeline.train_family(run, family)
+            precision[family, bf16_training] = read_json(run.layout.model_json(family))["training"]["precision"]
+    lstm = "bfloat16-autocast" if training.bf16_supported() else "float32"
+    assert precision == {("lstm", False): "float32", ("dlinear", False): "float32",
+                         ("lstm", True): lstm, ("dlinear", True): "float32"}
