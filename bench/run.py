@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
 from flops import graph_cost  # noqa: E402
+from training import render as render_training  # noqa: E402
+from training import training_throughput  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -447,11 +449,31 @@ def write_markdown(results: dict, path: Path) -> None:
     lines += [f"Selected at {results['threads'][0]} thread(s) (all families competing): "
               + (", ".join(f"{ch} = {s['family']} {s['variant']}" for ch, s in results["selected"].items()) or "none"),
               ""]
+    if results.get("training"):
+        lines += ["Training windows a second (bench/training.py: the pipeline's training step; `before` is the "
+                  "model and step of c2a809c, when the issue was filed; per CPU second is the steady figure on "
+                  "shared cores):", "", render_training(results["training"]), ""]
     lines += ["| goal | value | met |", "|---|---|---|"]
     for g in results["goals"]:
         lines.append(f"| {g['goal']} | {g['value']} | {'yes' if g['met'] else 'no'} |")
     lines.append("")
     path.write_text("\n".join(lines))
+
+
+def training_goals(training: list[dict]) -> list[dict]:
+    """The issue's training goal, per data shape: the slowest family's windows a second (per CPU
+    second of the process, the figure that holds on shared cores) now against the slowest then."""
+    out = []
+    for data in dict.fromkeys(r["data"] for r in training):
+        rows = [r for r in training if r["data"] == data]
+        before = min((r for r in rows if r["variant"] == "before"), key=lambda r: r["windows_per_cpu_s"])
+        after = min((r for r in rows if r["variant"] == "after"), key=lambda r: r["windows_per_cpu_s"])
+        ratio = after["windows_per_cpu_s"] / before["windows_per_cpu_s"]
+        out.append({"goal": f"training ({data} {before['lookback']}/{before['horizon']}): the slowest family "
+                            f"at least 2x as fast (then {before['family']} {before['windows_per_cpu_s']:,.0f}, now "
+                            f"{after['family']} {after['windows_per_cpu_s']:,.0f} windows/CPU s)",
+                    "value": f"{ratio:.2f}x", "met": ratio >= 2.0})
+    return out
 
 
 def goals(rows: list[dict], selected_by_family: dict[str, dict], threads: int) -> list[dict]:
@@ -544,6 +566,17 @@ def main(argv: list[str] | None = None) -> int:
     per_family = {e["family"]: dict(zip(("edge", "cloud"), _best_per_family(e), strict=True))
                   for e in entries}
 
+    # training windows a second per family, the issue's step against today's, in the same run: at
+    # the example's shapes and at an M3-monthly fleet's (lookback 36, horizon 18)
+    seconds, training_rounds = (0.3, 2) if args.quick else (4.0, 5)
+    training = []
+    for fleet, lookback, horizon in ((False, cfg.lookback, cfg.horizon), (True, 36, 18)):
+        training += training_throughput(tuple(cfg.models), lookback=lookback, horizon=horizon, fleet=fleet,
+                                        fleet_series=200 if args.quick else 10_000, threads=threads_list[0],
+                                        seconds_per_candidate=seconds, rounds=training_rounds,
+                                        warmup_steps=1 if args.quick else 3)
+    log.info("training throughput:\n%s", render_training(training))
+
     import onnxruntime
     import torch
 
@@ -578,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         "ranking": ranking,
         "gates": {e["family"]: {"passed": e["gates_passed"], "failures": e["failures"],
                                 "variants": {v["name"]: v["gates"] for v in e["variants"]}} for e in entries},
-        "goals": goals(rows, per_family, threads_list[0]),
+        "training": training,
+        "goals": goals(rows, per_family, threads_list[0]) + training_goals(training),
         "seconds": round(time.monotonic() - started, 1),
     }
     from onnxcast.base.files import write_json

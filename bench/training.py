@@ -13,9 +13,10 @@ given per wall-clock second and per CPU second of the process: with other jobs o
 process runs a fraction of the time, and the CPU-second figure (what a core of its own would do)
 is the steadier one.
 
-- ``before``: the training step as it was (fe782b7): float32, PyTorch's default CPU AdamW (a
-  Python loop over the parameters), windows copied by ``data.windows`` / series drawn with
-  ``Generator.choice(p=...)``.
+- ``before``: the model and training step as they were when issue 23 was filed (c2a809c):
+  one token a time step for the LSTM and the Transformer (``patch`` 1) and the Transformer's
+  attention as explicit products, float32, PyTorch's default CPU AdamW (a Python loop over the
+  parameters), windows copied by ``data.windows`` / series drawn with ``Generator.choice(p=...)``.
 - ``after``: the pipeline's default step now: float32, fused AdamW, window views / the
   sampler's own draw.
 - ``after, bf16``: the same in bfloat16 autocast (where the CPU has bf16 units): what the
@@ -31,6 +32,7 @@ is the steadier one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -149,7 +151,8 @@ def _candidates(family: str, *, lookback: int, horizon: int, n_features: int, ba
     now = "fused AdamW, window views / the sampler's cdf"
     # variant, setting, options of _candidate
     plan: list[tuple[str, str, dict]] = [
-        (BEFORE, "float32, PyTorch's default CPU AdamW (a loop), copied windows / choice(p)",
+        (BEFORE, "c2a809c: one token a step, explicit attention, float32, PyTorch's default CPU AdamW "
+                 "(a loop), copied windows / choice(p)",
          {"fused": False, "bf16": False, "old": True}),
         ("after", f"float32, {now}", {"bf16": False}),
     ]
@@ -164,35 +167,41 @@ def _candidates(family: str, *, lookback: int, horizon: int, n_features: int, ba
     make = (_fleet_feeder(lookback, horizon, n_features, fleet_series, seed) if fleet
             else _series_feeder(lookback, horizon, n_features, seed))
     spec = _spec(family, lookback, horizon, n_features, fleet)
-    return [_candidate(variant, setting, spec, make, batch_size, **{"threads": threads, **options},
-                       warmup=warmup_steps, seed=seed) for variant, setting, options in plan]
+    old_spec = dataclasses.replace(spec, patch=1)  # one token a time step, as the issue measured
+    return [_candidate(variant, setting, old_spec if options.get("old") else spec, make, batch_size,
+                       **{"threads": threads, **options}, warmup=warmup_steps, seed=seed)
+            for variant, setting, options in plan]
 
 
 def _spec(family: str, lookback: int, horizon: int, n_features: int, fleet: bool):
-    from onnxcast.pipeline.config import transformer_patch
+    from onnxcast.pipeline.config import PATCHED_FAMILIES, sequence_patch
     from onnxcast.pipeline.models import ModelSpec
 
     seasons = tuple(s for s in (FLEET_SEASONS if fleet else SERIES_SEASONS) if s <= lookback) or (1,)
     return ModelSpec(family=family, n_features=n_features, horizon=horizon, lookback=lookback, season=seasons[0],
-                     seasons=seasons, patch=transformer_patch(0, lookback) if family == "transformer" else 1,
+                     seasons=seasons, patch=sequence_patch(0, lookback) if family in PATCHED_FAMILIES else 1,
                      global_model=fleet)
 
 
 def _candidate(variant: str, setting: str, spec, make, batch_size: int, *, threads: int, bf16: bool,
                fused: bool = True, old: bool = False, compiled: bool = False, warmup: int, seed: int) -> Candidate:
-    """A model, its optimizer and its own batch stream; ``old``: fe782b7's step and data path."""
+    """A model, its optimizer and its own batch stream; ``old``: c2a809c's step and data path."""
     import torch
 
-    from onnxcast.pipeline.models import build_model, torch_threads
+    from onnxcast.pipeline.models import EncoderLayer, build_model, torch_threads
     from onnxcast.pipeline.training import make_optimizer, seed_everything, train_step
 
     batches, batch_loss, mean, std, copied = make(batch_size, old)
     seed_everything(seed)
     model = build_model(spec, mean, std)
+    if old:  # the Transformer's attention as explicit products, as it trained then
+        for layer in model.modules():
+            if isinstance(layer, EncoderLayer):
+                layer.explicit_attention = True
     model.train()
     if fused:
         optimizer = make_optimizer(model, 2e-3)
-    else:  # fe782b7's optimizer: on CPU, PyTorch's default is the per-parameter loop
+    else:  # c2a809c's optimizer: on CPU, PyTorch's default is the per-parameter loop
         optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
     forward = torch.compile(model) if compiled else model
 
@@ -213,7 +222,7 @@ def _candidate(variant: str, setting: str, spec, make, batch_size: int, *, threa
 
 
 def _before_step(model, optimizer, batch_loss, batch) -> None:
-    """fe782b7's step, line for line (onnxcast.pipeline.training._fit)."""
+    """c2a809c's step, line for line (onnxcast.pipeline.training._fit)."""
     import torch
 
     loss = batch_loss(model, *batch)
@@ -292,7 +301,7 @@ def _fleet_feeder(lookback: int, horizon: int, n_features: int, n_series: int, s
 
 
 def _choice_draw(sampler, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """fe782b7's ``WindowSampler.draw``: ``Generator.choice`` with ``p`` on every batch."""
+    """c2a809c's ``WindowSampler.draw``: ``Generator.choice`` with ``p`` on every batch."""
     s = sampler.rng.choice(len(sampler.p), size=size, p=sampler.p)
     o = sampler.min_context + np.floor(sampler.rng.random(size) * sampler.n_origins[s]).astype(np.int64)
     return s, o

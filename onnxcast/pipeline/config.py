@@ -172,9 +172,11 @@ class PipelineConfig:
     d_model: int = setting(64, help="Transformer width", cli="--d-model", group=TRAINING, low=1, high=4096)
     n_heads: int = setting(4, help="Transformer attention heads (must divide --d-model)", cli="--n-heads",
                            group=TRAINING, low=1, high=1024)
-    # PatchTST's tokens: ~24 a window keeps attention to 24**2 scores a head (docs/performance.md)
+    # ~24 tokens a window: the Transformer's attention is 24**2 scores a head, the LSTM's recurrence
+    # 24 sequential steps (PatchTST, SegRNN; docs/performance.md)
     patch_length: int = setting(
-        0, help="Transformer steps per token (patches cut from the newest step); 0: lookback // 24, at least 1",
+        0, help="LSTM and Transformer steps per token (patches cut from the newest step); 0: lookback // 24, "
+                "at least 1",
         cli="--patch-length", group=TRAINING, low=0, high=100_000)
     seed: int = setting(42, help="random seed (training is repeatable)", cli="--seed", group=TRAINING,
                         low=0, high=2**32 - 1)
@@ -281,9 +283,9 @@ class PipelineConfig:
         return 1 + len(self.feature_columns)
 
     @property
-    def transformer_patch(self) -> int:
-        """Steps per Transformer token: ``patch_length``, or ``lookback // 24`` (at least 1) for 0."""
-        return transformer_patch(self.patch_length, self.lookback)
+    def sequence_patch(self) -> int:
+        """Steps per LSTM/Transformer token: ``patch_length``, or ``lookback // 24`` (at least 1) for 0."""
+        return sequence_patch(self.patch_length, self.lookback)
 
     @property
     def levels(self) -> tuple[float, ...]:
@@ -464,11 +466,12 @@ SIZE_SETTINGS = {
 }
 
 
-TOKENS_PER_WINDOW = 24  # the Transformer's default patch: lookback // 24 steps
+TOKENS_PER_WINDOW = 24  # the LSTM's and the Transformer's default patch: lookback // 24 steps
+PATCHED_FAMILIES = ("lstm", "transformer")
 
 
-def transformer_patch(patch_length: int, lookback: int) -> int:
-    """Steps per Transformer token for the ``patch_length`` setting (0: automatic)."""
+def sequence_patch(patch_length: int, lookback: int) -> int:
+    """Steps per LSTM/Transformer token for the ``patch_length`` setting (0: automatic)."""
     return patch_length or max(1, lookback // TOKENS_PER_WINDOW)
 
 
@@ -505,11 +508,12 @@ def estimate_model_size(family: str, cfg: PipelineConfig, **override: int) -> tu
     anchors = _MAX_SEASONS * horizon + _MAX_SEASONS * horizon * horizon
     if family == "lstm":
         h, layers = v["hidden_size"], v["num_layers"]
-        lstm = 4 * h * (features + h + 2) + (layers - 1) * 4 * h * (2 * h + 2)
+        inputs = features * sequence_patch(cfg.patch_length, lookback)
+        lstm = 4 * h * (inputs + h + 2) + (layers - 1) * 4 * h * (2 * h + 2)
         return lstm + h * horizon + horizon + anchors, 0
     if family == "transformer":
         d, layers = v["d_model"], v["num_layers"]
-        patch = transformer_patch(cfg.patch_length, lookback)
+        patch = sequence_patch(cfg.patch_length, lookback)
         tokens = lookback // patch
         layer = 4 * (d * d + d) + 2 * (2 * d * d) + 3 * d + 4 * d  # attention, feed-forward, two norms
         parameters = features * patch * d + d + layers * layer + 2 * d + 2 * d * horizon + horizon + anchors

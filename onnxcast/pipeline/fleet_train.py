@@ -17,7 +17,7 @@ import logging
 import numpy as np
 
 from onnxcast.base.errors import DataError
-from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
 from onnxcast.pipeline.fleet_data import FleetData, FleetSplit
 from onnxcast.pipeline.metrics import mase_scale, seasonal_naive
 
@@ -156,7 +156,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
         fleet, split, (fleet.season, *implied), cfg.horizon, cfg.lookback, seed=cfg.seed)
     spec = ModelSpec(family=family, n_features=fleet.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, patch=cfg.transformer_patch if family == "transformer" else 1,
+                     n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
                      season=anchor, seasons=model_seasons(anchor, implied, cfg.lookback),
                      global_model=True, n_series=fleet.n_series)
     sampler = WindowSampler(fleet, split, cfg.lookback, cfg.horizon, season=anchor,

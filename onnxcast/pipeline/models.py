@@ -68,7 +68,8 @@ class ModelSpec:
     # the levels of the ``quantiles`` output (onnxcast.pipeline.intervals); empty: a model from
     # before forecast distributions, calibrated when a run exports it
     quantile_levels: tuple[float, ...] = ()
-    # steps per Transformer token (PatchTST); 1, one token a step, is the first releases' model
+    # steps per token of the LSTM and the Transformer (PatchTST, SegRNN); 1, one token a step, is
+    # the first releases' model
     patch: int = 1
 
     def __post_init__(self) -> None:
@@ -107,7 +108,7 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
     else:
         if spec.family == "lstm":
             core: nn.Module = LSTMCore(spec.n_features, spec.hidden_size, spec.num_layers, spec.horizon,
-                                       n_anchor_inputs)
+                                       n_anchor_inputs, patch=spec.patch)
         else:
             core = TransformerCore(spec.n_features, spec.d_model, spec.n_heads, spec.num_layers, spec.horizon,
                                    n_anchor_inputs, patch=spec.patch)
@@ -282,11 +283,19 @@ def zero_head(layer: nn.Linear) -> nn.Linear:
 
 
 class LSTMCore(nn.Module):
-    """An LSTM whose last final hidden state (and the anchors, when given) feeds a zero head."""
+    """An LSTM over patches of ``patch`` steps (segment-wise iterations, as SegRNN, Lin et al.
+    2023) whose last final hidden state (and the anchors, when given) feeds a zero head.
 
-    def __init__(self, n_features: int, hidden: int, layers: int, horizon: int, n_anchor_inputs: int = 0):
+    A step of the recurrence reads ``patch`` consecutive steps of every feature, cut from the
+    newest step back like the Transformer's tokens (:func:`patches`): ``time / patch`` sequential
+    steps instead of ``time``, which bound both training and inference (one step a time step,
+    ``patch`` 1, is the first releases' model)."""
+
+    def __init__(self, n_features: int, hidden: int, layers: int, horizon: int, n_anchor_inputs: int = 0,
+                 patch: int = 1):
         super().__init__()
-        self.lstm = nn.LSTM(n_features, hidden, num_layers=layers, batch_first=True)
+        self.patch = patch
+        self.lstm = nn.LSTM(n_features * patch, hidden, num_layers=layers, batch_first=True)
         self.head = zero_head(nn.Linear(hidden + n_anchor_inputs, horizon))
 
     def forward(self, x: torch.Tensor, anchors: torch.Tensor | None = None) -> torch.Tensor:
@@ -298,7 +307,7 @@ class LSTMCore(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """What the head reads besides the anchors: the last layer's final hidden state."""
-        _, (hidden, _) = self.lstm(x)
+        _, (hidden, _) = self.lstm(patches(x, self.patch))
         return hidden[-1]
 
 
@@ -337,19 +346,12 @@ class TransformerCore(nn.Module):
         """What the head reads besides the anchors: the newest step's state and the mean state,
         ``[batch, 2 * d_model]``. ``positions`` ``[time, d_model]``: the encoding, when computed
         another way (the export form's)."""
-        tokens = self.tokens(x)
+        tokens = patches(x, self.patch)
         h = self.embed(tokens) + (self.positions(tokens.shape[1]) if positions is None else positions)
         for layer in self.layers:
             h = layer(h)
         h = self.norm(h)
         return torch.cat([h[:, -1], h.mean(dim=1)], dim=-1)
-
-    def tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """``[batch, time // patch, patch * F]``: the newest ``time // patch`` patches, oldest first."""
-        if self.patch == 1:
-            return x
-        batch, time, features = x.shape
-        return x[:, time % self.patch :].reshape(batch, time // self.patch, self.patch * features)
 
     def positions(self, time: int) -> torch.Tensor:
         """Sinusoidal encodings ``[time, d_model]`` of ``time`` tokens; position 0 is the newest,
@@ -357,6 +359,15 @@ class TransformerCore(nn.Module):
         position = torch.arange(time - 1, -1, -1, dtype=torch.float32, device=self.inv_freq.device).unsqueeze(1)
         angle = position * self.inv_freq
         return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+
+
+def patches(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """``[batch, time // patch, patch * F]``: the newest ``time // patch`` patches of ``x [batch,
+    time, F]``, oldest first (the ``time % patch`` oldest steps are not read)."""
+    if patch == 1:
+        return x
+    batch, time, features = x.shape
+    return x[:, time % patch :].reshape(batch, time // patch, patch * features)
 
 
 class EncoderLayer(nn.Module):

@@ -28,7 +28,7 @@ from onnxcast import __version__
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
 from onnxcast.base.files import read_json, replacing, write_json
 from onnxcast.base.s3 import S3Settings
-from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.report import select_variants
 
@@ -154,7 +154,7 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
         values[: split.train_end, 0], (series.season, *implied), cfg.horizon, cfg.lookback)
     spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, patch=cfg.transformer_patch if family == "transformer" else 1,
+                     n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
                      season=anchor,
                      seasons=model_seasons(anchor, implied, cfg.lookback))
     log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,

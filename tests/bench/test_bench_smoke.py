@@ -33,6 +33,11 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
     assert report["memory_bandwidth_gbs_by_threads"]["1"] > 0 and report["int8_gemm_peak_gops_by_threads"]["1"] > 0
     load = report["load_average"]
     assert load["disturbed"] == (load["before"] > 0.5 or load["after"] > 1.5)
+    # training throughput of every family, then and now, at the example's and a fleet's shapes
+    training = {(r["family"], r["data"], r["variant"]) for r in report["training"]}
+    for family in ("lstm", "transformer", "nhits", "dlinear"):
+        assert {(family, data, v) for data in ("series", "fleet") for v in ("before", "after")} <= training
+    assert sum(g["goal"].startswith("training (") for g in report["goals"]) == 2
     assert set(report["selected"]) in ({"edge", "cloud"}, set())
     for family, judged in report["gates"].items():  # the pipeline's own gates, baseline included
         assert judged["passed"] == (not judged["failures"])

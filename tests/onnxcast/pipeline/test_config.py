@@ -102,7 +102,7 @@ def test_the_size_estimate_counts_the_parameters_the_model_has(family):
                          d_model=32, n_heads=4, lookback=96, horizon=12, models=(family,))
     spec = ModelSpec(family=family, n_features=2, horizon=12, lookback=96, hidden_size=24, num_layers=3, d_model=32,
                      n_heads=4, season=24, seasons=(24, 48, 96),
-                     patch=cfg.transformer_patch if family == "transformer" else 1)
+                     patch=cfg.sequence_patch if family in ("lstm", "transformer") else 1)
     actual = sum(p.numel() for p in build_model(spec).parameters())
     assert estimate_model_size(family, cfg)[0] == actual
 
