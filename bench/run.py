@@ -307,6 +307,9 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
 
     baseline_mae = baseline_metrics(cfg, series, split)["mae"]
     entry = _selection_entry(family, rows, candidates, cfg, threads_list[0], baseline_mae)
+    # the speed goals' choice: parity and the accuracy budget against fp32, not the baseline (a
+    # model trained for 3 epochs need not beat the seasonal naive to be timed)
+    entry["speed_entry"] = _selection_entry(family, rows, candidates, cfg, threads_list[0], float("inf"))
     entry["cost_per_forecast"] = {str(b): {k: v for k, v in cost[b].items() if k != "by_op"} for b in BATCHES}
     entry["flops_by_op"] = cost[FLEET_BATCH]["by_op"]
     return rows, entry
@@ -404,7 +407,8 @@ def write_markdown(results: dict, path: Path) -> None:
         + f". ORT: {results['ort_session']}; PyTorch: {results['torch_mode']}. Memory: {results['memory_method']}. "
         f"Roofline: {results['roofline_method']}.",
         "",
-        "Each family's chosen variants (its edge choice at batch 1, its cloud choice at 64 and 1,024), x PyTorch "
+        "Each family's chosen variants (the pipeline's choice among the family's variants that pass parity and "
+        "the accuracy budget against fp32: edge at batch 1, cloud at 64, and the cloud variant at 1,024), x PyTorch "
         "eager in the same run at 1 / 2 threads, and batch 1,024 against the roofline (1 thread):",
         "",
         "| family | edge variant | batch 1 | cloud variant | batch 64 | batch 1,024 | forecasts/s at 1,024 | roofline | x roofline |",
@@ -563,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                      r["x_roofline"])
 
     selected, ranking = select_variants(entries)
-    per_family = {e["family"]: dict(zip(("edge", "cloud"), _best_per_family(e), strict=True))
+    per_family = {e["family"]: dict(zip(("edge", "cloud"), _best_per_family(e.pop("speed_entry")), strict=True))
                   for e in entries}
 
     # training windows a second per family, the issue's step against today's, in the same run: at
@@ -625,7 +629,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _best_per_family(entry: dict) -> tuple[str | None, str | None]:
-    """Each channel's choice when only this family is allowed (for the per-family goals)."""
+    """Each channel's choice when only this family is allowed (for the per-family goals), from its
+    entry judged without the baseline gate."""
     from onnxcast.pipeline.report import select_variants
 
     selected, _ = select_variants([entry])
