@@ -69,7 +69,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
 # The pipeline on real series from installed packages vs the best naive and the statistical
-# reference (tens of minutes on 2 cores); writes bench/accuracy-results.{json,md}.
+# reference (about 5 minutes on 2 cores); writes bench/accuracy-results.{json,md}.
 bench-accuracy: $(STAMP)
 	$(BIN)/python bench/accuracy.py
 

@@ -8,7 +8,7 @@ pipeline chose for the edge channel, and whether the goal holds (edge model with
 reference's MAE, and better than the best naive). Runs that no family passes are rows too:
 the pipeline refused to promote, which is the right answer when nothing beats the baseline.
 
-    .venv/bin/python bench/accuracy.py                  # all datasets (tens of minutes on 2 cores)
+    .venv/bin/python bench/accuracy.py                  # all datasets (about 5 minutes on 2 cores)
     .venv/bin/python bench/accuracy.py --quick          # one small dataset, few epochs (a smoke test)
 """
 
