@@ -215,9 +215,9 @@ class PipelineConfig:
                 "thrashing", cli="--threads", group=EXPORT, low=1, high=1024)
     # onnxcast.pipeline.training.BF16_FAMILIES: measured per family, speed and holdout MAE (docs/performance.md)
     bf16_training: bool = setting(
-        False, help="train the LSTM in bfloat16 autocast where the CPU has bf16 units (AMX, AVX512-BF16): 2-3x "
-                    "as many windows a second, holdout MAE not shown equal (hourly demand: +4.6% over 8 seeds, "
-                    "within seed noise); validation stays float32, other families are not faster in bf16",
+        False, help="train the LSTM in bfloat16 autocast where the CPU has bf16 units (AMX, AVX512-BF16): about "
+                    "1.5x as many windows a second, holdout MAE not shown equal (hourly demand: +4.6% over 8 "
+                    "seeds, within seed noise); validation stays float32, other families are not faster in bf16",
         cli="--bf16-training", group=TRAINING)
     # fleet mode (series_column set)
     fleet_shards: int = setting(

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 # Families that train in bfloat16 autocast when asked (PipelineConfig.bf16_training) on CPUs with
 # bf16 units (AMX or AVX512-BF16). Windows per CPU second against the same step in float32, 1
 # thread, batch 64, same run (bench/training.py): the LSTM 3.3x at the example's shapes (lookback
-# 168), 1.8-2.1x at an M3 fleet's (36; oneDNN's bf16 LSTM kernels); the Transformer 0.4-0.45x
+# 168) with one step a time step, 1.5x over patches of 7 (the default since), 1.4-2.1x at an M3
+# fleet's (36; oneDNN's bf16 LSTM kernels); the Transformer 0.4-0.45x
 # (PyTorch's CPU flash-attention backward is slow in bf16), N-HiTS 0.9x, DLinear 0.7x (the casts
 # cost more than the small products save). Not the default: the LSTM's holdout MAE on hourly
 # demand was 497 +- 35 over 8 seeds in bf16 against 475 +- 15 in float32 (within seed noise, not
