@@ -265,7 +265,9 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
 
 def _runner(session):
     def run(histories: np.ndarray) -> np.ndarray:
-        return session.run(["forecast"], {"history": np.asarray(histories, np.float32)})[0]
+        from onnxcast.base.batches import run_in_chunks
+
+        return run_in_chunks(session, ["forecast"], np.asarray(histories, np.float32))[0]
 
     return run
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxcast.base.batches import CHUNK_ROWS
 from onnxcast.base.errors import ConfigError, VerificationError
 from onnxcast.pipeline.evaluation import MIN_PAIRED_ORIGINS, holdout_origins, per_origin_mae
 from onnxcast.pipeline.metrics import seasonal_naive
@@ -54,7 +55,7 @@ DRIFT_SUITE = "onnxcast-drift"
 DRIFT_MARGIN = 0.25  # the training range of window means/stdevs, widened by this share of its span
 DRIFT_TAIL = 0.005  # values beyond the training's 0.5% / 99.5% quantiles of the change ...
 DRIFT_MOSTLY = 0.9  # ... may be at most 10% of the new rows
-ORT_BATCH = 256
+ORT_BATCH = CHUNK_ROWS  # histories a call: cache-sized (onnxcast.base.batches)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxcast.base.batches import run_in_chunks
 from onnxcast.base.contract import (
     METADATA_PREFIX,
     OUTPUT_NAME,
@@ -52,20 +53,18 @@ def onnx_session(path: str | Path, threads: int = 1, spinning: bool = False):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def onnx_predict(session, history: np.ndarray, batch_size: int = 256) -> np.ndarray:
-    """Forecasts for ``history [N, time, F]`` with an ORT session, in batches."""
-    outputs = [session.run(["forecast"], {"history": history[i : i + batch_size]})[0]
-               for i in range(0, len(history), batch_size)]
-    return np.concatenate(outputs).astype(np.float32)
+def onnx_predict(session, history: np.ndarray) -> np.ndarray:
+    """Forecasts for ``history [N, time, F]`` with an ORT session, in cache-sized chunks."""
+    if len(history) == 0:
+        return np.zeros((0, 0), np.float32)
+    return run_in_chunks(session, [OUTPUT_NAME], history)[0].astype(np.float32)
 
 
-def onnx_predict_with_quantiles(session, history: np.ndarray, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
+def onnx_predict_with_quantiles(session, history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(forecast [N, horizon], quantiles [N, horizon, Q])`` for ``history [N, time, F]`` with an
-    ORT session of a model that has the ``quantiles`` output, in batches."""
-    parts = [session.run([OUTPUT_NAME, QUANTILES_NAME], {"history": history[i : i + batch_size]})
-             for i in range(0, len(history), batch_size)]
-    return (np.concatenate([p[0] for p in parts]).astype(np.float32),
-            np.concatenate([p[1] for p in parts]).astype(np.float32))
+    ORT session of a model that has the ``quantiles`` output, in cache-sized chunks."""
+    forecast, quantiles = run_in_chunks(session, [OUTPUT_NAME, QUANTILES_NAME], history)
+    return forecast.astype(np.float32), quantiles.astype(np.float32)
 
 
 def parity_shapes(lookback: int, season: int) -> list[tuple[int, int]]:

@@ -52,6 +52,7 @@ def forecast_and_quantiles(path: str | Path, history):
     output (a model exported before forecast distributions)."""
     import numpy as np
 
+    from onnxcast.base.batches import run_in_chunks
     from onnxcast.base.contract import (
         METADATA_PREFIX,
         QUANTILE_METADATA,
@@ -64,10 +65,10 @@ def forecast_and_quantiles(path: str | Path, history):
     names = [o.name for o in session.get_outputs()]
     history = np.ascontiguousarray(history, dtype=np.float32)
     if QUANTILES_NAME not in names:
-        return session.run(["forecast"], {"history": history})[0], None, None
+        return run_in_chunks(session, ["forecast"], history)[0], None, None
     meta = session.get_modelmeta().custom_metadata_map
     levels = parse_quantile_levels(meta[METADATA_PREFIX + QUANTILE_METADATA], f"{path}: {QUANTILE_METADATA}")
-    forecast, quantiles = session.run(["forecast", QUANTILES_NAME], {"history": history})
+    forecast, quantiles = run_in_chunks(session, ["forecast", QUANTILES_NAME], history)
     return forecast, quantiles, levels
 
 

@@ -42,8 +42,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from onnxcast.base.batches import run_in_chunks
 from onnxcast.base.contract import (
-    INPUT_NAME,
     METADATA_PREFIX,
     OUTPUT_NAME,
     QUANTILE_METADATA,
@@ -323,10 +323,11 @@ class _Model:
         return quantile_columns(self.levels)
 
     def run(self, histories: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """``(forecast [batch, horizon], quantiles [batch, horizon, Q] or None)``: one ORT call."""
+        """``(forecast [batch, horizon], quantiles [batch, horizon, Q] or None)``, in cache-sized
+        chunks of a fleet (onnxcast.base.batches)."""
         if not self.levels:
-            return self.session.run([OUTPUT_NAME], {INPUT_NAME: histories})[0], None
-        forecast, quantiles = self.session.run([OUTPUT_NAME, QUANTILES_NAME], {INPUT_NAME: histories})
+            return run_in_chunks(self.session, [OUTPUT_NAME], histories)[0], None
+        forecast, quantiles = run_in_chunks(self.session, [OUTPUT_NAME, QUANTILES_NAME], histories)
         if quantiles.shape[1:] != (forecast.shape[1], len(self.levels)):  # a graph whose Q axis is dynamic
             raise VerificationError(f"the model's {QUANTILES_NAME} output has shape {list(quantiles.shape)}, its "
                                     f"{METADATA_PREFIX}{QUANTILE_METADATA} lists {len(self.levels)} levels")

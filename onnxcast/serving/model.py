@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxcast.base.batches import run_in_chunks
 from onnxcast.base.contract import (
-    INPUT_NAME,
     OUTPUT_NAME,
     QUANTILE_METADATA,
     QUANTILES_NAME,
@@ -63,13 +63,13 @@ class ServedModel:
 
     def run(self, history: np.ndarray) -> np.ndarray:
         """The forecast alone [batch, horizon]."""
-        return self.session.run([OUTPUT_NAME], {INPUT_NAME: history})[0]
+        return run_in_chunks(self.session, [OUTPUT_NAME], history)[0]
 
     def run_outputs(self, history: np.ndarray) -> dict[str, np.ndarray]:
-        """Every output by name, from one ONNX Runtime call."""
+        """Every output by name (a large batch in cache-sized chunks: onnxcast.base.batches)."""
         if not self.levels:
             return {OUTPUT_NAME: self.run(history)}
-        return dict(zip(self.outputs, self.session.run(list(self.outputs), {INPUT_NAME: history}), strict=True))
+        return dict(zip(self.outputs, run_in_chunks(self.session, self.outputs, history), strict=True))
 
 
 def load_installed(model_dir: Path, name: str, threads: int = 1, min_history: int | None = None) -> ServedModel:
