@@ -195,7 +195,8 @@ def check_model(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ExportError(f"{name}: ONNX check failed: {str(exc).splitlines()[0]}") from exc
-    problems = io_contract_problems(inferred) + quantile_problems(signature(inferred), read_metadata(inferred))
+    problems = (io_contract_problems(inferred) + quantile_problems(signature(inferred), read_metadata(inferred))
+                + static_axis_problems(signature(inferred)))
     if problems:
         raise ExportError(f"{name}: " + "; ".join(problems))
     return inferred
@@ -210,6 +211,14 @@ def strip_annotations(model: onnx.ModelProto, keep_value_info: bool = False) -> 
     for node in model.graph.node:
         node.doc_string = ""
         del node.metadata_props[:]
+
+
+def static_axis_problems(sig: dict) -> list[str]:
+    """An exported model's outputs have a fixed size on every axis but the batch: the horizon,
+    and the levels of ``quantiles`` (what the manifest's signature, the device's level check and
+    the Triton config are written from; a Reshape to ``-1`` once left them symbolic)."""
+    return [f"output {o['name']!r} has shape {o['shape']}: every axis but the batch must be fixed"
+            for o in sig["outputs"] if not all(isinstance(d, int) for d in o["shape"][1:])]
 
 
 def io_contract_problems(proto: onnx.ModelProto) -> list[str]:

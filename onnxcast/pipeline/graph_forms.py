@@ -90,7 +90,8 @@ class _Form(nn.Module):
         self.with_quantiles = bool(model.has_quantiles)
         if self.with_quantiles:
             offsets = model.quantile_offsets.detach()
-            horizon, self.n_levels = offsets.shape
+            horizon, self.n_levels = (int(n) for n in offsets.shape)
+            self.horizon_steps = horizon
             quantile_map = torch.zeros(horizon + 1, horizon * self.n_levels)
             for h in range(horizon):
                 quantile_map[h, h * self.n_levels : (h + 1) * self.n_levels] = 1.0
@@ -137,7 +138,7 @@ class _Form(nn.Module):
         # forecast + scale * offsets as one MatMul: [forecast, scale] @ [[ones], [offsets]]
         # (a broadcast Add over [B, H, Q] took 0.5 ms at batch 1,024)
         flat = torch.matmul(torch.cat([forecast, scale], dim=1), self.quantile_map)
-        return forecast, flat.reshape(-1, forecast.shape[1], self.n_levels)
+        return forecast, flat.reshape(-1, self.horizon_steps, self.n_levels)  # static [H, Q]: the contract
 
     def others(self, normed: torch.Tensor) -> torch.Tensor:
         """The other features' normalised windows, flattened step by step ``[B, (F - 1) * T]``

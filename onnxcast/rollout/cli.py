@@ -89,7 +89,7 @@ def add_device_commands(commands: argparse._SubParsersAction) -> None:
                    help="column of timestamps (ISO 8601); the forecast's times follow its last value (default ds)")
     p.add_argument("--series-column", metavar="ID",
                    help="the input is a long table of many series (a fleet, for a global model): forecast each "
-                        "series named in this column from its own newest rows, in one batch")
+                        "series named in this column from its own newest rows, in batches")
     p.add_argument("--min-rows", type=int, metavar="N",
                    help="with --series-column: fewest rows a series needs (default: the model's season); "
                         "shorter series than the lookback are edge-padded with their first row")

@@ -42,7 +42,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from onnxcast.base.batches import run_in_chunks
+from onnxcast.base.batches import CHUNK_ROWS, run_in_chunks
 from onnxcast.base.contract import (
     METADATA_PREFIX,
     OUTPUT_NAME,
@@ -93,12 +93,12 @@ MAX_LINE_BYTES = 1 << 20  # a row of a forecast table is a few hundred bytes
 MAX_FIELDS = 10_000  # fields in a header or row
 MAX_COLUMNS_SHOWN = 20
 # A fleet input (--series-column): at most this many series, ids of at most this many
-# characters; ONNX Runtime gets ORT_CHUNK series a call (one batch of a few MiB).
+# characters; ONNX Runtime gets ORT_CHUNK series a call (cache-sized: onnxcast.base.batches).
 MAX_SERIES = 100_000
 MAX_SERIES_ID = 100
 MAX_SHORT_SHOWN = 5
 MAX_PADDED_NAMED = 20  # padded series named one warning line each; the rest are counted in one
-ORT_CHUNK = 1024
+ORT_CHUNK = CHUNK_ROWS
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _COLUMN_NAME = re.compile(r"[A-Za-z0-9_ .-]{1,60}")
 
@@ -256,7 +256,7 @@ def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: s
                   threads: int = 1, time_column: str = DEFAULT_TIME_COLUMN, min_rows: int | None = None,
                   chunk: int = ORT_CHUNK) -> FleetForecast:
     """Forecast every series of the long table ``input_csv`` (one row per series and time)
-    with ``model_dir/current`` in one ONNX Runtime batch (run ``chunk`` series at a time);
+    with ``model_dir/current``, ``chunk`` series an ONNX Runtime call;
     write ``<series_column>,step,<time_column>,forecast[,q<level>...],version`` CSV to ``out``
     (stdout by default), ``horizon`` rows per series (the ``q`` columns as in :func:`predict`).
 

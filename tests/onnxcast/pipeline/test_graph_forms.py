@@ -103,3 +103,29 @@ def test_int8_keeps_the_seasonal_naive_anchor_exact(tmp_path):
     anchor = history[:, -24:, 0]  # the daily seasonal naive: the last day again
     forecast = onnx_session(int8).run(["forecast"], {"history": history})[0]
     np.testing.assert_allclose(forecast, anchor, rtol=1e-5, atol=1e-2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_exported_outputs_have_fixed_horizon_and_levels(tmp_path, family):
+    """The manifest's signature, the device's level check and the Triton config read [H, Q] from
+    the graph: a Reshape to -1 once left the quantiles' axes symbolic."""
+    import onnx
+
+    from onnxcast.base.contract import signature
+    from onnxcast.pipeline.export import export_onnx
+
+    model = _trained_like(family, 1, False)
+    metadata = {"model_family": family, "lookback": 168, "horizon": 24, "freq": "h", "target": "y", "features": "",
+                "precision": "fp32", "trained_until": "2024-01-01T00:00:00Z", "dataset_sha256": "0" * 64,
+                "quantile_levels": ",".join(map(str, LEVELS))}
+    path = export_onnx(model, tmp_path / "m.onnx", n_features=1, lookback=168, metadata=metadata)
+    outputs = {o["name"]: o["shape"] for o in signature(onnx.load(str(path)))["outputs"]}
+    assert outputs == {"forecast": ["batch", 24], "quantiles": ["batch", 24, len(LEVELS)]}
+
+
+def test_an_output_with_a_symbolic_axis_is_refused():
+    from onnxcast.pipeline.export import static_axis_problems
+
+    sig = {"outputs": [{"name": "forecast", "shape": ["batch", 24]}, {"name": "quantiles", "shape": ["batch", 24, "q"]}]}
+    assert static_axis_problems(sig) == ["output 'quantiles' has shape ['batch', 24, 'q']: every axis but the batch "
+                                         "must be fixed"]
