@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+# coverage_tolerance 0.2: a one-epoch model's interval coverage is whatever it lands on (87% at 80%
+# once the LSTM read patches); these runs test the registry and rollout steps, the coverage gate
+# has its own tests (tests/onnxcast/pipeline/test_validate.py, test_intervals.py)
 TINY_PIPELINE = {"horizon": 12, "lookback": 56, "max_epochs": 1, "models": ["lstm"], "hidden_size": 16,
-                 "num_layers": 1, "latency_repeats": 3, "model_name": "tiny-forecaster"}
+                 "num_layers": 1, "latency_repeats": 3, "model_name": "tiny-forecaster", "coverage_tolerance": 0.2}
 
 
 @pytest.fixture(scope="session")

@@ -275,6 +275,10 @@ def _check_spec(document: dict, where: str) -> dict:
             isinstance(s, int) and not isinstance(s, bool) and low <= s <= high for s in seasons):
         raise FetchError(f"{prefix} field 'seasons' must be a list of at most {MAX_SEASONS} integers in "
                          f"[{low}, {high}], got {quote(seasons)}")
+    patch = checked["patch"]
+    if isinstance(patch, bool) or not isinstance(patch, int) or not 1 <= patch <= checked["lookback"]:
+        raise FetchError(f"{prefix} field 'patch' must be an integer in [1, {checked['lookback']}] (the lookback), "
+                         f"got {quote(patch)}")
     if checked["d_model"] % checked["n_heads"]:
         raise FetchError(f"{prefix} field 'd_model' ({checked['d_model']}) is not divisible by "
                          f"'n_heads' ({checked['n_heads']})")
@@ -296,6 +300,7 @@ class _SpecSizes:
         self.n_features = spec["n_features"]
         for name in ("hidden_size", "num_layers", "d_model", "n_heads", "horizon", "lookback"):
             setattr(self, name, spec[name])
+        self.patch_length = spec["patch"]  # the spec's steps a token (1 for models from before patches)
         self.batch_size = 1
 
 
