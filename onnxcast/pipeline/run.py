@@ -231,7 +231,7 @@ def export_family(cfg: PipelineConfig, family: str) -> str:
                 "dataset_sha256": series.sha256, "season": series.season}
         fleet_keys = {}
     metadata = {
-        "model_family": family, "lookback": spec.lookback, "horizon": spec.horizon,
+        "model_family": spec.family, "lookback": spec.lookback, "horizon": spec.horizon,
         "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
         "precision": "fp32", "trained_until": data["trained_until"],
         "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
@@ -284,7 +284,9 @@ def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
     from onnxcast.pipeline.optimize import make_variants
 
     onnx_dir = cfg.layout.onnx_dir(family)
-    made = make_variants(cfg.layout.onnx(family), onnx_dir, family)
+    # the rewrites and INT8 settings follow the architecture (a fetched champion's task is "champion")
+    architecture = read_json(cfg.layout.model_json(family))["spec"]["family"]
+    made = make_variants(cfg.layout.onnx(family), onnx_dir, architecture)
     write_json(cfg.layout.variants(family), [{"name": v.name, "path": v.path.name, "note": v.note} for v in made])
     return [v.name for v in made]
 

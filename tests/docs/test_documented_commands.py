@@ -47,6 +47,8 @@ SKIPPED: dict[str, str] = {
                                                                         "runs bench/accuracy.py --quick",
     r"^(make bench$|\.venv/bin/python bench/run\.py\b)": "trains and measures for minutes; "
                                                          "tests/bench/test_bench_smoke.py runs bench/run.py --quick",
+    r"^\.venv/bin/python bench/training\.py\b": "times every family's training step for about a minute; "
+                                                "tests/bench/test_bench_training_smoke.py runs bench/training.py --quick",
     r"^\.venv/bin/mlflow ui\b": "starts the MLflow UI server and keeps running",
     r"^terraform (init|apply)\b": "Terraform is not installed here and applies to an AWS account; "
                                   "tests/infra/test_terraform.py checks infra/ with checkov and python-hcl2",

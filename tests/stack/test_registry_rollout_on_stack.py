@@ -54,7 +54,10 @@ def registered(stack, tmp_path_factory) -> dict:
     s3_client(stack, "pipeline").upload_file(csv, stack["buckets"]["data"], key)
     conf = {"data_uri": f"s3://{stack['buckets']['data']}/{key}", "families": ["lstm"], "horizon": 12,
             "lookback": 56, "max_epochs": 1, "channels": ["edge", "cloud"], "model_name": MODEL,
-            "extra_settings": {"hidden_size": 16, "num_layers": 1, "latency_repeats": 3, "patience": 1}}
+            "extra_settings": {"hidden_size": 16, "num_layers": 1, "latency_repeats": 3, "patience": 1,
+                               # a one-epoch model's coverage is arbitrary (87% at 80% on this series);
+                               # the coverage gate has its own tests (tests/onnxcast/pipeline/test_validate.py)
+                               "coverage_tolerance": 0.2}}
     api = AirflowApi(stack, "admin")
     response = api.post(f"/api/v2/dags/{stack['training_dag']}/dagRuns", json={"logical_date": None, "conf": conf})
     assert response.status_code == 200, response.text

@@ -213,3 +213,31 @@ def test_on_msis_the_per_origin_scores_come_from_both_models_quantiles(tiny_lstm
     assert decision["paired_test"]["mean_diff"] == pytest.approx(
         figures["lstm"]["msis_95"] - figures["champion"]["msis_95"], rel=1e-4)
     assert decision["promote"] is True and decision["paired_test"]["p_value"] < 0.05, decision["reason"]
+
+
+@pytest.mark.slow
+def test_a_fetched_lstm_champion_is_exported_and_optimized_as_an_lstm(tiny_lstm_run_copy):  # noqa: F811
+    """A fetched champion runs as the task "champion": its exporter and its variants' rewrites
+    and INT8 settings went by that name, so an LSTM champion went to the dynamo exporter (which
+    failed on it after other exports in the process: CI, 2026-12-02) and lost the LSTM rewrites."""
+    import shutil
+
+    import onnx
+
+    from onnxcast.base.contract import read_metadata
+    from onnxcast.pipeline import run as pipeline
+    from onnxcast.pipeline.config import PipelineConfig
+
+    run = tiny_lstm_run_copy
+    champion = run / "models/champion"
+    shutil.copytree(run / "models/lstm", champion)
+    shutil.rmtree(champion / "onnx")
+    cfg = PipelineConfig.load(run / "config.json")
+    pipeline.export_family(cfg, "champion")
+    made = pipeline.optimize_family(cfg, "champion")
+    fp32 = onnx.load(champion / "onnx/fp32.onnx")
+    assert read_metadata(fp32)["model_family"] == "lstm"
+    assert "LSTM" in {node.op_type for node in fp32.graph.node}  # the TorchScript exporter's LSTM op
+    own = json.loads((run / "models/lstm/onnx/variants.json").read_text())
+    assert made == [v["name"] for v in own]
+    assert json.loads((champion / "onnx/variants.json").read_text()) == own  # the same rewrites and notes
