@@ -8,8 +8,10 @@ around the model) is not counted: it counts against the achieved rate, as in a G
 Bytes are what a forecast must move at the least: its history in, its outputs out, and the
 model's weights read once per batch.
 
-Counted on the ``fp32`` variant (the export form, before fusion or quantization), so every
-variant of a family is held to the same work.
+Counted on each variant's own graph: the products of its quantized ops (``QUANTIZED``) are
+also given apart (``int8_ops``), so that an INT8 variant's roofline holds them to the int8 GEMM
+peak and the rest to the float32 one. (The fp32 graph's count is the family's work: the GEMM-peak
+fraction of every variant.)
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ PRODUCTS = {"MatMul", "FusedMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "
 GEMMS = {"Gemm", "FusedGemm"}
 RECURRENT = {"LSTM", "DynamicQuantizeLSTM"}
 ATTENTION = {"Attention", "QAttention"}
+QUANTIZED = {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM", "QAttention"}
 
 
 def graph_cost(path: str | Path, history: np.ndarray) -> dict:
-    """``{"flops", "bytes", "weight_bytes", "by_op"}`` of one run of ``path`` on ``history``
-    (``[batch, time, F]``), per forecast (divided by the batch)."""
+    """``{"flops", "int8_ops", "bytes", "weight_bytes", "by_op"}`` of one run of ``path`` on
+    ``history`` (``[batch, time, F]``), per forecast (divided by the batch); ``int8_ops`` is the
+    part of ``flops`` done by quantized ops."""
     import onnx
     import onnxruntime as ort
 
@@ -55,7 +59,9 @@ def graph_cost(path: str | Path, history: np.ndarray) -> dict:
     weight_bytes = sum(_tensor_bytes(t) for t in model.graph.initializer)
     batch = history.shape[0]
     moved = history.nbytes + sum(o.nbytes for o in outputs) + weight_bytes
-    return {"flops": sum(by_op.values()) / batch, "bytes": moved / batch, "weight_bytes": weight_bytes,
+    int8 = sum(v for k, v in by_op.items() if k in QUANTIZED)
+    return {"flops": sum(by_op.values()) / batch, "int8_ops": int8 / batch, "bytes": moved / batch,
+            "weight_bytes": weight_bytes,
             "by_op": {k: v / batch for k, v in by_op.items()}}
 
 

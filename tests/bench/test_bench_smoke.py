@@ -29,6 +29,8 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
         assert row["p50_ms"] > 0 and row["p95_ms"] >= row["p50_ms"] and row["throughput_per_s"] > 0
         assert row["size_bytes"] > 0 and row["holdout_mae"] > 0
         assert row["roofline_ms"] > 0 and row["x_roofline"] > 0 and row["roofline_bound"] in ("compute", "memory")
+        # an INT8 variant's quantized products are held to the int8 peak, the others' to float32
+        assert (row["int8_ops_per_forecast"] > 0) == (row["variant"] == "int8"), row
     assert report["gemm_peak_gflops"] > 0 and report["machine"]
     assert report["memory_bandwidth_gbs_by_threads"]["1"] > 0 and report["int8_gemm_peak_gops_by_threads"]["1"] > 0
     load = report["load_average"]
