@@ -59,11 +59,11 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     model.eval()
     example = torch.zeros(2, lookback, n_features)
     example[:, :, 0] = torch.linspace(0.0, 1.0, lookback)  # non-constant, like real data
-    exporter = exporter or EXPORTER.get(type(getattr(model, "core", model)).__name__, "dynamo")
     window = getattr(model, "min_history", None)  # window families read the newest ``lookback`` steps
     quantiles = bool(getattr(model, "has_quantiles", False))
     outputs = [OUTPUT_NAME, QUANTILES_NAME] if quantiles else [OUTPUT_NAME]
     name = type(model.core).__name__
+    exporter = exporter or EXPORTER.get(name, "dynamo")
     try:
         traced = (WithQuantiles(model) if quantiles else model) if as_written else graph_form(model)
     except (TypeError, ValueError) as exc:
