@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,11 +73,6 @@ SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid",
 
 def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> list[int]:
     """Read and check the long table; write the shards; return the shard numbers ``[0, .., k-1]``."""
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from onnxcast.pipeline.data import season_for_freq
     from onnxcast.pipeline.quality import hide_unnamed_columns
     from onnxcast.pipeline.reading import read_long_table
 
@@ -86,51 +81,23 @@ def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = N
     raw = read_long_table(cfg.data_uri, columns=[series_col, cfg.time_column, *value_cols],
                           series_column=series_col, s3_settings=s3_settings)
     frame = _with_table_helpers(hide_unnamed_columns(raw.frame, cfg), cfg)
+    raw = replace(raw, frame=None)  # the frame as read goes as soon as its helpers have what they need
     checks = _validate(frame, _table_suite(cfg, frame), layout.quality, raw.source, TABLE_SUITE)
 
     ids_cat = frame[series_col].cat.remove_unused_categories()
     ids = tuple(str(c) for c in ids_cat.cat.categories)
-    codes = ids_cat.cat.codes.to_numpy().astype(np.int64)
+    codes = ids_cat.cat.codes.to_numpy().astype(np.int32 if len(ids) < 2**31 else np.int64)
     times = frame[f"{HELPER}time"].to_numpy(dtype="datetime64[ns]").astype(np.int64)
     values = np.column_stack([frame[f"{HELPER}{c}_value"].to_numpy(dtype="float64") for c in value_cols])
-    del frame
-    order = np.lexsort((times, codes))
-    freq = cfg.freq or _infer_fleet_freq(codes[order], times[order], len(ids), cfg.seed, raw.source)
-    season = cfg.season or season_for_freq(freq)
-
-    # one frequency: when too many series are off its grid, the table mixes frequencies
-    sorted_codes, sorted_times = codes[order], times[order]
-    keep = _last_of_duplicates(sorted_codes, sorted_times)
-    position = grid_positions(sorted_codes[keep], sorted_times[keep], freq)
-    off = np.bincount(sorted_codes[keep][position < 0], minlength=len(ids))
-    grid_table = pd.DataFrame({series_col: list(ids), "off_grid_example": None})
-    grid_table["off_grid_example"] = grid_table["off_grid_example"].astype(object)
-    kept_codes, kept_times = sorted_codes[keep], sorted_times[keep]
-    bounds = np.searchsorted(kept_codes, np.arange(len(ids) + 1))
-    off_ids = np.flatnonzero(off)
-    grid_table.loc[off_ids, "off_grid_example"] = "off the grid"
-    for i in off_ids[:OFF_GRID_DESCRIBED]:  # what the first off-grid series look like, in words
-        grid_table.loc[i, "off_grid_example"] = _own_freq(kept_times[bounds[i]:bounds[i + 1]]) or "irregular"
+    del frame, ids_cat
+    freq, season, grid_table = _one_frequency(codes, times, ids, cfg, raw.source)
     checks += _validate(grid_table, _grid_suite(cfg, freq, len(ids)), layout.quality / "grid", raw.source,
                         GRID_SUITE, failure=lambda: _mixed_words(grid_table, series_col, freq, cfg))
 
     rows = np.bincount(codes, minlength=len(ids))
     shards = assign_shards(rows, min(cfg.fleet_shards, len(ids)))
-    shard_of = np.empty(len(ids), dtype=np.int64)
     for k, members in enumerate(shards):
-        shard_of[members] = k
-    row_shard = shard_of[codes]
-    id_array = pa.array(np.asarray(ids, dtype=object), type=pa.string())
-    for k in range(len(shards)):
-        picked = np.flatnonzero(row_shard == k)  # original row order: "not increasing" is a finding
-        columns = {series_col: id_array.take(pa.array(codes[picked])),
-                   cfg.time_column: pa.array(times[picked].astype("datetime64[ns]"))}
-        columns.update({c: pa.array(values[picked, j]) for j, c in enumerate(value_cols)})
-        path = layout.shard_rows(k)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(pa.table(columns), tmp, compression="zstd")
-        tmp.replace(path)
+        _write_shard_rows(layout.shard_rows(k), codes, times, values, members, ids, cfg)
     write_json(layout.shards, {
         "n_shards": len(shards), "shards": [[ids[i] for i in members] for members in shards],
         "rows": [int(rows[members].sum()) for members in shards], "freq": freq, "season": int(season),
@@ -139,6 +106,51 @@ def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = N
     log.info("fleet table %s: %d rows, %d series, freq %s, %d shard(s)", raw.source, len(codes), len(ids),
              freq, len(shards))
     return list(range(len(shards)))
+
+
+def _one_frequency(codes, times, ids: tuple[str, ...], cfg: PipelineConfig, source: str):
+    """(freq, season, grid table): the fleet's frequency (``cfg.freq``, else inferred) and one row
+    per series whose ``off_grid_example`` says, for a series off its grid, what it looks like."""
+    import pandas as pd
+
+    from onnxcast.pipeline.data import season_for_freq
+
+    order = series_time_order(codes, times)
+    sorted_codes, sorted_times = (codes, times) if order is None else (codes[order], times[order])
+    del order
+    freq = cfg.freq or _infer_fleet_freq(sorted_codes, sorted_times, len(ids), cfg.seed, source)
+    season = cfg.season or season_for_freq(freq)
+    keep = _last_of_duplicates(sorted_codes, sorted_times)
+    kept_codes, kept_times = sorted_codes[keep], sorted_times[keep]
+    del sorted_codes, sorted_times, keep
+    off = np.bincount(kept_codes[grid_positions(kept_codes, kept_times, freq) < 0], minlength=len(ids))
+    grid_table = pd.DataFrame({cfg.series_column: list(ids), "off_grid_example": None})
+    grid_table["off_grid_example"] = grid_table["off_grid_example"].astype(object)
+    off_ids = np.flatnonzero(off)
+    grid_table.loc[off_ids, "off_grid_example"] = "off the grid"
+    for i in off_ids[:OFF_GRID_DESCRIBED]:  # what the first off-grid series look like, in words
+        start, stop = np.searchsorted(kept_codes, [i, i + 1])
+        grid_table.loc[i, "off_grid_example"] = _own_freq(kept_times[start:stop]) or "irregular"
+    return freq, season, grid_table
+
+
+def _write_shard_rows(path: Path, codes, times, values, members, ids, cfg: PipelineConfig) -> None:
+    """The rows of the series ``members`` in their original order ("not increasing" is a
+    finding), the ids as a dictionary of the shard's series (read back as a categorical)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local = np.full(len(ids), -1, dtype=np.int32)
+    local[members] = np.arange(len(members), dtype=np.int32)
+    picked = np.flatnonzero(local[codes] >= 0)
+    columns = {cfg.series_column: pa.DictionaryArray.from_arrays(
+                   pa.array(local[codes[picked]]), pa.array([ids[i] for i in members], type=pa.string())),
+               cfg.time_column: pa.array(times[picked].astype("datetime64[ns]"))}
+    columns.update({c: pa.array(values[picked, j]) for j, c in enumerate([cfg.target_column, *cfg.feature_columns])})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.table(columns), tmp, compression="zstd")
+    tmp.replace(path)
 
 
 def _with_table_helpers(frame, cfg: PipelineConfig):
@@ -399,22 +411,16 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     named every failing series, took 286 s for 100,000 series of 3 rows (indexing each failing
     row, then deep-copying and serialising the lists); the whole verdict is series.parquet."""
     import pandas as pd
-    import pyarrow.parquet as pq
 
     from onnxcast.pipeline.quality import _quiet_gx, run_suite, write_reports
 
     layout, series_col = cfg.layout, cfg.series_column
     plan = read_json(layout.shards)
     ids = plan["shards"][shard]
-    value_cols = [cfg.target_column, *cfg.feature_columns]
-    rows = pq.read_table(layout.shard_rows(shard)).to_pandas()
-    codes = pd.Categorical(rows[series_col], categories=ids).codes.astype(np.int64)
-    times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    values = np.column_stack([rows[c].to_numpy(dtype="float64") for c in value_cols])
-    del rows
     season = int(plan["season"])
-    stats, grid = series_stats(codes, times, values, len(ids), plan["freq"], cfg, season)
-    del codes, times, values
+    # passed straight on, so that series_stats drops the rows as read once it has sorted them
+    stats, grid = series_stats(*_shard_arrays(layout.shard_rows(shard), ids, cfg), len(ids), plan["freq"], cfg,
+                               season)
 
     table = pd.DataFrame({series_col: ids, **stats})
     table.index = table[series_col].to_numpy()  # GX names failing rows by their index: the series ids
@@ -443,49 +449,76 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     return result
 
 
+def _shard_arrays(path: Path, ids: list[str], cfg: PipelineConfig):
+    """(codes, times in ns, values) of a shard's rows as written, in their order."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pandas()
+    codes = pd.Categorical(rows[cfg.series_column], categories=ids).codes.astype(np.int32)
+    times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    values = np.column_stack([rows[c].to_numpy(dtype="float64") for c in (cfg.target_column, *cfg.feature_columns)])
+    return codes, times, values
+
+
 def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineConfig, season: int):
     """One row of facts per series (the columns the series suite checks), and the rows laid
-    on the grid for the repair. Rows in any order; numpy segment operations throughout."""
-    q = cfg.quality
+    on the grid for the repair. Rows in any order; numpy segment operations throughout, no
+    Python loop over series or rows (100,000 series of 117 rows: 19 s of CPU, 2 GB)."""
     n_rows = np.bincount(codes, minlength=n_series)
     # rows out of time order within their series, as they came
-    original_first = np.ones(len(codes), dtype=bool)
-    original_first[1:] = codes[1:] != codes[:-1]
     back = np.zeros(len(codes), dtype=bool)
-    back[1:] = (times[1:] < times[:-1]) & ~original_first[1:]
+    back[1:] = (times[1:] < times[:-1]) & (codes[1:] == codes[:-1])
     unsorted = np.bincount(codes[back], minlength=n_series)
+    del back
 
-    order = np.lexsort((times, codes))
-    codes, times, values = codes[order], times[order], values[order]
+    order = series_time_order(codes, times)
+    if order is not None:  # the arguments' arrays are dropped as soon as they are replaced
+        codes, times, values = codes[order], times[order], values[order]
+        del order
     keep = _last_of_duplicates(codes, times)
-    duplicates = n_rows - np.bincount(codes[keep], minlength=n_series)
-    codes, times, values = codes[keep], times[keep], values[keep]
-
-    # the values, whatever the grid: empty, non-finite, constant, outliers (the series' own range)
-    distinct_rows = np.maximum(np.bincount(codes, minlength=n_series), 1)
-    empty = np.isnan(values).any(axis=1)
-    empty_rows = np.bincount(codes[empty], minlength=n_series)
-    target = values[:, 0]
-    in_range = np.isfinite(values).all(axis=1) & (np.abs(values) <= np.finfo(np.float32).max).all(axis=1)
-    non_finite = np.bincount(codes[~empty & ~in_range], minlength=n_series)
-    finite = np.isfinite(target) & (np.abs(target) <= np.finfo(np.float32).max)
-    distinct, outliers = _distinct_and_outliers(codes[finite], target[finite], n_series, q.outlier_mad_threshold)
-    finite_counts = np.bincount(codes[finite], minlength=n_series)
-
-    # the grid: a series off the fleet's grid has no gaps or length to speak of (NaN: GX skips it)
+    if len(keep) < len(codes):
+        codes, times, values = codes[keep], times[keep], values[keep]
+    del keep
+    facts = {"rows": n_rows, "duplicates": n_rows - np.bincount(codes, minlength=n_series), "unsorted": unsorted}
     position = grid_positions(codes, times, freq)
+    grid_facts, before = _grid_facts(codes, values, position, n_series, cfg)
+    facts.update(grid_facts)
+    facts.update(_value_facts(codes, values, before, n_series, cfg.quality.outlier_mad_threshold))
+    del before
+    on_grid = facts["off_grid"] == 0
+    for name in ("train_steps", "gap_share", "missing_steps", "longest_gap", "edge_missing",
+                 "distinct_before_holdout"):
+        facts[name] = np.where(on_grid, facts[name], np.nan)  # a series off the grid: not judged (GX skips NaN)
+    on = position >= 0
+    codes, times, values, position = codes[on], times[on], values[on], position[on]
+    facts["start"] = _first_times(codes, times, n_series)
+    grid = {"codes": codes, "times": times, "position": position, "values": values,
+            "grid_steps": facts["grid_steps"], "missing": facts["grid_steps"] - facts["filled"], "season": season}
+    return {name: facts[name] for name in SERIES_FACTS}, grid
+
+
+# The columns of the series table, in order (series_stats).
+SERIES_FACTS = ("rows", "grid_steps", "train_steps", "duplicates", "unsorted", "off_grid", "gap_share",
+                "missing_steps", "longest_gap", "missing_share", "edge_missing", "distinct_values",
+                "distinct_before_holdout", "non_finite", "outlier_share", "start")
+
+
+def _grid_facts(codes, values, position, n_series: int, cfg: PipelineConfig):
+    """The facts of the series on the fleet's grid (rows sorted by series and time, without
+    duplicates; ``position`` -1 off the grid), and which rows hold a value before their
+    series' holdout."""
     off = position < 0
     off_grid = np.bincount(codes[off], minlength=n_series)
     on = ~off
-    codes, times, values, position = codes[on], times[on], values[on], position[on]
-    on_rows = np.bincount(codes, minlength=n_series)
+    on_codes, on_pos = codes[on], position[on]
+    on_rows = np.bincount(on_codes, minlength=n_series)
     last_step = np.full(n_series, -1, dtype=np.int64)
-    np.maximum.at(last_step, codes, position)
+    np.maximum.at(last_step, on_codes, on_pos)
     grid_steps = np.where(on_rows > 0, last_step + 1, 0)
-    missing_times = grid_steps - on_rows
-
-    valued = ~np.isnan(values).any(axis=1)
-    v_codes, v_pos = codes[valued], position[valued]
+    valued_all = ~np.isnan(values).any(axis=1)
+    valued = valued_all[on]
+    v_codes, v_pos = on_codes[valued], on_pos[valued]
     filled = np.bincount(v_codes, minlength=n_series)
     first_filled = np.full(n_series, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_filled, v_codes, v_pos)
@@ -493,64 +526,98 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
     np.maximum.at(last_filled, v_codes, v_pos)
     gap = np.zeros(len(v_codes), dtype=np.int64)
     if len(v_codes) > 1:
-        same = v_codes[1:] == v_codes[:-1]
-        gap[1:] = np.where(same, v_pos[1:] - v_pos[:-1] - 1, 0)
+        gap[1:] = np.where(v_codes[1:] == v_codes[:-1], v_pos[1:] - v_pos[:-1] - 1, 0)
     longest_gap = np.zeros(n_series, dtype=np.int64)
     np.maximum.at(longest_gap, v_codes, gap)
-    # grid points before the first or after the last value cannot be interpolated
-    edge_missing = np.where(filled > 0, first_filled + (grid_steps - 1 - last_filled), grid_steps)
     holdout, validation = fleet_steps(cfg)
-    train_steps = grid_steps - holdout - validation
-    on_grid = off_grid == 0
     # A series flat before its holdout (a new meter at 0, then 5000) has no in-sample naive error
     # to scale its MASE by: its MASE would be in raw units (100 for a 2% error), enough to move
     # the fleet's mean and so the gates, and its training weight would own the loss.
-    before = valued & (position < (grid_steps - holdout)[codes])
-    before_target = values[before, 0]
-    kept_finite = np.isfinite(before_target)
-    distinct_before, _ = _distinct_and_outliers(codes[before][kept_finite], before_target[kept_finite], n_series,
-                                                q.outlier_mad_threshold)
-
-    def grid_fact(a):
-        return np.where(on_grid, a, np.nan)
-
-    stats = {
-        "rows": n_rows, "grid_steps": grid_steps, "train_steps": grid_fact(train_steps), "duplicates": duplicates,
-        "unsorted": unsorted, "off_grid": off_grid,
-        "gap_share": grid_fact(missing_times / np.maximum(grid_steps, 1)),
-        "missing_steps": grid_fact(grid_steps - filled),
-        "longest_gap": grid_fact(longest_gap), "missing_share": empty_rows / distinct_rows,
-        "edge_missing": grid_fact(edge_missing), "distinct_values": distinct,
-        "distinct_before_holdout": grid_fact(distinct_before), "non_finite": non_finite,
-        "outlier_share": outliers / np.maximum(finite_counts, 1),
-        "start": _first_times(codes, times, n_series),
-    }
-    grid = {"codes": codes, "times": times, "position": position, "values": values, "grid_steps": grid_steps,
-            "missing": grid_steps - filled, "season": season}
-    return stats, grid
+    before = valued_all & on & (position < (grid_steps - holdout)[codes])
+    return {"grid_steps": grid_steps, "train_steps": grid_steps - holdout - validation, "off_grid": off_grid,
+            "gap_share": (grid_steps - on_rows) / np.maximum(grid_steps, 1), "missing_steps": grid_steps - filled,
+            "filled": filled, "longest_gap": longest_gap,
+            # grid points before the first or after the last value cannot be interpolated
+            "edge_missing": np.where(filled > 0, first_filled + (grid_steps - 1 - last_filled), grid_steps)}, before
 
 
-def _distinct_and_outliers(codes, target, n_series: int, threshold: float):
-    """Distinct values per series, and values outside the series' own robust range
+def _value_facts(codes, values, before, n_series: int, threshold: float) -> dict:
+    """The facts of the values, whatever the grid: empty, non-finite, distinct (over the whole
+    series and over the rows ``before`` its holdout), outliers (the series' own range)."""
+    distinct_rows = np.maximum(np.bincount(codes, minlength=n_series), 1)
+    empty = np.isnan(values).any(axis=1)
+    f32 = np.finfo(np.float32).max
+    in_range = np.isfinite(values).all(axis=1) & (np.abs(values) <= f32).all(axis=1)
+    target = values[:, 0]
+    finite = np.isfinite(target) & (np.abs(target) <= f32)
+    distinct, outliers, distinct_before = _distinct_and_outliers(codes[finite], target[finite], n_series, threshold,
+                                                                 subset=before[finite])
+    return {"missing_share": np.bincount(codes[empty], minlength=n_series) / distinct_rows,
+            "non_finite": np.bincount(codes[~empty & ~in_range], minlength=n_series),
+            "distinct_values": distinct, "distinct_before_holdout": distinct_before,
+            "outlier_share": outliers / np.maximum(np.bincount(codes[finite], minlength=n_series), 1)}
+
+
+def _distinct_and_outliers(codes, target, n_series: int, threshold: float, *, subset=None):
+    """Distinct values per series, values outside the series' own robust range
     (quality.robust_range: median ± threshold x sigma, sigma from the MAD, else the mean
-    absolute deviation; none when both are 0)."""
+    absolute deviation; none when both are 0), and distinct values among the rows ``subset``
+    (the same sort: a subset of rows sorted by value stays sorted). ``codes`` sorted."""
     from onnxcast.pipeline.quality import ROBUST_SCALE_MAD, ROBUST_SCALE_MEAN_AD
 
-    order = np.lexsort((target, codes))
+    order = sort_within_series(codes, target)
     c, v = codes[order], target[order]
-    change = np.ones(len(c), dtype=bool)
-    change[1:] = (c[1:] != c[:-1]) | (v[1:] != v[:-1])
-    distinct = np.bincount(c[change], minlength=n_series)
+    distinct = _distinct_sorted(c, v, n_series)
+    distinct_subset = None if subset is None else _distinct_sorted(c[subset[order]], v[subset[order]], n_series)
+    del order
     counts = np.bincount(c, minlength=n_series)
     median = _segment_median(c, v, counts, n_series)
     deviation = np.abs(v - median[c])
-    order = np.lexsort((deviation, c))
-    mad = _segment_median(c[order], deviation[order], counts, n_series)
+    mad = _segment_median(c, deviation[sort_within_series(c, deviation)], counts, n_series)
     mean_ad = np.bincount(c, weights=deviation, minlength=n_series) / np.maximum(counts, 1)
     sigma = np.where(mad > 0, ROBUST_SCALE_MAD * mad, ROBUST_SCALE_MEAN_AD * mean_ad)
     limit = threshold * sigma
     outside = (sigma[c] > 0) & (deviation > limit[c])
-    return distinct, np.bincount(c[outside], minlength=n_series)
+    return distinct, np.bincount(c[outside], minlength=n_series), distinct_subset
+
+
+def _distinct_sorted(codes, values, n_series: int) -> np.ndarray:
+    """Distinct values per series, rows sorted by series then value."""
+    change = np.ones(len(codes), dtype=bool)
+    change[1:] = (codes[1:] != codes[:-1]) | (values[1:] != values[:-1])
+    return np.bincount(codes[change], minlength=n_series)
+
+
+def series_time_order(codes, times) -> np.ndarray | None:
+    """The order that sorts rows by (series, time), ties in their order; None when they already
+    are. Rows usually come grouped by series and in time order within it: a stable sort of the
+    codes alone (runs: nearly free) then does it, checked; np.lexsort is the fallback (5 s of
+    CPU on 11.7 M rows, and it ran five times per shard)."""
+    if len(codes) < 2:
+        return None
+    same = codes[1:] == codes[:-1]
+    if (codes[1:] >= codes[:-1]).all() and not ((times[1:] < times[:-1]) & same).any():
+        return None
+    order = np.argsort(codes, kind="stable")
+    sorted_times, sorted_codes = times[order], codes[order]
+    if not ((sorted_times[1:] < sorted_times[:-1]) & (sorted_codes[1:] == sorted_codes[:-1])).any():
+        return order
+    return np.lexsort((times, codes))
+
+
+def sort_within_series(codes, values) -> np.ndarray:
+    """The order that sorts ``values`` within each run of equal ``codes`` (sorted): the values'
+    ranks under an int64 key ``code x n + rank``, one sort of each (2 s of CPU on 11.7 M rows
+    where np.lexsort took 5)."""
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if int(codes[-1]) + 1 > (2**62) // n:  # the key would overflow: the general sort
+        return np.lexsort((values, codes))
+    key = np.empty(n, dtype=np.int64)
+    key[np.argsort(values, kind="stable")] = np.arange(n, dtype=np.int64)
+    key += codes.astype(np.int64) * n
+    return np.argsort(key)  # unique keys: any sort is stable
 
 
 def _segment_median(codes, sorted_values, counts, n_series: int) -> np.ndarray:
@@ -825,9 +892,10 @@ def _excluded_share_check(cfg: PipelineConfig, table, source: str) -> dict:
 def _reason_counts(excluded, *, first_only: bool = True) -> dict[str, int]:
     """Excluded series per reason, most first; ``first_only``: each series counted once, by
     its first reason in report order (the counts then add up to the excluded total)."""
-    reasons = excluded["excluded_because"].astype(str).str.split(",")
-    found = (reasons.str[0] if first_only else reasons.explode()).value_counts()
-    counts = {check: int(found.get(check, 0)) for check in SERIES_CHECKS}
+    counts = dict.fromkeys(SERIES_CHECKS, 0)
+    for label, count in excluded["excluded_because"].value_counts().items():  # a few distinct combinations
+        for check in str(label).split(",")[: 1 if first_only else None]:
+            counts[check] += int(count)
     return {k: v for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v}
 
 
@@ -933,9 +1001,10 @@ def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: Pipeli
              f"<p>{len(table)} series: {len(table) - len(excluded)} kept, {len(excluded)} excluded "
              f"({share:.1%}; at most {cfg.quality.max_excluded_share:.0%} may be: max_excluded_share), "
              f"{len(padded)} padded (shorter than lookback + horizon of training)</p></section>"]
-    reasons = excluded["excluded_because"].astype(str).str.split(",").explode()
+    labels = excluded["excluded_because"].astype(str)
     for reason, count in counts.items():
-        hit = excluded.loc[reasons.index[reasons.to_numpy() == reason].unique()[:EXAMPLES], series_col]
+        having = [label for label in labels.unique() if reason in label.split(",")]
+        hit = excluded.loc[labels.isin(having).to_numpy(), series_col].head(EXAMPLES)
         names = ", ".join(f"<code>{escape(str(s))}</code>" for s in hit)
         more = f" and {count - EXAMPLES} more" if count > EXAMPLES else ""
         parts.append(f"<h2>{escape(reason)}: {count} series</h2><p>{names}{more}</p>")
