@@ -55,6 +55,7 @@ SHARE_SUITE = "onnxcast-fleet-excluded-share"
 SUMMARY_HTML = "summary.html"
 FREQ_SAMPLE = 500  # series whose own frequency is inferred to find the fleet's
 EXAMPLES = 50  # excluded series named per reason on the summary page
+SKIPPED_LISTED = 100  # entries of a folder data set skipped (links, FIFOs ...) listed in the report; the rest counted
 OFF_GRID_DESCRIBED = 5  # off-grid series whose own frequency is put in words (a pandas inference each)
 HELPER = "_qc_"
 SERIES_TABLE = "series.parquet"
@@ -80,6 +81,7 @@ def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = N
     value_cols = [cfg.target_column, *cfg.feature_columns]
     raw = read_long_table(cfg.data_uri, columns=[series_col, cfg.time_column, *value_cols],
                           series_column=series_col, s3_settings=s3_settings)
+    _check_series_count(raw.frame, cfg, raw.source)
     frame = _with_table_helpers(hide_unnamed_columns(raw.frame, cfg), cfg)
     raw = replace(raw, frame=None)  # the frame as read goes as soon as its helpers have what they need
     checks = _validate(frame, _table_suite(cfg, frame), layout.quality, raw.source, TABLE_SUITE)
@@ -102,10 +104,23 @@ def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = N
         "n_shards": len(shards), "shards": [[ids[i] for i in members] for members in shards],
         "rows": [int(rows[members].sum()) for members in shards], "freq": freq, "season": int(season),
         "series_column": series_col, "source": raw.source, "sha256": raw.sha256, "n_bytes": raw.n_bytes,
-        "n_series": len(ids), "table_rows": int(len(codes)), "table_checks": checks})
+        "n_series": len(ids), "table_rows": int(len(codes)), "table_checks": checks,
+        "skipped_entries": {"count": len(raw.skipped),
+                            "entries": [{"entry": name, "why": why} for name, why in raw.skipped[:SKIPPED_LISTED]]}})
     log.info("fleet table %s: %d rows, %d series, freq %s, %d shard(s)", raw.source, len(codes), len(ids),
              freq, len(shards))
     return list(range(len(shards)))
+
+
+def _check_series_count(frame, cfg: PipelineConfig, source: str) -> None:
+    """More series than ``quality.max_series``: refused in one line, before any check."""
+    column, limit = cfg.series_column, cfg.quality.max_series
+    if column not in frame.columns or len(frame[column].cat.categories) <= limit:
+        return
+    count = len(frame[column].cat.remove_unused_categories().cat.categories)
+    if count > limit:
+        raise DataError(f"{source}: {count:,} series in column {quote(column)}, more than max_series {limit:,} "
+                        "(--max-series); split the table or raise the limit")
 
 
 def _one_frequency(codes, times, ids: tuple[str, ...], cfg: PipelineConfig, source: str):
@@ -956,6 +971,11 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
     if len(excluded):
         warnings.append(f"{len(excluded)} of {len(table)} series ({share:.1%}) excluded: "
                         + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    skipped = plan.get("skipped_entries") or {"count": 0, "entries": []}
+    if skipped["count"]:
+        shown = ", ".join(f"{e['entry']} ({e['why']})" for e in skipped["entries"][:3])
+        warnings.append(f"{skipped['count']} entries of the data folder were skipped, not read: {shown}"
+                        + (" ..." if skipped["count"] > 3 else ""))
     unsorted = int((table["unsorted"] > 0).sum())
     if unsorted:
         warnings.append(f"{unsorted} series had rows out of time order (not_increasing); sorted")
@@ -980,7 +1000,7 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
             "json_path": str(layout.quality / "validation_result.json"), "html_path": html,
             "series": {"total": len(table), "kept": len(kept), "excluded": len(excluded), "padded": len(padded),
                        "excluded_share": share, "max_excluded_share": q.max_excluded_share},
-            "excluded": excluded_list, "padded": [str(s) for s in padded[series_col]]}
+            "excluded": excluded_list, "padded": [str(s) for s in padded[series_col]], "skipped_entries": skipped}
 
 
 def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: PipelineConfig) -> str:
@@ -1011,6 +1031,12 @@ def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: Pipeli
     if len(padded):
         names = ", ".join(f"<code>{escape(str(s))}</code>" for s in padded[series_col].head(EXAMPLES))
         parts.append(f"<h2>padded (kept): {len(padded)} series</h2><p>{names}</p>")
+    skipped = plan.get("skipped_entries") or {"count": 0, "entries": []}
+    if skipped["count"]:
+        items = "".join(f"<li><code>{escape(e['entry'])}</code>: {escape(e['why'])}</li>" for e in skipped["entries"])
+        more = f"<p>and {skipped['count'] - len(skipped['entries'])} more</p>" \
+            if skipped["count"] > len(skipped["entries"]) else ""
+        parts.append(f"<h2>Skipped entries of the data folder: {skipped['count']}</h2><ul>{items}</ul>{more}")
     links = "".join(f'<li><a href="shards/{k:03d}/{REPORT_HTML}">shard {k}</a>: {len(ids)} series</li>'
                     for k, ids in enumerate(plan["shards"]))
     parts.append(f"<h2>Per-shard checks (Great Expectations)</h2><ul>{links}</ul>"

@@ -611,6 +611,7 @@ def scan_parquet_parts(uri: str, s3_settings: S3Settings | None = None) -> PartL
         listing = PartListing(_list_s3_parts(uri, s3_settings), [])
     else:
         listing = _list_local_parts(uri)
+    listing = PartListing(sorted(listing.parts), sorted(listing.skipped))
     for name, why in listing.skipped[:MAX_SKIPPED_LOGGED]:
         log.warning("%s: skipped %s: %s", uri, name, why)
     if len(listing.skipped) > MAX_SKIPPED_LOGGED:
@@ -626,7 +627,7 @@ def scan_parquet_parts(uri: str, s3_settings: S3Settings | None = None) -> PartL
     if total > limit:
         raise DataError(f"{uri}: {len(parts)} Parquet files of {total:,} bytes in all, over the limit of "
                         f"{limit:,} bytes for a data set (set {MAX_DATA_BYTES_ENV} to read larger ones)")
-    return PartListing(sorted(parts), sorted(listing.skipped))
+    return listing
 
 
 def read_parquet_dataset(uri: str, *, columns: list[str], s3_settings: S3Settings | None = None,
@@ -721,7 +722,8 @@ def _skip_reason(entry: os.DirEntry, mode: int) -> str:
 
     if stat.S_ISLNK(mode):
         try:
-            target = "a folder" if entry.is_dir(follow_symlinks=True) else "a file"
+            pointed = os.stat(entry.path).st_mode
+            target = "a folder" if stat.S_ISDIR(pointed) else "a file" if stat.S_ISREG(pointed) else file_kind(pointed)
         except OSError:
             target = "nothing readable"
         return f"a symbolic link (to {target}): links are not followed"
