@@ -36,12 +36,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit_on_sigterm():
-    """SIGTERM (``timeout``, Kubernetes, systemd) unwinds like an exception, so a pipeline run
-    removes its ``.staging`` folder as it does on any failure: by default Python dies at once
-    and left 42 MB of it behind. Returns the handler it replaced (None: not the main thread)."""
+    """On SIGTERM (``timeout``, Kubernetes, systemd) tidy the pipeline runs in progress as a
+    failure does (their ``.staging`` removed, the quality report kept), say so, and exit with
+    128 + 15. Python's default dies at once (a killed run left 151 MB of staging), and an
+    exception raised from the handler can be lost in C code (it was, inside ``compile``
+    importing a module), so the handler tidies and exits itself. Returns the handler it
+    replaced (None: not the main thread)."""
     def terminated(signum, frame):
-        print("error: terminated (SIGTERM)", file=sys.stderr)
-        raise SystemExit(128 + signum)
+        signal.signal(signum, signal.SIG_IGN)  # a second signal must not stop the tidying half-way
+        print("error: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        run = sys.modules.get("onnxcast.pipeline.run")
+        if run is not None:
+            run.abandon_runs()
+        os._exit(128 + signum)
 
     try:
         return signal.signal(signal.SIGTERM, terminated)
