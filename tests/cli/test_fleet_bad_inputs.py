@@ -20,7 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
-from corpus.bad_inputs import FLEET_ARGS, FLEET_BAD_INPUTS, FleetCase, fleet_frame, hundred_million_rows
+from corpus.bad_inputs import (
+    FLEET_ARGS,
+    FLEET_BAD_INPUTS,
+    FleetCase,
+    fleet_frame,
+    hundred_million_rows,
+)
 
 from onnxcast import cli
 
