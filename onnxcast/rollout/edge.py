@@ -56,6 +56,7 @@ from onnxcast.base.contract import (
     read_metadata,
     signature,
 )
+from onnxcast.base.csvcells import text_cell
 from onnxcast.base.errors import (
     ConfigError,
     DataError,
@@ -64,7 +65,6 @@ from onnxcast.base.errors import (
     StoreError,
     VerificationError,
 )
-from onnxcast.base.csvcells import text_cell
 from onnxcast.base.files import sha256_bytes
 from onnxcast.base.s3 import S3Settings
 from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, regular_file_size
