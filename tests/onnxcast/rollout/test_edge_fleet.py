@@ -290,4 +290,4 @@ class TestSpreadsheetSafeOutput:
         rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
         assert rows[0] == ["step", "'=ds", "forecast", "version"]
         assert len(rows) == 1 + HORIZON and all(float(r[2]) < 0 for r in rows[1:])
-        assert rows[1][1] == "2002-01-01T00:00:00Z" or rows[1][1][0].isdigit()
+        assert rows[1][1] == "2002-01-01"  # times are no text cells to neutralize
