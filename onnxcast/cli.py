@@ -305,7 +305,9 @@ def add_monitor_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model name (in the store and the MLflow registry)")
     p.add_argument("--channel", required=True, help="channel whose served version is judged")
     p.add_argument("--trust", help="trust root file the pull verifies with (default: $ONNXCAST_TRUST)")
-    p.add_argument("--data", help="data to judge on (default: the version's own dataset, from its report)")
+    p.add_argument("--data", help="data to judge on (default: the version's own dataset, from its verified report; "
+                                  "a local path there is read only inside $ONNXCAST_HOME or a folder of "
+                                  "$ONNXCAST_DATA_ROOTS)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the embedded store)")
     p.add_argument("--no-log", action="store_true", help="record nothing in MLflow (no monitor run, no version tag)")
     p.set_defaults(handler=run_monitor)
