@@ -235,10 +235,12 @@ def reference_forecasts(target: np.ndarray, origins: Origins, horizon: int, seas
         warnings.simplefilter("ignore")
         for origin in origins.index:
             history = target[max(0, origin - window):origin].astype(np.float64)
+            kwargs = {"h": horizon, "level": widths} if widths else {"h": horizon}
             if fitted_at is None or origin - fitted_at >= horizon:
-                model.fit(y=history)
+                out = model.fit(y=history).predict(**kwargs)  # predict reuses the fit's decomposition
                 fitted_at = origin
-            out = model.forward(y=history, h=horizon, level=widths) if widths else model.forward(y=history, h=horizon)
+            else:
+                out = model.forward(y=history, **kwargs)
             forecasts.append(np.asarray(out["mean"], np.float64))
             for w in widths:
                 lows[w].append(np.asarray(out[f"lo-{w}"], np.float64))
