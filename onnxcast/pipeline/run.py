@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,11 +30,16 @@ from onnxcast.base.files import read_json, replacing, write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
+from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.report import select_variants
 
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"
+# The top-level entries a run writes into its output folder (RunLayout names them): the only
+# names a run may replace there, and only where an earlier run wrote them (ownership.py).
+OUTPUT_ENTRIES = tuple(getattr(RunLayout("."), name).name
+                       for name in ("config", "data", "quality", "models", "report", "failed_report"))
 
 
 class RunDirBusyError(OnnxcastError):
@@ -396,10 +401,15 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
 
 def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     staging = out / STAGING
+    # Before anything is read or trained: every name this run may replace in ``out`` must hold
+    # only what an earlier onnxcast run wrote there (the first release replaced a user's data/).
+    owned = OwnedOutput.read(out)
+    owned.check((STAGING, *OUTPUT_ENTRIES), wholly=(STAGING,))
     # Holding the lock, no live run owns a staging folder here: one that exists was left by a
     # run that was killed (SIGKILL, a power cut) and is removed without following symlinks.
     if _remove(staging):
         log.info("removed %s left by an interrupted run", staging)
+    owned = owned.claim({STAGING: FOLDER})
     staging.mkdir()
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
@@ -409,11 +419,11 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
         else:
             report = _run_series(work)
     except BaseException as exc:
-        _keep_diagnostics(staging, out)
+        _keep_diagnostics(staging, out, owned)
         if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
             exc.report_path = str(out / Path(exc.report_path).relative_to(staging))
         raise
-    _publish(staging, out)
+    _publish(staging, out, owned)
     log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, cfg.layout.report)
     return report
 
@@ -496,30 +506,55 @@ def _step(number: int, name: str, function, *args):
     return function(*args)
 
 
-def _publish(staging: Path, out: Path) -> None:
-    """Move the staged run into ``out``, report.json last (its presence means complete)."""
+def _publish(staging: Path, out: Path, owned: OwnedOutput) -> None:
+    """Move the staged run into ``out``, report.json last (its presence means complete).
+
+    Only entries the record of ``out`` owns are replaced (checked before the run, and again
+    here: the user may have written into ``out`` while it trained); the record lists the new
+    entries before they move, so a crash half-way leaves nothing unrecorded."""
     report = RunLayout(staging).report
-    for name in (FAILED_REPORT, REPORT):
-        (out / name).unlink(missing_ok=True)
-    for entry in sorted(staging.iterdir()):
-        if entry == report:
-            continue
-        target = out / entry.name
-        if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
-            _remove(target)  # a file is replaced by rename; a folder or a link has to go first
-        entry.replace(target)
+    names = sorted(entry.name for entry in staging.iterdir())
+    owned = _make_room(staging, out, owned, {*names, FAILED_REPORT, REPORT})
+    for name in names:
+        if staging / name != report:
+            _move_in(staging / name, out / name)
     report.replace(RunLayout(out).report)
     staging.rmdir()
+    owned.settle()
 
 
-def _keep_diagnostics(staging: Path, out: Path) -> None:
-    for name in (RunLayout(staging).quality.name, FAILED_REPORT):
-        source = staging / name
-        if source.exists():
-            target = out / name
-            _remove(target)
-            source.replace(target)
-    _remove(staging)
+def _keep_diagnostics(staging: Path, out: Path, owned: OwnedOutput) -> None:
+    """After a failed run: keep its data-quality report and failed-report.json in ``out``,
+    replacing only what onnxcast owns there, and remove the staging folder."""
+    kept = [name for name in (RunLayout(staging).quality.name, FAILED_REPORT) if (staging / name).exists()]
+    try:
+        owned = _make_room(staging, out, owned, kept)
+        for name in kept:
+            _move_in(staging / name, out / name)
+    finally:
+        _remove(staging)
+        owned.settle()
+
+
+def _make_room(staging: Path, out: Path, owned: OwnedOutput, names: Iterable[str]) -> OwnedOutput:
+    """Check that every name of ``names`` in ``out`` is onnxcast's, record the staged entries
+    that will replace them, and remove report.json and failed-report.json (the new run's
+    report is moved in last); returns the record."""
+    names = list(names)
+    owned.check(names)
+    owned = owned.claim(entries_of(staging, names))
+    for name in (FAILED_REPORT, REPORT):
+        if name in names:
+            (out / name).unlink(missing_ok=True)
+    return owned
+
+
+def _move_in(source: Path, target: Path) -> None:
+    """Rename ``source`` over ``target``: a file is replaced by the rename; a folder (checked to
+    be onnxcast's) is removed first, without following links."""
+    if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
+        _remove(target)
+    source.replace(target)
 
 
 def _load_data(cfg: PipelineConfig):
