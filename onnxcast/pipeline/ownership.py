@@ -95,8 +95,12 @@ class OwnedOutput:
         return claimed
 
     def settle(self) -> OwnedOutput:
-        """Keep in the record only the entries that are still there, as the kind recorded."""
+        """Keep in the record only the entries that are still there, as the kind recorded; no
+        record at all when none is (a run refused on its data leaves the folder as it was)."""
         kept = {name: kind for name, kind in self.entries.items() if _kind(self.folder / name) == kind}
+        if not kept:
+            (self.folder / RECORD).unlink(missing_ok=True)
+            return OwnedOutput(self.folder)
         settled = OwnedOutput(self.folder, kept, recorded=True)
         settled._write()
         return settled
