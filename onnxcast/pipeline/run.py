@@ -36,6 +36,9 @@ from onnxcast.pipeline.report import select_variants
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"
+# ``intervals_calibrated_on`` (model.json, ONNX metadata) of intervals recalibrated on the most
+# recent windows after a coverage miss (recalibrate_family); "validation" otherwise
+RECENT = "recent"
 # The top-level entries a run writes into its output folder (RunLayout names them): the only
 # names a run may replace there, and only where an earlier run wrote them (ownership.py).
 OUTPUT_ENTRIES = tuple(getattr(RunLayout("."), name).name
@@ -210,15 +213,16 @@ def load_model(cfg: PipelineConfig, family: str):
     return model.eval(), spec
 
 
-def export_family(cfg: PipelineConfig, family: str) -> str:
-    """Calibrate the model's quantiles on this run's validation windows (:func:`calibrate_family`),
-    then export it to ``onnx/fp32.onnx`` with the contract's metadata; a global
+def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str:
+    """Calibrate the model's quantiles on this run's validation windows (``recent``: on the most
+    recent windows, :func:`calibrate_family`), then export it to ``onnx/fp32.onnx`` with the
+    contract's metadata (``intervals_calibrated_on`` says which); a global
     model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
     trained until the latest end over its series."""
     from onnxcast.base.contract import format_quantile_levels
     from onnxcast.pipeline.export import export_onnx
 
-    model, spec = calibrate_family(cfg, family)
+    model, spec = calibrate_family(cfg, family, recent=recent)
     if cfg.is_fleet:
         from onnxcast.pipeline.fleet_data import FleetData
 
@@ -240,17 +244,19 @@ def export_family(cfg: PipelineConfig, family: str) -> str:
         "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
         "precision": "fp32", "trained_until": data["trained_until"],
         "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
-        "quantile_levels": format_quantile_levels(spec.quantile_levels), **fleet_keys,
+        "quantile_levels": format_quantile_levels(spec.quantile_levels),
+        "intervals_calibrated_on": RECENT if recent else "validation", **fleet_keys,
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
     return str(path)
 
 
-def calibrate_family(cfg: PipelineConfig, family: str):
+def calibrate_family(cfg: PipelineConfig, family: str, recent: bool = False):
     """Set the model's quantile offsets from this run's validation windows (split-conformal,
     onnxcast.pipeline.intervals.calibrate) at ``cfg.levels`` and save model.pt and model.json
-    with them; returns ``(model, spec)``.
+    with them; returns ``(model, spec)``. ``recent`` (one series): from the most recent windows
+    instead, every window whose forecast steps lie in the holdout (:func:`recalibrate_family`).
 
     Here, not in training, so a fetched model (trained before forecast distributions, or on
     other data) is calibrated on the data it is judged on, exactly as a trained one; the same
@@ -271,11 +277,13 @@ def calibrate_family(cfg: PipelineConfig, family: str):
         from onnxcast.pipeline.data import windows
 
         series, split = _load_data(cfg)
-        x, y = windows(series.values, spec.lookback, spec.horizon, split.train_end, split.validation_end)[:2]
+        start, end = (split.validation_end, len(series.values)) if recent else (split.train_end, split.validation_end)
+        x, y = windows(series.values, spec.lookback, spec.horizon, start, end)[:2]
     try:
         info = calibrate(model, x, y, cfg.levels)
     except ValueError as exc:
         raise DataError(f"{family}: cannot calibrate the forecast intervals: {exc}") from None
+    info["calibrated_on"] = RECENT if recent else "validation"
     spec = replace_spec(spec, quantile_levels=cfg.levels)
     document = read_json(cfg.layout.model_json(family))
     document.pop("spec", None)
@@ -308,9 +316,51 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
     model, spec = load_model(cfg, family)
     onnx_dir = cfg.layout.onnx_dir(family)
     variants = read_json(cfg.layout.variants(family))
-    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=load_baselines(cfg))
+    baselines = load_baselines(cfg)
+    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=baselines)
+    if needs_recalibration(cfg, entry):
+        entry = recalibrate_family(cfg, family, entry, baselines)
     entry["training"] = read_json(cfg.layout.model_json(family))
     write_json(cfg.layout.validation(family), entry)
+    return entry
+
+
+def needs_recalibration(cfg: PipelineConfig, entry: dict) -> bool:
+    """Whether a family's intervals are recalibrated: its point forecasts passed every gate, its
+    coverage was judged and missed, and the settings are not strict (one series only: a fleet's
+    are marked, onnxcast.pipeline.fleet_eval)."""
+    verdict = entry.get("intervals") or {}
+    return not cfg.strict_intervals and entry["gates_passed"] and verdict.get("status") == "uncalibrated"
+
+
+def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines: dict) -> dict:
+    """Calibrate the family's intervals again on the most recent windows (the holdout's), export
+    and optimize it again and validate the new files; the family's ``intervals`` say so, with
+    the judged coverage that missed (``before``).
+
+    Why the holdout: it is where the validation-calibrated intervals were shown to miss, and it
+    is the latest data, the nearest to what the model will forecast. Its coverage is then
+    in-sample: reported, never judged (validate.coverage_gate). Costs one more export, optimize
+    and validation of the family, on this path only."""
+    from onnxcast.pipeline.validate import validate_variants
+
+    before = first["intervals"]
+    log.info("%s: intervals missed their coverage (%s) while the forecasts passed: recalibrating them on the most "
+             "recent windows", family, "; ".join(before.get("missed", [])))
+    export_family(cfg, family, recent=True)
+    optimize_family(cfg, family)
+    series, split = _load_data(cfg)
+    model, _ = load_model(cfg, family)
+    entry = validate_variants(cfg, family, model, series, split, cfg.layout.onnx_dir(family),
+                              read_json(cfg.layout.variants(family)), baselines=baselines, intervals_in_sample=True)
+    calibration = read_json(cfg.layout.model_json(family))["intervals"]
+    entry["intervals"] = {**entry["intervals"], "status": "recalibrated", "before": before,
+                          "calibration_windows": calibration["windows"],
+                          "note": f"recalibrated on the {calibration['windows']} most recent windows (every window "
+                                  "whose forecast steps lie in the holdout) after the coverage missed on validation-"
+                                  "calibrated intervals; the holdout coverage shown is in-sample"}
+    for variant in entry["variants"]:
+        variant["intervals_status"] = "recalibrated"
     return entry
 
 
