@@ -311,7 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "worker":
         worker(args.jobs, args.out, args.code)
         return 0
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     command = "bench/single_series.py " + " ".join(sys.argv[1:] if argv is None else argv)
     header = {"date": dt.date.today().isoformat(), "command": command,
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
@@ -323,11 +322,16 @@ def main(argv: list[str] | None = None) -> int:
                 records += run_panel(name, args.series, args.code, folder)
                 print(f"{name}: {sum(bool(r['shipped']) for r in records if r['panel'] == name)} of "
                       f"{sum(r['panel'] == name for r in records)} shipped", flush=True)
-        results.setdefault("runs", {})[args.label] = {**header, "code": str(args.code or REPO),
-                                                      "families": FAMILIES, "max_epochs": MAX_EPOCHS,
-                                                      "records": records}
+        section = {"runs": {args.label: {**header, "code": str(args.code or REPO), "families": FAMILIES,
+                                         "max_epochs": MAX_EPOCHS, "records": records}}}
     elif args.command == "simulate":
-        results["simulate"] = {**header, **simulate(args.trials)}
+        section = {"simulate": {**header, **simulate(args.trials)}}
+    else:
+        section = {}
+    # read again: a run of the other label may have finished while this one ran
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results.setdefault("runs", {}).update(section.pop("runs", {}))
+    results.update(section)
     write(results)
     print(MARKDOWN.read_text())
     return 0

@@ -328,9 +328,12 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
 def needs_recalibration(cfg: PipelineConfig, entry: dict) -> bool:
     """Whether a family's intervals are recalibrated: its point forecasts passed every gate, its
     coverage was judged and missed, and the settings are not strict (one series only: a fleet's
-    are marked, onnxcast.pipeline.fleet_eval)."""
+    are marked, onnxcast.pipeline.fleet_eval). Nor when champion/challenger is decided on the
+    95% interval's MSIS: recalibrated on the holdout, the challenger's MSIS there would be
+    in-sample against the champion's out-of-sample one; its intervals are marked instead."""
     verdict = entry.get("intervals") or {}
-    return not cfg.strict_intervals and entry["gates_passed"] and verdict.get("status") == "uncalibrated"
+    return (not cfg.strict_intervals and cfg.champion_metric != "msis" and entry["gates_passed"]
+            and verdict.get("status") == "uncalibrated")
 
 
 def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines: dict) -> dict:
