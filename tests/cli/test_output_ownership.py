@@ -118,14 +118,14 @@ class TestTheUsersFilesAreNeverReplaced:
 
 
 @pytest.mark.slow
-def test_a_rerun_replaces_its_own_output_and_nothing_else(project, tmp_path, capsys):
-    """A folder with the user's files under other names: the first run writes beside them, a
-    rerun replaces the first run's output, a file the user added to it (or a link planted in
-    it) refuses the rerun, and an output without the record is not replaced (see ownership.py)."""
-    out = project / "forecasts"
-    out.mkdir()
-    (out / "notes.txt").write_text(NOTES)
-    data = project / "data" / "meters.csv"
+def test_a_rerun_replaces_its_own_output_and_nothing_else(project, capsys):
+    """OUT is the input's own folder, holding the input and the user's notes: the first run
+    writes beside them, a rerun replaces the first run's output, a file the user added to it (or
+    a link planted in it) refuses the rerun, and an output without the record is not replaced
+    (see onnxcast/pipeline/ownership.py)."""
+    out = project / "data"
+    data = out / "meters.csv"
+    user_files = {"meters.csv": data.read_bytes(), "README.txt": NOTES.encode()}
 
     code, errors = pipeline(data, out, capsys)
     assert (code, errors) == (0, [])
@@ -133,8 +133,8 @@ def test_a_rerun_replaces_its_own_output_and_nothing_else(project, tmp_path, cap
     record = json.loads((out / RECORD).read_text())["entries"]
     assert {"report.json", "config.json", "data", "models", "quality", "data/series.npz",
             "models/dlinear/onnx/fp32.onnx"} <= set(record)
-    assert "notes.txt" not in record and ".staging" not in record
-    assert (out / "notes.txt").read_text() == NOTES
+    assert not set(user_files) & set(record) and ".staging" not in record
+    assert {name: (out / name).read_bytes() for name in user_files} == user_files
 
     (out / "models" / "mine.txt").write_text(NOTES)  # the user's file inside onnxcast's folder
     before = snapshot(project)
@@ -148,7 +148,7 @@ def test_a_rerun_replaces_its_own_output_and_nothing_else(project, tmp_path, cap
     (out / "data" / "series.npz").symlink_to(data)
     code, errors = pipeline(data, out, capsys)
     assert code == 2 and errors == [refusal(out, out / "data" / "series.npz", LINK)]
-    assert data.read_text().startswith("ds,y")
+    assert data.read_bytes() == user_files["meters.csv"]
     (out / "data" / "series.npz").unlink()
 
     code, errors = pipeline(data, out, capsys)  # the rerun over the earlier output
@@ -156,8 +156,7 @@ def test_a_rerun_replaces_its_own_output_and_nothing_else(project, tmp_path, cap
     second = json.loads((out / "report.json").read_text())
     assert second["created"] >= first["created"] and second["status"] == "passed"
     assert (out / "data" / "series.npz").is_file() and not (out / "data" / "series.npz").is_symlink()
-    assert (out / "notes.txt").read_text() == NOTES
-    assert (project / "data" / "README.txt").read_text() == NOTES
+    assert {name: (out / name).read_bytes() for name in user_files} == user_files
     assert not os.path.lexists(out / ".staging")
     assert set(json.loads((out / RECORD).read_text())["entries"]) == set(record)
 
