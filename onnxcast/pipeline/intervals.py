@@ -32,12 +32,14 @@ log = logging.getLogger(__name__)
 MIN_WINDOWS_PER_STEP = 200  # fewer validation windows: the horizon steps share one error shape
 # A coverage is judged (its confidence interval may refuse anything) only on at least this many
 # independent holdout windows: non-overlapping windows of the horizon, counted over a fleet's
-# series. Fewer: reported with the count, not judged. Measured (bench/single_series.py simulate:
-# a perfectly calibrated 80% interval, AR(1) forecast errors, the gate of tolerance 5 points or
-# outside the moving-block bootstrap interval): it refused that interval in 39% of 300 trials
-# with 2 independent windows of a 24-step horizon (the 25 origins of a 300-month series), 19%
-# with 4, 7% with 10, and 1-9% with 20 (horizons 8-24, AR coefficients 0.5-0.8; errors as
-# persistent as 0.9 still 14%): below about 20 blocks the bootstrap has too few to resample.
+# series. Fewer: reported with the count, not judged. Measured (bench/single_series.py simulate,
+# 300 trials each: a perfectly calibrated 80% interval, forecast errors sharing an AR(1) shock
+# across origins, the gate of 5 points off nominal and outside the moving-block bootstrap
+# interval): it refused that interval in 43% of trials on 2 independent windows of a 24-step
+# horizon (the monthly series: 25 origins), 20% on 4, 5% on 10, and 2-11% on 20
+# (horizons 8-24, AR 0.5-0.8; 17% with errors as persistent as AR 0.9). Below about 20 blocks the
+# bootstrap has too few to resample; 30 would halve the rate again but judge fewer series, and a
+# miss now recalibrates rather than refuses unless strict_intervals is set.
 MIN_INDEPENDENT_WINDOWS = 20
 # The interval scale of a window: its mean absolute change over ``interval_lag`` steps plus a
 # floor relative to its level, so a constant window gets a tiny, not a zero, scale and the scale
