@@ -185,7 +185,7 @@ def test_interval_figures_become_metrics_and_version_tags(tiny_lstm_run_copy, tr
         "0.78", "0.93", "6.25")
 
 
-def test_a_real_run_s_interval_figures_become_tags_and_metrics(registered, tracking_uri, tiny_lstm_run_copy):
+def test_a_real_run_s_interval_figures_become_tags_and_metrics(registered, tracking_uri, tiny_lstm_run_copy):  # noqa: F811
     """The pipeline's own report (not hand-made figures): its intervals reach the version's
     tags and the family run's metrics, their status (issue 30) included."""
     from onnxcast.registry.tracking import client_for
