@@ -305,7 +305,12 @@ def baseline_intervals(target: np.ndarray, origins: Origins, horizon: int, seaso
     scaled by the mean absolute seasonal change of the last ``lookback`` target steps
     (``intervals.window_scale`` at ``interval_lag(season, lookback)``, as the models'), give the offsets; judged by ``interval_metrics`` with the MASE
     ``scale``. None, with a log line, when the validation split holds no usable window."""
-    from onnxcast.pipeline.intervals import conformal_quantiles, interval_lag, interval_metrics
+    from onnxcast.pipeline.intervals import (
+        conformal_quantiles,
+        independent_windows,
+        interval_lag,
+        interval_metrics,
+    )
 
     lag = season * math.ceil(horizon / season)
     calibration = np.arange(max(train_end, lookback, lag), validation_end - horizon + 1, dtype=np.int64)
@@ -323,7 +328,8 @@ def baseline_intervals(target: np.ndarray, origins: Origins, horizon: int, seaso
     except ValueError as exc:
         log.info("seasonal naive %d: %s", season, exc)
         return None
-    return {**interval_metrics(actuals(target, origins, horizon), quantiles, levels, scale, block=origins.block),
+    return {**interval_metrics(actuals(target, origins, horizon), quantiles, levels, scale, block=origins.block,
+                               independent=independent_windows(origins.index, horizon)),
             "levels": list(levels),
             **info, "lookback": int(lookback)}
 
