@@ -192,6 +192,7 @@ def summarize_report(report: dict, out: str) -> str:
         versus = "".join(f", x{c['mae_ratio']:.2f} of {name} (p={_p(c)})" for name, c in vs.items() if c.get("mae_ratio"))
         lines.append(f"{m['family']}: torch MAE {_mae(t['holdout'])}{versus}, batch1 p50 "
                      f"{t['latency_ms']['batch1_p50']:.2f} ms{status}")
+        lines += _interval_verdict(m.get("intervals"))
         for v in m["variants"]:
             h = v["holdout"] or {}
             speed = v.get("speedup_vs_torch", {})
@@ -245,6 +246,7 @@ def summarize_fleet_report(report: dict, out: str) -> str:
             if isinstance(fp32.get("loses_share"), int | float) else ""
         status = "" if m.get("gates_passed", True) else "  EXCLUDED: " + "; ".join(m.get("failures", []))
         lines.append(f"{family}: fp32 MASE {_mase(fp32) if fp32 else 'n/a'}{versus}{loses}{status}")
+        lines += _interval_verdict(m.get("intervals"))
         for v in m.get("variants", []):
             row = variants.get(v["name"]) or {}
             bands = _intervals(row.get("intervals") or (v.get("holdout") or {}).get("intervals"))
@@ -266,6 +268,20 @@ def _intervals(figures: dict | None) -> str:
     c80, c95, msis = (f"{n:{spec}}" if isinstance(n, int | float) else "n/a"
                       for n, spec in zip(numbers, (".1%", ".1%", ".4g"), strict=True))
     return f"  80%/95% cover {c80}/{c95}  MSIS {msis}"
+
+
+def _interval_verdict(verdict: dict | None) -> list[str]:
+    """``  intervals not judged: 2 independent holdout window(s) ...`` for a family whose
+    intervals are not plainly calibrated (validate.interval_verdict); nothing otherwise."""
+    if not verdict or verdict.get("status") in (None, "calibrated"):
+        return []
+    status = verdict["status"]
+    if status in ("uncalibrated", "refused"):
+        why = "; ".join(verdict.get("missed") or [])
+        action = ("shipped marked uncalibrated (--strict-intervals refuses them)" if status == "uncalibrated"
+                  else "the family is refused (--strict-intervals)")
+        return [f"  intervals: {status}: {why}: {action}"]
+    return [f"  intervals: {verdict.get('note') or status}"]
 
 
 def _count(value: Any) -> str:
@@ -331,7 +347,9 @@ def add_monitor_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model name (in the store and the MLflow registry)")
     p.add_argument("--channel", required=True, help="channel whose served version is judged")
     p.add_argument("--trust", help="trust root file the pull verifies with (default: $ONNXCAST_TRUST)")
-    p.add_argument("--data", help="data to judge on (default: the version's own dataset, from its report)")
+    p.add_argument("--data", help="data to judge on (default: the version's own dataset, from its verified report; "
+                                  "a local path there is read only inside $ONNXCAST_HOME or a folder of "
+                                  "$ONNXCAST_DATA_ROOTS)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else the embedded store)")
     p.add_argument("--no-log", action="store_true", help="record nothing in MLflow (no monitor run, no version tag)")
     p.set_defaults(handler=run_monitor)

@@ -236,12 +236,19 @@ def interval_names(columns, forecaster: str) -> list[str]:
     return [n for n in names if n == "pinball" or n.startswith(("coverage_", "msis_"))]
 
 
-def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0) -> dict | None:
+def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0,
+                       windows_per_series: int | None = None) -> dict | None:
     """The fleet's interval figures of ``forecaster``: the mean over series of each per-series
     column (every series has the same origins and steps, so the mean coverage is the pooled
     coverage), a bootstrap interval over series of the mean MSIS of the 95% interval
-    (``msis_95_ci95``), the series it ran on and the levels; None when the table has none."""
+    (``msis_95_ci95``), the series it ran on and the levels; None when the table has none.
+
+    With ``windows_per_series`` (the non-overlapping holdout windows of one series,
+    :func:`plan_windows`), ``independent_windows`` is the series it ran on times that, and each
+    coverage gets its bootstrap interval (``coverage_<p>_ci95``, what the gate allows for) only
+    where they reach intervals.MIN_INDEPENDENT_WINDOWS: the same rule as one series'."""
     from onnxcast.pipeline.evaluation import series_interval
+    from onnxcast.pipeline.intervals import judged
 
     names = interval_names(table.columns, forecaster)
     if not names:
@@ -249,13 +256,25 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0) -> dict
     values = {n: table[f"{forecaster}.{n}"].to_numpy(np.float64) for n in names}
     ran = np.all([np.isfinite(v) for v in values.values()], axis=0)
     out: dict = {"series": int(ran.sum()), "levels": [float(q) for q in levels]}
+    independent = None if windows_per_series is None else int(ran.sum()) * int(windows_per_series)
+    if independent is not None:
+        out["independent_windows"] = independent
     for name, column in values.items():
         out[name] = float(column[ran].mean()) if ran.any() else None
     if "msis_95" in values:
         out["msis_95_ci95"] = series_interval(values["msis_95"][ran], seed=seed)
-    for name in [n for n in values if n.startswith("coverage_")]:  # the gate's sampling error
-        out[f"{name}_ci95"] = series_interval(values[name][ran], seed=seed)
+    if judged(independent):
+        for name in [n for n in values if n.startswith("coverage_")]:  # the gate's sampling error
+            out[f"{name}_ci95"] = series_interval(values[name][ran], seed=seed)
     return out
+
+
+def plan_windows(plan: Plan) -> int:
+    """The non-overlapping holdout windows of one series under ``plan`` (its origins, ``back``
+    steps from the end, and horizon): intervals.independent_windows."""
+    from onnxcast.pipeline.intervals import independent_windows
+
+    return independent_windows(-np.asarray(plan.back, np.int64), plan.horizon)
 
 
 def naive_quantiles(fleet: FleetData, plan: Plan, naive: dict, lookback: int, levels: tuple[float, ...],
@@ -513,6 +532,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     from onnxcast.pipeline.run import load_model
     from onnxcast.pipeline.validate import (
         _fmt,
+        interval_verdict,
         judge_variants,
         measure_latency,
         parity_shapes,
@@ -548,12 +568,13 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
         torch_entry = {"holdout": _holdout(fleet_aggregate(torch_table, "torch"), torch_table, "torch", plan),
                        "latency_ms": measure_latency(run_torch, latency_inputs, cfg.latency_repeats)}
     levels = spec.quantile_levels or cfg.levels
+    windows = plan_windows(plan)
     aggregates = {v["name"]: _with_intervals(fleet_aggregate(table, v["name"], losers=LOSERS, seed=cfg.seed),
-                                             table, v["name"], levels, cfg.seed) for v in variants}
+                                             table, v["name"], levels, cfg.seed, windows) for v in variants}
     entries = [_variant_entry(cfg, v, layout.onnx_dir(family) / v["path"], run_torch, parity_histories,
                               latency_inputs, aggregates[v["name"]], table, plan) for v in variants]
     baseline = _with_intervals(fleet_aggregate(table, FLEET_NAIVE, seed=cfg.seed), table, FLEET_NAIVE, cfg.levels,
-                               cfg.seed)
+                               cfg.seed, windows)
     naive_name = str(reference[FLEET_NAIVE].iloc[0]).replace("_", " ")
     vs_best_naive, vs_reference = _fleet_tests(table, reference)
     # the interval gates (coverage, and msis/pinball within the budget of fp32's) are decided
@@ -562,12 +583,16 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
                               accuracy_budget=cfg.accuracy_budget,
                               baseline_name=f"the best naive in aggregate, {naive_name}",
                               baseline_margin=cfg.baseline_margin, baseline_test=vs_best_naive,
-                              metric="mean MASE", coverage_tolerance=cfg.coverage_tolerance)
+                              metric="mean MASE", coverage_tolerance=cfg.coverage_tolerance,
+                              strict_intervals=cfg.strict_intervals)
+    # a fleet's intervals that miss are shipped marked "uncalibrated", not recalibrated: that would
+    # evaluate every series of every shard again (one series: run.recalibrate_family)
+    verdict = interval_verdict(entries)
     fp32 = aggregates.get("fp32") or {}
     entry = {"family": family, "torch": torch_entry, "variants": entries,
              "fp32_holdout_mae": fp32.get("mase_mean"), "fp32_holdout_mase": fp32.get("mase_mean"),
              "fp32_vs": {BEST_NAIVE: vs_best_naive, **vs_reference}, "gates_passed": not failures,
-             "failures": failures, "training": read_json(layout.model_json(family)),
+             "failures": failures, "training": read_json(layout.model_json(family)), "intervals": verdict,
              "fleet": {"metric": "mase", "series": int(len(table)), "origins": plan.origins, "stride": plan.stride,
                        "variants": aggregates, "best_naive": baseline, "vs_best_naive": vs_best_naive,
                        "vs_reference": vs_reference}}
@@ -583,9 +608,10 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     return entry
 
 
-def _with_intervals(aggregate: dict, table, forecaster: str, levels, seed: int) -> dict:
+def _with_intervals(aggregate: dict, table, forecaster: str, levels, seed: int,
+                    windows_per_series: int | None = None) -> dict:
     """``aggregate`` with ``intervals`` (interval_aggregate) when the table has the columns."""
-    found = interval_aggregate(table, forecaster, levels, seed=seed)
+    found = interval_aggregate(table, forecaster, levels, seed=seed, windows_per_series=windows_per_series)
     return {**aggregate, "intervals": found} if found else aggregate
 
 

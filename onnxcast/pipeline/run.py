@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,11 +30,19 @@ from onnxcast.base.files import read_json, replacing, write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
+from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.report import select_variants
 
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"
+# ``intervals_calibrated_on`` (model.json, ONNX metadata) of intervals recalibrated on the most
+# recent windows after a coverage miss (recalibrate_family); "validation" otherwise
+RECENT = "recent"
+# The top-level entries a run writes into its output folder (RunLayout names them): the only
+# names a run may replace there, and only where an earlier run wrote them (ownership.py).
+OUTPUT_ENTRIES = tuple(getattr(RunLayout("."), name).name
+                       for name in ("config", "data", "quality", "models", "report", "failed_report"))
 
 
 class RunDirBusyError(OnnxcastError):
@@ -66,7 +74,7 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
                           f"use a lookback of at least {series.season} or set season")
     split = split_by_time(len(series.values), cfg)
     series.save(layout.data)
-    # The statistical reference is refitted at every holdout origin: 25-80 s of this step on
+    # The statistical reference forecasts from every holdout origin: 25-80 s of this step on
     # the example data, silent before. Say what runs, and keep saying that it still does.
     what = _reference_plan(cfg, series, split)
     log.info("baselines and the statistical reference: %s", what)
@@ -99,7 +107,8 @@ def _reference_plan(cfg: PipelineConfig, series, split) -> str:
 
     origins = holdout_origins_for(cfg, series, split)
     name, _, window = reference_model(evaluation_seasons(cfg, series), int(origins.index.min()))
-    return f"{name} refitted on the last {window} rows at each of {len(origins.index)} holdout origins"
+    return (f"{name} on the last {window} rows at each of {len(origins.index)} holdout origins "
+            f"(parameters estimated once per horizon)")
 
 
 @contextlib.contextmanager
@@ -205,15 +214,16 @@ def load_model(cfg: PipelineConfig, family: str):
     return model.eval(), spec
 
 
-def export_family(cfg: PipelineConfig, family: str) -> str:
-    """Calibrate the model's quantiles on this run's validation windows (:func:`calibrate_family`),
-    then export it to ``onnx/fp32.onnx`` with the contract's metadata; a global
+def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str:
+    """Calibrate the model's quantiles on this run's validation windows (``recent``: on the most
+    recent windows, :func:`calibrate_family`), then export it to ``onnx/fp32.onnx`` with the
+    contract's metadata (``intervals_calibrated_on`` says which); a global
     model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
     trained until the latest end over its series."""
     from onnxcast.base.contract import format_quantile_levels
     from onnxcast.pipeline.export import export_onnx
 
-    model, spec = calibrate_family(cfg, family)
+    model, spec = calibrate_family(cfg, family, recent=recent)
     if cfg.is_fleet:
         from onnxcast.pipeline.fleet_data import FleetData
 
@@ -235,17 +245,19 @@ def export_family(cfg: PipelineConfig, family: str) -> str:
         "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
         "precision": "fp32", "trained_until": data["trained_until"],
         "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
-        "quantile_levels": format_quantile_levels(spec.quantile_levels), **fleet_keys,
+        "quantile_levels": format_quantile_levels(spec.quantile_levels),
+        "intervals_calibrated_on": RECENT if recent else "validation", **fleet_keys,
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
     return str(path)
 
 
-def calibrate_family(cfg: PipelineConfig, family: str):
+def calibrate_family(cfg: PipelineConfig, family: str, recent: bool = False):
     """Set the model's quantile offsets from this run's validation windows (split-conformal,
     onnxcast.pipeline.intervals.calibrate) at ``cfg.levels`` and save model.pt and model.json
-    with them; returns ``(model, spec)``.
+    with them; returns ``(model, spec)``. ``recent`` (one series): from the most recent windows
+    instead, every window whose forecast steps lie in the holdout (:func:`recalibrate_family`).
 
     Here, not in training, so a fetched model (trained before forecast distributions, or on
     other data) is calibrated on the data it is judged on, exactly as a trained one; the same
@@ -266,11 +278,13 @@ def calibrate_family(cfg: PipelineConfig, family: str):
         from onnxcast.pipeline.data import windows
 
         series, split = _load_data(cfg)
-        x, y = windows(series.values, spec.lookback, spec.horizon, split.train_end, split.validation_end)[:2]
+        start, end = (split.validation_end, len(series.values)) if recent else (split.train_end, split.validation_end)
+        x, y = windows(series.values, spec.lookback, spec.horizon, start, end)[:2]
     try:
         info = calibrate(model, x, y, cfg.levels)
     except ValueError as exc:
         raise DataError(f"{family}: cannot calibrate the forecast intervals: {exc}") from None
+    info["calibrated_on"] = RECENT if recent else "validation"
     spec = replace_spec(spec, quantile_levels=cfg.levels)
     document = read_json(cfg.layout.model_json(family))
     document.pop("spec", None)
@@ -303,9 +317,54 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
     model, spec = load_model(cfg, family)
     onnx_dir = cfg.layout.onnx_dir(family)
     variants = read_json(cfg.layout.variants(family))
-    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=load_baselines(cfg))
+    baselines = load_baselines(cfg)
+    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=baselines)
+    if needs_recalibration(cfg, entry):
+        entry = recalibrate_family(cfg, family, entry, baselines)
     entry["training"] = read_json(cfg.layout.model_json(family))
     write_json(cfg.layout.validation(family), entry)
+    return entry
+
+
+def needs_recalibration(cfg: PipelineConfig, entry: dict) -> bool:
+    """Whether a family's intervals are recalibrated: its point forecasts passed every gate, its
+    coverage was judged and missed, and the settings are not strict (one series only: a fleet's
+    are marked, onnxcast.pipeline.fleet_eval). Nor when champion/challenger is decided on the
+    95% interval's MSIS: recalibrated on the holdout, the challenger's MSIS there would be
+    in-sample against the champion's out-of-sample one; its intervals are marked instead."""
+    verdict = entry.get("intervals") or {}
+    return (not cfg.strict_intervals and cfg.champion_metric != "msis" and entry["gates_passed"]
+            and verdict.get("status") == "uncalibrated")
+
+
+def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines: dict) -> dict:
+    """Calibrate the family's intervals again on the most recent windows (the holdout's), export
+    and optimize it again and validate the new files; the family's ``intervals`` say so, with
+    the judged coverage that missed (``before``).
+
+    Why the holdout: it is where the validation-calibrated intervals were shown to miss, and it
+    is the latest data, the nearest to what the model will forecast. Its coverage is then
+    in-sample: reported, never judged (validate.coverage_gate). Costs one more export, optimize
+    and validation of the family, on this path only."""
+    from onnxcast.pipeline.validate import validate_variants
+
+    before = first["intervals"]
+    log.info("%s: intervals missed their coverage (%s) while the forecasts passed: recalibrating them on the most "
+             "recent windows", family, "; ".join(before.get("missed", [])))
+    export_family(cfg, family, recent=True)
+    optimize_family(cfg, family)
+    series, split = _load_data(cfg)
+    model, _ = load_model(cfg, family)
+    entry = validate_variants(cfg, family, model, series, split, cfg.layout.onnx_dir(family),
+                              read_json(cfg.layout.variants(family)), baselines=baselines, intervals_in_sample=True)
+    calibration = read_json(cfg.layout.model_json(family))["intervals"]
+    entry["intervals"] = {**entry["intervals"], "status": "recalibrated", "before": before,
+                          "calibration_windows": calibration["windows"],
+                          "note": f"recalibrated on the {calibration['windows']} most recent windows (every window "
+                                  "whose forecast steps lie in the holdout) after the coverage missed on validation-"
+                                  "calibrated intervals; the holdout coverage shown is in-sample"}
+    for variant in entry["variants"]:
+        variant["intervals_status"] = "recalibrated"
     return entry
 
 
@@ -396,12 +455,17 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
 
 def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     staging = out / STAGING
+    # Before anything is read or trained: every name this run may replace in ``out`` must hold
+    # only what an earlier onnxcast run wrote there (the first release replaced a user's data/).
+    owned = OwnedOutput.read(out)
+    owned.check((STAGING, *OUTPUT_ENTRIES), wholly=(STAGING,))
     # Holding the lock, no live run owns a staging folder here: one that exists was left by a
     # run that was killed (SIGKILL, a power cut) and is removed without following symlinks.
     if _remove(staging):
         log.info("removed %s left by an interrupted run", staging)
+    owned = owned.claim({STAGING: FOLDER})
     staging.mkdir()
-    _IN_PROGRESS[staging] = out
+    _IN_PROGRESS[staging] = (out, owned)
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
     try:
@@ -410,13 +474,13 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
         else:
             report = _run_series(work)
     except BaseException as exc:
-        _keep_diagnostics(staging, out)
+        _keep_diagnostics(staging, out, owned)
         if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
             exc.report_path = str(out / Path(exc.report_path).relative_to(staging))
         raise
     finally:
         _IN_PROGRESS.pop(staging, None)
-    _publish(staging, out)
+    _publish(staging, out, owned)
     log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, cfg.layout.report)
     return report
 
@@ -456,17 +520,17 @@ def _run_fleet(work: PipelineConfig) -> dict:
     return _step(6, "report", assemble_report, work)
 
 
-# The runs in progress in this process, staging folder -> output folder (abandon_runs).
-_IN_PROGRESS: dict[Path, Path] = {}
+# The runs in progress in this process: staging folder -> (output folder, its ownership record).
+_IN_PROGRESS: dict[Path, tuple[Path, OwnedOutput]] = {}
 
 
 def abandon_runs() -> None:
     """Tidy every run in progress as a failure does (quality report kept, staging removed): for
     a process about to exit on SIGTERM (onnxcast.cli), which unwinds no stack."""
-    for staging, out in list(_IN_PROGRESS.items()):
+    for staging, (out, owned) in list(_IN_PROGRESS.items()):
         try:
-            _keep_diagnostics(staging, out)
-        except OSError as error:  # tidied by the failure being handled already, or not ours to touch
+            _keep_diagnostics(staging, out, owned)
+        except (OSError, OnnxcastError) as error:  # tidied by the failure being handled, or not ours to touch
             log.warning("could not tidy %s: %s", staging, error)
         _IN_PROGRESS.pop(staging, None)
 
@@ -514,30 +578,55 @@ def _step(number: int, name: str, function, *args):
     return function(*args)
 
 
-def _publish(staging: Path, out: Path) -> None:
-    """Move the staged run into ``out``, report.json last (its presence means complete)."""
+def _publish(staging: Path, out: Path, owned: OwnedOutput) -> None:
+    """Move the staged run into ``out``, report.json last (its presence means complete).
+
+    Only entries the record of ``out`` owns are replaced (checked before the run, and again
+    here: the user may have written into ``out`` while it trained); the record lists the new
+    entries before they move, so a crash half-way leaves nothing unrecorded."""
     report = RunLayout(staging).report
-    for name in (FAILED_REPORT, REPORT):
-        (out / name).unlink(missing_ok=True)
-    for entry in sorted(staging.iterdir()):
-        if entry == report:
-            continue
-        target = out / entry.name
-        if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
-            _remove(target)  # a file is replaced by rename; a folder or a link has to go first
-        entry.replace(target)
+    names = sorted(entry.name for entry in staging.iterdir())
+    owned = _make_room(staging, out, owned, {*names, FAILED_REPORT, REPORT})
+    for name in names:
+        if staging / name != report:
+            _move_in(staging / name, out / name)
     report.replace(RunLayout(out).report)
     staging.rmdir()
+    owned.settle()
 
 
-def _keep_diagnostics(staging: Path, out: Path) -> None:
-    for name in (RunLayout(staging).quality.name, FAILED_REPORT):
-        source = staging / name
-        if source.exists():
-            target = out / name
-            _remove(target)
-            source.replace(target)
-    _remove(staging)
+def _keep_diagnostics(staging: Path, out: Path, owned: OwnedOutput) -> None:
+    """After a failed run: keep its data-quality report and failed-report.json in ``out``,
+    replacing only what onnxcast owns there, and remove the staging folder."""
+    kept = [name for name in (RunLayout(staging).quality.name, FAILED_REPORT) if (staging / name).exists()]
+    try:
+        owned = _make_room(staging, out, owned, kept)
+        for name in kept:
+            _move_in(staging / name, out / name)
+    finally:
+        _remove(staging)
+        owned.settle()
+
+
+def _make_room(staging: Path, out: Path, owned: OwnedOutput, names: Iterable[str]) -> OwnedOutput:
+    """Check that every name of ``names`` in ``out`` is onnxcast's, record the staged entries
+    that will replace them, and remove report.json and failed-report.json (the new run's
+    report is moved in last); returns the record."""
+    names = list(names)
+    owned.check(names)
+    owned = owned.claim(entries_of(staging, names))
+    for name in (FAILED_REPORT, REPORT):
+        if name in names:
+            (out / name).unlink(missing_ok=True)
+    return owned
+
+
+def _move_in(source: Path, target: Path) -> None:
+    """Rename ``source`` over ``target``: a file is replaced by the rename; a folder (checked to
+    be onnxcast's) is removed first, without following links."""
+    if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
+        _remove(target)
+    source.replace(target)
 
 
 def _load_data(cfg: PipelineConfig):

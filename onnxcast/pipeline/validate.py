@@ -40,6 +40,13 @@ class Holdout:
     mase_scale: float
     block: int = 1  # neighbouring origins whose windows overlap (for intervals and paired tests)
 
+    @property
+    def independent(self) -> int:
+        """The non-overlapping windows among the origins' (intervals.independent_windows)."""
+        from onnxcast.pipeline.intervals import independent_windows
+
+        return independent_windows(self.origins, self.actual.shape[1])
+
 
 def onnx_session(path: str | Path, threads: int = 1, spinning: bool = False):
     """An ORT CPU session with explicit threading: parallel workers must not oversubscribe."""
@@ -218,7 +225,7 @@ def judge_holdout(predicted: np.ndarray, holdout: Holdout) -> tuple[dict, list[f
 
 
 def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, variants: list[dict],
-                      baselines: dict | None = None) -> dict:
+                      baselines: dict | None = None, intervals_in_sample: bool = False) -> dict:
     """The report entry of one family: PyTorch figures, then each variant with its gates.
 
     Required gates (a failure excludes the family from the choice): fp32 and fp32-opt parity
@@ -226,7 +233,9 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
     the best baseline by ``cfg.baseline_margin`` (``baselines``: onnxcast.pipeline.evaluation's
     ``evaluate_baselines`` on the run's origins). Optional variants (int8, fp16) that miss the
     accuracy budget (point or interval) or the coverage are kept in the report but marked not
-    eligible.
+    eligible. The coverage is judged as :func:`coverage_gate` says (``intervals_in_sample``: the
+    intervals were recalibrated on these very windows, so it is reported, never judged), and
+    the family's ``intervals`` hold the verdict (:func:`interval_verdict`).
     """
     from onnxcast.pipeline.models import torch_threads
 
@@ -258,7 +267,8 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
     failures = judge_variants(entries, baseline_mae=baseline["mae"], torch_latency=torch_entry["latency_ms"],
                               accuracy_budget=cfg.accuracy_budget, baseline_name=baselines["best"].replace("_", " "),
                               baseline_margin=cfg.baseline_margin, baseline_test=comparisons.get(baselines["best"]),
-                              coverage_tolerance=cfg.coverage_tolerance)
+                              coverage_tolerance=cfg.coverage_tolerance, strict_intervals=cfg.strict_intervals,
+                              intervals_in_sample=intervals_in_sample)
     for entry in entries:
         status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
         shown = ((entry.get("holdout") or {}).get("intervals") or {})
@@ -268,7 +278,8 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
                  _fmt(entry["latency_ms"].get("batch1_p50"), ".3f"), _fmt(entry["latency_ms"].get("batch64_p50"), ".3f"),
                  entry["size_bytes"], status)
     return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
-            "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures}
+            "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures,
+            "intervals": interval_verdict(entries)}
 
 
 def fp32_comparisons(fp32: dict | None, baselines: dict, block: int) -> dict:
@@ -316,7 +327,8 @@ def _torch_intervals(quantiles: np.ndarray | None, holdout: Holdout, fp32: dict 
         log.warning("torch quantiles hold %d levels, expected %d: no torch intervals", quantiles.shape[-1],
                     len(levels))
         return None
-    return {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale, block=holdout.block),
+    return {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale, block=holdout.block,
+                               independent=holdout.independent),
             "levels": list(levels)}
 
 
@@ -335,7 +347,8 @@ COVERAGE_TOLERANCE = 0.05
 def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: dict,
                    accuracy_budget: float, baseline_name: str = "seasonal naive",
                    baseline_margin: float = BASELINE_MARGIN, baseline_test: dict | None = None,
-                   metric: str = "holdout MAE", coverage_tolerance: float = COVERAGE_TOLERANCE) -> list[str]:
+                   metric: str = "holdout MAE", coverage_tolerance: float = COVERAGE_TOLERANCE,
+                   strict_intervals: bool = False, intervals_in_sample: bool = False) -> list[str]:
     """Complete every variant entry with its gates, ``reasons``, ``eligible`` and speedups.
 
     The one place the gates are decided, for the pipeline and the benchmark alike. An entry
@@ -354,13 +367,23 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
     Forecast distributions, for an entry whose ``holdout["intervals"]`` holds interval figures
     (``intervals.interval_metrics``; a model without a quantiles output has none and gets
     neither gate): ``interval_coverage``, the 80% and 95% coverage each within
-    ``coverage_tolerance`` of nominal (failing on fp32 or fp32-opt fails the family), and for
-    every variant but fp32 ``interval_accuracy_vs_fp32``, its msis_95 and pinball each within
+    ``coverage_tolerance`` of nominal, judged only on enough independent windows
+    (:func:`coverage_gate`); a miss decides only with ``strict_intervals`` (then failing on fp32
+    or fp32-opt fails the family): otherwise the gate is recorded with ``enforced: false`` and the
+    family's intervals are recalibrated or marked (:func:`interval_verdict`), because intervals
+    alone must not keep point forecasts that beat the baseline from shipping. And for every
+    variant but fp32 ``interval_accuracy_vs_fp32``, its msis_95 and pinball each within
     ``accuracy_budget`` (relative) of fp32's.
     """
     fp32 = next((e for e in entries if e["name"] == "fp32"), None)
     fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
     fp32_intervals = ((fp32 or {}).get("holdout") or {}).get("intervals")
+    fp32_coverage = coverage_gate(fp32_intervals, coverage_tolerance, in_sample=intervals_in_sample) \
+        if fp32_intervals else None
+    # Without strict_intervals a miss of fp32 does not decide (its intervals are recalibrated or
+    # marked for the whole family), but a variant whose coverage misses where fp32's was judged
+    # calibrated lost what fp32 has (quantization): it is not eligible, the family stands.
+    fp32_calibrated = bool(fp32_coverage and fp32_coverage["judged"] and fp32_coverage["passed"])
     verdict = baseline_verdict(fp32_mae, baseline_mae, baseline_margin, baseline_test)
     failures = []
     if fp32 is None:
@@ -376,13 +399,15 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
             gates["beats_seasonal_naive"] = dict(verdict)
             intervals = holdout.get("intervals")
             if intervals:
-                coverage = coverage_gate(intervals, coverage_tolerance)
+                enforced = strict_intervals or (entry["name"] != "fp32" and fp32_calibrated)
+                coverage = coverage_gate(intervals, coverage_tolerance, enforced=enforced,
+                                         in_sample=intervals_in_sample)
                 if coverage is not None:
                     gates["interval_coverage"] = coverage
                 if entry["name"] != "fp32":
                     gates["interval_accuracy_vs_fp32"] = interval_accuracy_gate(intervals, fp32_intervals,
                                                                                 accuracy_budget)
-        entry["reasons"] = [_reason(name, g) for name, g in gates.items() if not g["passed"]]
+        entry["reasons"] = [_reason(name, g) for name, g in gates.items() if not g["passed"] and g.get("enforced", True)]
         entry["eligible"] = bool(holdout) and not entry["reasons"]
         latency = entry.get("latency_ms") or {}
         entry["speedup_vs_torch"] = {key: torch_latency[key] / latency[key]
@@ -402,25 +427,81 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
             failures.append(f"fp32 {metric} {_fmt(holdout['mae'])} does not beat the best baseline "
                             f"({baseline_name}) {_fmt(baseline_mae)} by the {_fmt(100 * baseline_margin, '.3g')}% "
                             f"margin (needs below {_fmt(verdict['threshold'])})")
-        if "interval_coverage" in gates and not gates["interval_coverage"]["passed"]:
-            failures += [f"{name} {phrase}" for phrase in gates["interval_coverage"]["failures"]]
+        coverage = gates.get("interval_coverage")
+        if coverage and not coverage["passed"] and strict_intervals:
+            failures += [f"{name} {phrase}" for phrase in coverage["failures"]]
     return failures
 
 
-def coverage_gate(intervals: dict, tolerance: float) -> dict | None:
+def coverage_gate(intervals: dict, tolerance: float, *, enforced: bool = True, in_sample: bool = False) -> dict | None:
     """The ``interval_coverage`` gate: ``value`` is the largest distance of the 80% and 95%
-    coverage from nominal (None when the levels hold neither interval: nothing to judge)."""
-    from onnxcast.pipeline.intervals import coverage_failures, coverage_keys
+    coverage from nominal (None when the levels hold neither interval: nothing to judge).
+
+    ``judged``: whether the figures can refuse anything: not with fewer ``independent_windows``
+    than intervals.MIN_INDEPENDENT_WINDOWS, nor ``in_sample`` (intervals calibrated on the very
+    windows they are measured on); such a gate passes with a ``note`` saying why it was not
+    judged. ``enforced``: whether a judged miss makes the variant ineligible (the
+    ``strict_intervals`` setting); a gate that is not enforced is reported, never a reason."""
+    from onnxcast.pipeline.intervals import (
+        MIN_INDEPENDENT_WINDOWS,
+        coverage_failures,
+        coverage_keys,
+        judged,
+        not_judged_note,
+    )
 
     keys = [k for k in coverage_keys(intervals) if intervals.get(f"coverage_{k}") is not None]
     if not keys:
         return None
     distances = [abs(intervals[f"coverage_{k}"] - float(k) / 100) for k in keys]
-    failures = coverage_failures(intervals, tolerance)
+    independent = intervals.get("independent_windows")
+    note = None
+    if in_sample:
+        note = "not judged: in-sample (the intervals were recalibrated on these holdout windows)"
+    elif not judged(independent):
+        note = not_judged_note(independent)
+    failures = [] if note else coverage_failures(intervals, tolerance)
     out = gate(not failures, float(np.max(distances)), tolerance)
     out.update(coverage={k: intervals.get(f"coverage_{k}") for k in keys}, failures=failures,
-               ci95={k: intervals.get(f"coverage_{k}_ci95") for k in keys})
+               ci95={k: intervals.get(f"coverage_{k}_ci95") for k in keys}, judged=note is None,
+               independent_windows=independent, min_independent_windows=MIN_INDEPENDENT_WINDOWS,
+               enforced=bool(enforced))
+    if note:
+        out["note"] = note
     return out
+
+
+# What a family's intervals are, for the report, the ONNX metadata and the rollout manifest
+# (docs/intervals.md, "Gates"): judged and within their tolerance; too few independent holdout
+# windows to judge; missed and recalibrated on the most recent windows (one series); missed and
+# shipped as they are, marked (a fleet); missed and refused (strict_intervals).
+INTERVAL_STATUSES = ("calibrated", "not_judged", "recalibrated", "uncalibrated", "refused")
+
+
+def interval_verdict(entries: list[dict]) -> dict | None:
+    """The family's ``intervals``: the status (:data:`INTERVAL_STATUSES`) fp32's coverage gate
+    gives, its coverage and how many independent windows it rests on; also set as every
+    variant's ``intervals_status``. None for a model without intervals."""
+    fp32 = next((e for e in entries if e["name"] == "fp32"), None)
+    coverage = ((fp32 or {}).get("gates") or {}).get("interval_coverage")
+    if coverage is None:
+        return None
+    if not coverage["judged"]:
+        status = "not_judged"
+    elif coverage["passed"]:
+        status = "calibrated"
+    else:
+        status = "refused" if coverage["enforced"] else "uncalibrated"
+    verdict = {"status": status, "coverage": coverage["coverage"],
+               "independent_windows": coverage.get("independent_windows"),
+               "min_independent_windows": coverage.get("min_independent_windows")}
+    if coverage.get("note"):
+        verdict["note"] = coverage["note"]
+    if coverage["failures"]:
+        verdict["missed"] = coverage["failures"]
+    for entry in entries:
+        entry["intervals_status"] = status
+    return verdict
 
 
 def interval_accuracy_gate(intervals: dict, fp32_intervals: dict | None, budget: float) -> dict:
@@ -518,7 +599,8 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
         forecast, quantiles = onnx_predict_with_quantiles(session, holdout.history)
         entry["holdout"], entry["per_origin_mae"] = judge_holdout(forecast, holdout)
         entry["holdout"]["intervals"] = {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale,
-                                                            block=holdout.block, seed=cfg.seed),
+                                                            block=holdout.block, seed=cfg.seed,
+                                                            independent=holdout.independent),
                                          "levels": list(levels)}
         if not both:
             entry["intervals_note"] = "the PyTorch model has no quantiles: parity on the forecast only"

@@ -14,11 +14,16 @@ from __future__ import annotations
 import calendar
 import json
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from onnxcast.base.files import sha256_file
+from onnxcast.base.errors import DataError, DataQualityError
+from onnxcast.base.files import onnxcast_home, sha256_bytes
+from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, read_regular_file
+from onnxcast.registry.fetch import MAX_REPORT_BYTES
 from onnxcast.registry.tracking import (
     REPORT_SHA_TAG,
     ROLE_TAG,
@@ -35,6 +40,9 @@ MONITOR_ROLE = "monitor"
 REPORT_FILE = "extra_files/report.json"  # where mlflow.onnx.log_model(extra_files=...) puts it
 MONITOR_TAG_PREFIX = "onnxcast.monitor."
 MODEL_TAG, VERSION_TAG, CHANNEL_TAG = "onnxcast.model", "onnxcast.version", "onnxcast.channel"
+# Folders a report's own local data_uri may be in (os.pathsep-separated), besides ONNXCAST_HOME:
+# a path read from a report is data like any other, never trusted because of where it was read.
+DATA_ROOTS_ENV = "ONNXCAST_DATA_ROOTS"
 # the fields of the version tag, in the order of docs/design/loop.md
 TAG_FIELDS = ("at", "mase", "holdout_mase", "holdout_ci", "p_value", "degraded", "drift", "origins", "run_id",
               "from", "to")
@@ -46,7 +54,10 @@ def monitor_tag(channel: str) -> str:
 
 def deployed_report(model_name: str, version: str, dest: str | Path, tracking_uri: str | None = None) -> dict:
     """The report.json registered with ``version`` (the run that trained it), checked against
-    the version's ``onnxcast.report_sha256`` tag. TrackingError when it is missing or differs."""
+    the version's ``onnxcast.report_sha256`` tag before it is parsed, and parsed bounded (size
+    and depth). TrackingError when the registry has no such version or report; DataError when
+    the version has no tag (a report nobody can vouch for is refused), the digest differs, or
+    the report is not bounded JSON of a pipeline report."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -68,9 +79,59 @@ def deployed_report(model_name: str, version: str, dest: str | Path, tracking_ur
     if not found:
         raise TrackingError(f"{uri}: no report.json among the version's files")
     expected = entry.tags.get(REPORT_SHA_TAG)
-    if expected and sha256_file(found[0]) != expected:
-        raise TrackingError(f"{uri}: report.json does not match its {REPORT_SHA_TAG} tag")
-    return json.loads(found[0].read_text())
+    if not expected:  # its data_uri, config and figures would all be taken on trust
+        raise DataError(f"{uri}: the version has no {REPORT_SHA_TAG} tag: refusing its report.json, which nothing "
+                        "verifies (versions registered by onnxcast carry it)")
+    try:  # the bytes that are checked are the bytes that are parsed
+        data = read_regular_file(found[0], what=f"{uri} report.json", limit=MAX_REPORT_BYTES, follow_symlinks=False)
+    except UntrustedInputError as exc:
+        raise DataError(str(exc)) from None
+    if sha256_bytes(data) != expected:
+        raise DataError(f"{uri}: report.json does not match its {REPORT_SHA_TAG} tag; refusing it")
+    try:
+        report = loads_json(data, what=f"{uri} report.json", limit=MAX_REPORT_BYTES)
+    except UntrustedInputError as exc:
+        raise DataError(str(exc)) from None
+    if not isinstance(report, dict) or not isinstance(report.get("models"), list) \
+            or not isinstance(report.get("config"), dict):
+        raise DataError(f"{uri}: report.json is not a pipeline report (no 'models' list and 'config' object)")
+    return report
+
+
+def data_roots() -> list[Path]:
+    """The folders a report's own local ``data_uri`` may be in: ONNXCAST_HOME, and those of
+    ``$ONNXCAST_DATA_ROOTS`` (os.pathsep-separated), resolved."""
+    named = [part for part in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if part.strip()]
+    return [Path(os.path.realpath(root)) for root in [onnxcast_home(), *named]]
+
+
+def report_data_uri(report: dict, uri: str) -> str:
+    """The data the report's run trained on, as the monitor may read it: the example data, an
+    ``s3://`` URI, or an absolute local path that resolves (symlinks followed) inside one of
+    :func:`data_roots`, returned resolved. Anything else is refused (DataError): a report is
+    not trusted to name a file because it was read from the registry (its ``data_uri`` was once
+    changed to /etc/shadow, and the file was opened)."""
+    from onnxcast.pipeline.config import EXAMPLE_DATA
+
+    data = report["config"].get("data_uri")
+    if not isinstance(data, str) or not data.strip():
+        raise DataError(f"{uri}: report.json names no config.data_uri; give the data to judge on (--data)")
+    if data == EXAMPLE_DATA or data.startswith("s3://"):
+        return data
+    if "://" in data.removeprefix("file://"):
+        raise DataError(f"{uri}: report.json's data_uri {quote(data)} is neither a local path nor s3://; "
+                        "give the data to judge on (--data)")
+    path = Path(data.removeprefix("file://"))
+    if not path.is_absolute():
+        raise DataError(f"{uri}: report.json's data_uri {quote(data)} is a relative path (relative to the "
+                        "training's own folder); give the data to judge on (--data)")
+    real = Path(os.path.realpath(path))
+    roots = data_roots()
+    if not any(real == root or real.is_relative_to(root) for root in roots):
+        raise DataError(f"{uri}: report.json's data_uri {quote(data, 200)} is outside the folders a report's data may "
+                        f"be in ({', '.join(quote(str(r), 200) for r in roots)}); give the data to judge on (--data), "
+                        f"or add its folder to ${DATA_ROOTS_ENV}")
+    return str(real)
 
 
 def log_monitor_run(result: dict, *, model_name: str, version: str, channel: str, work_dir: str | Path,
@@ -207,9 +268,13 @@ def monitor_channel(model_name: str, channel: str, store_uri: str, *, trust: str
         model_path, _info = installed(work / "device")
         version = registered_version(model_path.parent / "manifest.json", pulled.version)
         report = deployed_report(model_name, version, work / "registry", tracking_uri)
-        data = data_uri or report["config"]["data_uri"]
-        result = monitor(MonitorInput(model_path, report, channel, data), work / "monitor",
-                         s3_settings=settings_for(data) if str(data).startswith("s3://") else None)
+        data = data_uri or report_data_uri(report, f"models:/{model_name}/{version}")
+        try:
+            result = monitor(MonitorInput(model_path, report, channel, data), work / "monitor",
+                             s3_settings=settings_for(data) if str(data).startswith("s3://") else None)
+        except DataQualityError as exc:  # the gate's report is in scratch, deleted on the way out: keep it
+            raise DataQualityError(exc.source, exc.failures,
+                                   keep_quality_report(exc.report_path, work, model_name, channel)) from None
         run = {"run_id": None, "url": None}
         if log_to_mlflow:
             run = log_monitor_run(result, model_name=model_name, version=version, channel=channel,
@@ -223,6 +288,36 @@ def monitor_channel(model_name: str, channel: str, store_uri: str, *, trust: str
             "url": run["url"], "seconds": round(time.monotonic() - started, 2),
             # a retraining learns from the data the drift was seen in, not the version's old file
             "conf": {**retrain_conf(report), "data_uri": str(data)}}
+
+
+def keep_quality_report(report_path: str | None, scratch: Path, model_name: str, channel: str) -> str | None:
+    """Copy the folder of a failed data gate's report out of ``scratch`` (deleted when the check
+    ends) to ``$ONNXCAST_HOME/monitor/<model>-<channel>/quality`` (replacing the last one kept) and
+    return the report's path there; None (no path named at all) when it cannot be kept."""
+    if not report_path:
+        return None
+    source = Path(report_path)
+    if not source.is_relative_to(scratch):
+        return report_path  # written outside scratch: it stays where it is
+    kept = onnxcast_home() / "monitor" / f"{model_name}-{channel}"  # names checked by the pull
+    target, fresh = kept / "quality", kept / f".quality.{os.getpid()}.tmp"
+    try:
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(fresh, ignore_errors=True)
+        shutil.copytree(source.parent, fresh, symlinks=True)
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            old = kept / f".quality.{os.getpid()}.old"
+            os.replace(target, old)
+            shutil.rmtree(old, ignore_errors=True)  # rmtree follows no symlink inside it (Linux, fd-based)
+        os.replace(fresh, target)
+    except OSError as exc:
+        log.warning("the data gate's report could not be kept under %s (%s)", kept, exc.strerror or exc)
+        shutil.rmtree(fresh, ignore_errors=True)
+        return None
+    log.info("the data gate's report is kept at %s", target / source.name)
+    return str(target / source.name)
 
 
 def registered_version(manifest: Path, store_version: str) -> str:

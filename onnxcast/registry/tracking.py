@@ -376,6 +376,11 @@ def interval_tags(report: dict, family: str, levels: tuple[float, ...] | None) -
         value = interval_figures.numbers(figures).get(key)
         if value is not None and value == value:
             tags[f"onnxcast.fp32_{key}"] = repr(value)
+    # calibrated, not_judged, recalibrated, uncalibrated (pipeline.validate.interval_verdict): what
+    # the version's intervals may be relied on for, beside the figures
+    status = ((_family_entry(report, family) or {}).get("intervals") or {}).get("status")
+    if status:
+        tags["onnxcast.intervals_status"] = str(status)
     return tags
 
 

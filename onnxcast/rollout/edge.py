@@ -56,6 +56,7 @@ from onnxcast.base.contract import (
     read_metadata,
     signature,
 )
+from onnxcast.base.csvcells import text_cell
 from onnxcast.base.errors import (
     ConfigError,
     DataError,
@@ -238,11 +239,12 @@ def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = N
                     quote(model.meta.get("freq")))
         times = [""] * len(forecast)
     out = out or sys.stdout
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["step", time_column, "forecast", *model.quantile_columns, "version"])
+    writer = csv.writer(out, lineterminator="\n")  # text cells through text_cell: no spreadsheet formulas
+    writer.writerow(["step", text_cell(time_column), "forecast", *model.quantile_columns, "version"])
+    version = text_cell(model.info.get("version"))
     for step, (moment, value) in enumerate(zip(times, forecast, strict=True), start=1):
-        writer.writerow([step, moment, _format_value(value), *_quantile_cells(quantiles, 0, step - 1),
-                         model.info.get("version")])
+        writer.writerow([step, text_cell(moment), _format_value(value), *_quantile_cells(quantiles, 0, step - 1),
+                         version])
     return forecast
 
 
@@ -284,19 +286,21 @@ def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: s
     parts = [model.run(fleet.histories[i:i + chunk]) for i in range(0, len(fleet.series), chunk)]
     forecast = np.concatenate([f for f, _ in parts])
     quantiles = np.concatenate([q for _, q in parts]) if model.levels else None
-    freq, version = model.meta.get("freq", ""), model.info.get("version")
+    freq, version = model.meta.get("freq", ""), text_cell(model.info.get("version"))
     out = out or sys.stdout
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([series_column, "step", time_column, "forecast", *model.quantile_columns, "version"])
+    writer = csv.writer(out, lineterminator="\n")  # text cells through text_cell: no spreadsheet formulas
+    writer.writerow([text_cell(series_column), "step", text_cell(time_column), "forecast", *model.quantile_columns,
+                     "version"])
     no_times = []
     for row, (series, last, values) in enumerate(zip(fleet.series, fleet.last_times, forecast, strict=True)):
         times = future_times(last, freq, len(values))
         if times is None:
             no_times.append(series)
             times = [""] * len(values)
+        cell = text_cell(series)
         for step, (moment, value) in enumerate(zip(times, values, strict=True), start=1):
-            writer.writerow([series, step, moment, _format_value(value), *_quantile_cells(quantiles, row, step - 1),
-                             version])
+            writer.writerow([cell, step, text_cell(moment), _format_value(value),
+                             *_quantile_cells(quantiles, row, step - 1), version])
     if no_times:
         log.warning("%s: forecast times left empty for %d series (first %s, last %s value %s, model frequency %s); "
                     "their steps count from each series' last row", input_csv, len(no_times), quote(no_times[0]),

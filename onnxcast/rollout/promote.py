@@ -387,6 +387,9 @@ def plan_version(report_path: str | Path, channels: Sequence[str] | str, version
             "opset": info.opset, "signature": info.signature, "metadata": info.metadata,
             "holdout": entry.get("holdout"), "latency_ms": entry.get("latency_ms"),
             "parity_max_abs_diff": entry.get("parity_max_abs_diff"), "gates": entry.get("gates"),
+            # calibrated, not_judged, recalibrated or uncalibrated (docs/intervals.md): what a
+            # consumer of the quantiles output may rely on; None from a report before the verdict
+            "intervals_status": entry.get("intervals_status"),
         })
 
     ordered = [artifacts[n] for n in sorted(artifacts)]

@@ -24,10 +24,17 @@ import tempfile
 from dataclasses import dataclass
 
 from onnxcast.base.errors import ConflictError, StoreError, VerificationError
-from onnxcast.rollout.store import RolloutStore, S3Store, check_name, dump_json, open_store
+from onnxcast.rollout.store import (
+    MODEL_REPOSITORY_FOLDER,
+    RolloutStore,
+    S3Store,
+    check_name,
+    dump_json,
+    open_store,
+)
 
 log = logging.getLogger(__name__)
-REPOSITORY = "_model_repository"
+REPOSITORY = MODEL_REPOSITORY_FOLDER  # "_model_repository", listed apart by the store
 PUBLISHED_CHANNELS = ("cloud",)  # promote/rollback publish these; 'edge' devices pull instead
 
 

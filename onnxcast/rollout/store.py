@@ -26,8 +26,8 @@ import stat
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,11 +51,15 @@ from onnxcast.base.untrusted import MAX_METADATA_BYTES, UntrustedInputError, fil
 MANIFEST = "manifest.json"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 ROOT_FOLDER = "root"
+MODEL_REPOSITORY_FOLDER = "_model_repository"  # the Triton model repository (onnxcast.rollout.repository)
 MOVED = "was moved by another promotion"
 # Pointers and roots are small (HISTORY_KEPT entries are ~50 KB) and nothing signs their
 # length: every reader, device or writer, stops at this many bytes.
 MAX_POINTER_BYTES = 1 << 20
 MAX_MANIFEST_BYTES = MAX_METADATA_BYTES
+# Entries a listing for readers (the rollout page) reads at most: 10 S3 pages of 1,000. The
+# names are filtered as they are read, so invalid entries never take the place of valid ones.
+MAX_LISTED = 10_000
 
 
 def open_store(uri: str, s3_settings: S3Settings | None = None) -> RolloutStore:
@@ -106,6 +110,20 @@ def signed_part(value: dict | None) -> dict | None:
     if isinstance(value, dict) and isinstance(value.get("signed"), dict):
         return value["signed"]
     return value
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a listing for readers found: the first ``want`` valid names in order, and how
+    complete that is. ``truncated`` when more valid names exist than were asked for, or the
+    folder holds more entries than the listing reads (``stopped_at``: that many were read);
+    ``skipped``: entries read that are not valid names (never shown)."""
+
+    names: list[str]
+    truncated: bool
+    read: int
+    skipped: int
+    stopped_at: int | None = None  # set when the listing stopped at its bound with entries left
 
 
 @dataclass(frozen=True)
@@ -215,21 +233,69 @@ class RolloutStore(ABC):
     def list_root_names(self) -> list[str]:
         """The object names under ``root/`` (unchecked: :meth:`list_root_versions` parses them)."""
 
+    # Whether ``_entries`` yields names in sorted order (S3 lists keys in UTF-8 byte order): a
+    # sorted listing may stop once it has one valid name more than it needs.
+    sorted_entries = False
+
     @abstractmethod
+    def _entries(self, folder: str) -> Iterator[str]:
+        """The names directly under ``folder`` (a key prefix without the trailing ``/``; "" is
+        the store's top), objects and sub-folders alike, unchecked, read lazily (a page at a
+        time): the caller decides how many it reads."""
+
     def list_folder(self, folder: str, limit: int = 1000) -> list[str]:
-        """The names directly under ``folder`` (a key prefix without the trailing ``/``; ""
-        is the store's top), objects and sub-folders alike, at most ``limit``, unchecked:
-        for readers that list what is there (the Airflow rollout page)."""
+        """At most ``limit`` names directly under ``folder``, unchecked, sorted: for readers
+        that list what is there."""
+        names = []
+        with closing(self._entries(folder)) as entries:
+            for name in entries:
+                if len(names) >= limit:
+                    break
+                names.append(name)
+        return sorted(names)
 
-    def list_models(self, limit: int = 1000) -> list[str]:
-        """The model names at the top of the store (those that are valid names, ``root`` excluded)."""
-        return sorted(n for n in self.list_folder("", limit) if n != ROOT_FOLDER and _valid_name(n))
+    def list_names(self, folder: str, name_of: Callable[[str], str | None], want: int,
+                   bound: int = MAX_LISTED, ignored: frozenset[str] = frozenset()) -> Listing:
+        """The first ``want`` names under ``folder`` that ``name_of`` accepts (it returns the
+        name to show, or None to skip the entry), filtered while the entries are read, never
+        more than ``bound`` of them: invalid entries cannot hide valid ones, and the answer says
+        whether it is complete (the rollout page). Entries in ``ignored`` (onnxcast's own
+        folders) are read but neither shown nor counted as skipped."""
+        kept: list[str] = []
+        read, stopped_at, own = 0, None, 0
+        with closing(self._entries(folder)) as entries:
+            for entry in entries:
+                if read >= bound:
+                    stopped_at = read
+                    break
+                read += 1
+                if entry in ignored:
+                    own += 1
+                    continue
+                name = name_of(entry)
+                if name is not None:
+                    kept.append(name)
+                    if self.sorted_entries and len(kept) > want:
+                        break  # the rest come after these: the first ``want`` are known
+        # entries in the store's order: its first ``want``; else (a folder) the first in name order
+        shown = sorted(kept[:want] if self.sorted_entries else sorted(kept)[:want])
+        return Listing(shown, truncated=len(kept) > want or stopped_at is not None, read=read,
+                       skipped=read - own - len(kept), stopped_at=stopped_at)
 
-    def list_channels(self, model: str, limit: int = 1000) -> list[str]:
+    def list_models(self, want: int = 1000, bound: int = MAX_LISTED) -> Listing:
+        """The model names at the top of the store (valid names only; ``root`` and the model
+        repository are onnxcast's own folders, not models)."""
+        return self.list_names("", lambda n: n if _valid_name(n) else None, want, bound,
+                               ignored=frozenset({ROOT_FOLDER, MODEL_REPOSITORY_FOLDER}))
+
+    def list_channels(self, model: str, want: int = 1000, bound: int = MAX_LISTED) -> Listing:
         """The channels of ``model`` with a pointer (``channels/<channel>.json``, valid names only)."""
-        folder = f"{check_name('model', model)}/channels"
-        names = [n.removesuffix(".json") for n in self.list_folder(folder, limit) if n.endswith(".json")]
-        return sorted(n for n in names if _valid_name(n))
+
+        def channel(entry: str) -> str | None:
+            name = entry.removesuffix(".json")
+            return name if entry.endswith(".json") and _valid_name(name) else None
+
+        return self.list_names(f"{check_name('model', model)}/channels", channel, want, bound)
 
     def list_root_versions(self) -> list[int]:
         """The versions of the trust roots published under ``root/`` (``<n>.root.json``), sorted.
@@ -333,20 +399,16 @@ class LocalStore(RolloutStore):
         except OSError as exc:
             raise StoreError(f"{self.url(ROOT_FOLDER)}: cannot list ({_why(exc)})") from None
 
-    def list_folder(self, folder: str, limit: int = 1000) -> list[str]:
+    def _entries(self, folder: str) -> Iterator[str]:
         key = f"{folder}/x" if folder else "x"
         try:
             with self._folder(key, create=False) as (fd, _):
                 if fd is None:
-                    return []
+                    return
                 with os.scandir(fd) as entries:
-                    names = []
                     for entry in entries:  # never a symlink: the page reads nothing through one
                         if not entry.name.startswith(".") and not entry.is_symlink():
-                            names.append(entry.name)
-                            if len(names) >= limit:
-                                break
-                    return sorted(names)
+                            yield entry.name
         except OSError as exc:
             raise StoreError(f"{self.url(folder)}: cannot list ({_why(exc)})") from None
 
@@ -504,22 +566,25 @@ class S3Store(RolloutStore):
             raise StoreError(f"{self.url(model)}: cannot reach S3 ({exc})") from None
         return sorted(found)
 
-    def list_folder(self, folder: str, limit: int = 1000) -> list[str]:
+    sorted_entries = True  # ListObjectsV2 returns keys (and common prefixes) in UTF-8 byte order
+
+    def _entries(self, folder: str) -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         prefix = self._key(f"{folder}/") if folder else (f"{self.prefix}/" if self.prefix else "")
-        found: list[str] = []
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=prefix, Delimiter="/", PaginationConfig={"MaxItems": limit})
-            for page in pages:
-                found += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/", PaginationConfig={"PageSize": 1000})
+            for page in pages:  # one request a page, made when the caller reads on
+                found = [p["Prefix"][len(prefix):] for p in page.get("CommonPrefixes", [])]
                 found += [o["Key"][len(prefix):] for o in page.get("Contents", [])]
+                # in S3's order (code point order is UTF-8 byte order): a page's prefixes and keys
+                # interleave, pages follow each other
+                yield from (key.removesuffix("/") for key in sorted(found) if key.removesuffix("/"))
         except ClientError as exc:
             raise self._error(exc, "ListObjectsV2", f"{folder}/") from None
         except BotoCoreError as exc:
             raise StoreError(f"{self.url(folder)}: cannot reach S3 ({exc})") from None
-        return sorted(n for n in found if n)[:limit]
 
     def list_root_names(self) -> list[str]:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -32,6 +32,7 @@ from onnxcast.serving.protocol import (
     decode_request,
     encode_response,
     error_body,
+    shown,
 )
 
 log = logging.getLogger(__name__)
@@ -188,12 +189,12 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
 
     def served(name: str, version: str | None = None) -> ServedModel | Response:
         if name != settings.model:
-            return error(404, f"unknown model {name!r}; this server serves {settings.model!r}")
+            return error(404, f"unknown model {shown(name)}; this server serves {settings.model!r}")
         model = follower.current
         if model is None:  # why is in the log and poll_errors_total: its message names local paths
             return error(503, f"model {name!r} is not ready: no verified version loaded yet (see the server log)")
         if version is not None and version != model.version:
-            return error(404, f"version {version!r} of {name!r} is not served; serving {model.version!r}",
+            return error(404, f"version {shown(version)} of {name!r} is not served; serving {model.version!r}",
                          model.version)
         return model
 

@@ -32,7 +32,7 @@ _REQUESTED_OUTPUT = {"type": "object", "required": ["name"], "properties": {
                             "metadata's parameters.quantile_levels), for a model that has it"},
     "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}}}}
 INFER_REQUEST = {"type": "object", "required": ["inputs"], "properties": {
-    "id": {"type": "string"},
+    "id": {"type": "string", "maxLength": 256},
     "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
     "inputs": {"type": "array", "items": _INPUT, "minItems": 1, "maxItems": 1},
     "outputs": {"type": "array", "items": _REQUESTED_OUTPUT,

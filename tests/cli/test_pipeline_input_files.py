@@ -154,7 +154,9 @@ class TestStagingFolder:
         assert not os.path.lexists(out / ".staging")
         assert "removed" in result.stderr and ".staging left by an interrupted run" in result.stderr
 
-    def test_a_stale_staging_symlink_is_removed_not_followed(self, tmp_path):
+    def test_a_stale_staging_symlink_is_refused_neither_followed_nor_removed(self, tmp_path):
+        """No onnxcast run records a link as its staging folder: the first release unlinked it,
+        now the run is refused and the link stays (tests/cli/test_output_ownership.py)."""
         out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
         elsewhere.mkdir()
         (elsewhere / "precious.txt").write_text("keep me")
@@ -162,8 +164,10 @@ class TestStagingFolder:
         (out / ".staging").symlink_to(elsewhere, target_is_directory=True)
         result, _ = pipeline("/dev/zero", out, timeout=60)
         assert result.returncode == 2, result.stderr[-2000:]
-        assert "Traceback" not in result.stderr
-        assert not os.path.lexists(out / ".staging")
+        assert error_lines(result.stderr) == [
+            f"error: --out {out}: {out / '.staging'} is a symbolic link, which onnxcast never writes nor follows; "
+            "a run replaces only onnxcast's own earlier output: move it away or choose another --out"]
+        assert (out / ".staging").is_symlink()
         assert (elsewhere / "precious.txt").read_text() == "keep me"
 
     def test_a_second_run_on_the_same_folder_is_refused_and_leaves_the_first_alone(self, tmp_path):

@@ -95,6 +95,9 @@ class TestDagBag:
         # what champion/challenger compares (the setting, so it reaches config.json and decide())
         assert dag.params["champion_metric"] == "mase"
         assert dag.params.get_param("champion_metric").schema == {"type": "string", "pattern": "^(mase|msis)$"}
+        # the interval gate that refuses a family (issue 30): off unless the trigger form turns it on
+        assert dag.params["strict_intervals"] is False
+        assert dag.params.get_param("strict_intervals").schema["type"] == "boolean"
         assert dag.get_task("wait_until_serving").upstream_task_ids == {"promote"}
         for task in dag.tasks:
             assert [link.name for link in task.operator_extra_links] == ["MLflow run"], task.task_id

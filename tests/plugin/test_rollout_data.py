@@ -181,6 +181,48 @@ def test_s3_store(s3_bucket, make_run, release_key):
     assert edge["pointer"]["version"] == "1" and edge["history"][0]["action"] == "promote"
 
 
+def test_invalid_names_at_the_top_of_an_s3_store_hide_no_model(s3_bucket, make_run, release_key):
+    """Issue 30, item 14: 150 folders whose names sort first and are no model names took the
+    101 places of a listing filtered afterwards: the page showed no model, ``truncated: false``."""
+    uri = f"s3://{s3_bucket}/rollout"
+    promote(make_run("a"), uri, "m", "edge", version="1")
+    store = open_store(uri)
+    for i in range(150):  # one client: a client per object costs a second of CPU per ten
+        store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/#bad-{i:03d}/x", Body=b"x")
+    data = gather(store, trust_file=str(release_key["root"]), registry=None)
+    assert [m["name"] for m in data["models"]] == ["m"] and data["truncated"] is False
+    assert data["listing"] == {"read": 151, "skipped": 150, "truncated_because": None}
+    assert channels(data)["edge"]["device"]["accepted"]
+    # a folder of more entries than a listing reads: what was read is shown, and it says so
+    listing = store.list_models(100, bound=120)
+    assert listing.truncated and listing.stopped_at == 120 and listing.names == [] and listing.skipped == 120
+    # S3 lists in order: once one valid name more than asked for is read, the rest is not listed
+    listing = store.list_models(0)
+    assert listing.names == [] and listing.truncated and listing.read == 151 and listing.stopped_at is None
+
+
+def test_listing_of_a_local_store_is_filtered_bounded_and_honest(tmp_path, make_run):
+    root = tmp_path / "store"
+    promote(make_run("a"), str(root), "m", ["edge", "cloud"], version="1")
+    for i in range(150):
+        (root / f"#bad-{i:03d}").mkdir()
+    for i in range(25):
+        (root / "m" / "channels" / f"#bad-{i:03d}.json").write_text("{}")
+    data = gather(open_store(str(root)), trust_file=None, registry=None)
+    assert [m["name"] for m in data["models"]] == ["m"] and data["truncated"] is False
+    assert data["listing"]["skipped"] == 150  # root/ and _model_repository/ are onnxcast's own, not skipped
+    [model] = data["models"]
+    assert sorted(c["channel"] for c in model["channels"]) == ["cloud", "edge"]
+    assert model["channels_truncated"] is False and model["channel_listing"]["skipped"] == 25
+    for i in range(100):
+        (root / f"z{i:03d}").mkdir()
+    data = gather(open_store(str(root)), trust_file=None, registry=None)
+    names = [m["name"] for m in data["models"]]
+    assert len(names) == 100 and names == sorted(names) and names[0] == "m" and data["truncated"] is True
+    listing = open_store(str(root)).list_models(1000, bound=200)
+    assert listing.truncated and listing.stopped_at == 200 and listing.read == 200
+
+
 def test_missing_store_and_registry_failures(tmp_path, store):
     data = gather(open_store(str(tmp_path / "nothing")), trust_file=None, registry=None)
     assert data["models"] == [] and data["error"] is None

@@ -80,3 +80,38 @@ def test_plugin_is_listed_for_the_ui(airflow_api, api_token):
     assert plugin["fastapi_apps"][0]["url_prefix"] == "/onnxcast"
     [view] = plugin["external_views"]
     assert view["href"] == "/onnxcast/rollout" and view["url_route"] == "onnxcast-rollout"
+
+
+def test_invalid_names_hide_no_model_and_truncation_is_told(airflow_api, api_token, rollout_store):
+    """Issue 30, item 14, over HTTP: 150 folders with invalid names at the top of the store
+    took the places of a listing cut at 101 before filtering (the real model missing, ``truncated:
+    false``); then 101 valid models are one more than the page shows, and it says so."""
+    import re
+    import shutil
+    from pathlib import Path
+
+    store = Path(rollout_store) / "store"
+    planted = [store / f"#bad-{i:03d}" for i in range(150)] + [store / f"z{i:03d}" for i in range(100)]
+    auth = {"Authorization": f"Bearer {api_token}"}
+    try:
+        for folder in planted[:150]:
+            folder.mkdir()
+        status, _, body = get(f"{airflow_api['url']}/onnxcast/api/rollout", auth)
+        assert status == 200, body
+        first = json.loads(body)
+        assert [m["name"] for m in first["models"]] == ["m"] and first["truncated"] is False
+        for folder in planted[150:]:
+            folder.mkdir()
+        status, _, body = get(f"{airflow_api['url']}/onnxcast/api/rollout", auth)
+        data = json.loads(body)
+        names = [m["name"] for m in data["models"]]
+        assert status == 200 and len(names) == 100 and names[0] == "m" and data["truncated"] is True
+        assert first["listing"]["skipped"] == 150 and first["listing"]["truncated_because"] is None
+        assert data["listing"]["truncated_because"] == "only the first 100 models are shown"
+        status, _, body = get(f"{airflow_api['url']}/onnxcast/rollout", {"Cookie": f"_token={api_token}"})
+        html = body.decode()
+        assert status == 200 and "Not every model is shown: only the first 100 models are shown." in html
+        assert re.search(r"150 of the \d+ entries read at the top of the store are not model names", html)
+    finally:
+        for folder in planted:
+            shutil.rmtree(folder, ignore_errors=True)

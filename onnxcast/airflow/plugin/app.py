@@ -66,7 +66,7 @@ def page_data() -> dict[str, Any]:
         store = S3SettingsHook().open_store(uri)
     except Exception as exc:  # AirflowFailException (not configured), ConfigError (bad URI)
         return {"store": None, "trust_root": None, "generated_at": None, "models": [], "truncated": False,
-                "error": text(exc, 1000)}
+                "listing": None, "error": text(exc, 1000)}
     try:
         hook = MlflowHook()
         registry = Registry(hook.tracking_uri, hook.ui_url)

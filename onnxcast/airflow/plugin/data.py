@@ -196,29 +196,46 @@ def gather(store, *, trust_file: str | None, registry: Registry | None,
 
     result: dict[str, Any] = {"store": text(store.uri), "trust_root": text(trust_file),
                               "generated_at": now().strftime("%Y-%m-%dT%H:%M:%SZ"), "models": [], "error": None,
-                              "truncated": False}
+                              "truncated": False, "listing": None}
     try:
-        models = store.list_models(MAX_MODELS + 1)
+        # filtered while listed, at most MAX_LISTED entries read: 150 folders with invalid names at
+        # the top of a store once took the 101 places of a listing filtered afterwards
+        listing = store.list_models(MAX_MODELS)
     except OnnxcastError as exc:
         result["error"] = text(exc, 1000)
         return result
-    if len(models) > MAX_MODELS:
-        models, result["truncated"] = models[:MAX_MODELS], True
-    for model in models:
+    result["truncated"], result["listing"] = listing.truncated, listing_note(listing, MAX_MODELS, "models")
+    for model in listing.names:
         result["models"].append(_model(store, model, trust_file, registry, now()))
     return result
+
+
+def listing_note(listing, shown: int, what: str) -> dict:
+    """How complete a listing is, for the page: entries read, entries skipped (not valid names)
+    and, when ``truncated``, why in words."""
+    if listing.stopped_at is not None:
+        why = (f"the folder holds more than {listing.stopped_at:,} entries and only that many were read: "
+               f"more {what} may exist")
+    elif listing.truncated:
+        why = f"only the first {shown} {what} are shown"
+    else:
+        why = None
+    return {"read": listing.read, "skipped": listing.skipped, "truncated_because": why}
 
 
 def _model(store, model: str, trust_file: str | None, registry: Registry | None, moment: datetime) -> dict:
     from onnxcast.base.errors import OnnxcastError
 
-    entry: dict[str, Any] = {"name": model, "channels": [], "error": None}
+    entry: dict[str, Any] = {"name": model, "channels": [], "error": None, "channels_truncated": False,
+                             "channel_listing": None}
     try:
-        channels = store.list_channels(model, MAX_CHANNELS)
+        listing = store.list_channels(model, MAX_CHANNELS)
     except OnnxcastError as exc:
         entry["error"] = text(exc, 1000)
         return entry
-    for channel in channels:
+    entry["channels_truncated"] = listing.truncated
+    entry["channel_listing"] = listing_note(listing, MAX_CHANNELS, "channels")
+    for channel in listing.names:
         try:
             entry["channels"].append(_channel(store, model, channel, trust_file, registry, moment))
         except Exception as exc:  # whatever the store holds, the other channels are still shown

@@ -230,3 +230,28 @@ def test_windows_that_repeat_with_the_season_are_left_out_of_the_calibration():
     periodic = np.tile(np.sin(2 * np.pi * np.arange(LOOKBACK) / SEASON), (20, 1))[:, :, None].astype(np.float32) + 5
     info = calibrate(model, np.concatenate([x, periodic]), np.concatenate([y, y[:20]]), LEVELS)
     assert info["windows"] == 300 and info["constant_windows_left_out"] == 20
+
+
+# --- how many independent windows a coverage rests on (issue 30) ----------------------------
+
+def test_independent_windows_counts_non_overlapping_holdout_windows():
+    from onnxcast.pipeline.intervals import independent_windows
+
+    assert independent_windows(np.arange(25), 24) == 2  # the issue's monthly series: 25 origins a step apart
+    assert independent_windows(np.arange(0, 500, 5), 24) == 20  # 100 origins, stride 5
+    assert independent_windows(np.array([40, 0, 12, 24]), 12) == 4  # any order
+    assert independent_windows(np.array([], np.int64), 12) == 0
+
+
+def test_a_coverage_interval_is_given_only_where_the_sample_supports_it():
+    """A moving-block bootstrap of 25 origins that make two independent windows gave the issue's
+    0.4-point interval; below the minimum the coverage is reported without one."""
+    from onnxcast.pipeline.intervals import MIN_INDEPENDENT_WINDOWS, interval_metrics
+
+    rng = np.random.default_rng(0)
+    actual = rng.normal(size=(25, 24))
+    quantiles = np.stack([np.full((25, 24), v) for v in (-1.96, -1.28, 0.0, 1.28, 1.96)], axis=-1)
+    few = interval_metrics(actual, quantiles, LEVELS, 1.0, block=24, independent=2)
+    assert few["independent_windows"] == 2 and "coverage_95_ci95" not in few and 0 < few["coverage_95"] < 1
+    enough = interval_metrics(actual, quantiles, LEVELS, 1.0, block=24, independent=MIN_INDEPENDENT_WINDOWS)
+    assert len(enough["coverage_95_ci95"]) == 2 and enough["coverage_95"] == few["coverage_95"]

@@ -273,12 +273,12 @@ def _with_intervals(name: str, mae: float, coverage_80=0.8, coverage_95=0.95, ms
     return entry
 
 
-def test_an_fp32_whose_intervals_miss_their_coverage_fails_the_family():
+def test_an_fp32_whose_intervals_miss_their_coverage_fails_the_family_when_strict():
     from onnxcast.pipeline.validate import judge_variants
 
     entries = [_with_intervals("fp32", 300.0, coverage_80=0.893), _with_intervals("fp32-opt", 300.0, coverage_80=0.893)]
     failures = judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01,
-                              coverage_tolerance=0.05)
+                              coverage_tolerance=0.05, strict_intervals=True)
     assert failures == ["fp32 80% interval covers 89.3% of holdout points, more than 5.0% from nominal",
                         "fp32-opt 80% interval covers 89.3% of holdout points, more than 5.0% from nominal"]
     gate = entries[0]["gates"]["interval_coverage"]
@@ -288,7 +288,46 @@ def test_an_fp32_whose_intervals_miss_their_coverage_fails_the_family():
     # a wider tolerance passes the same figures: the setting is what decides
     entries = [_with_intervals("fp32", 300.0, coverage_80=0.893)]
     assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01,
-                          coverage_tolerance=0.1) == []
+                          coverage_tolerance=0.1, strict_intervals=True) == []
+
+
+def test_by_default_a_coverage_miss_is_reported_and_the_forecasts_stay_eligible():
+    """Issue 30: intervals alone refused every family of a monthly series whose forecasts beat the
+    seasonal naive by a third. Now the miss is recorded (enforced: false) and the family's
+    intervals are marked for recalibration (one series) or shipping marked (a fleet)."""
+    from onnxcast.pipeline.validate import interval_verdict, judge_variants
+
+    entries = [_with_intervals("fp32", 300.0, coverage_80=0.893), _with_intervals("fp32-opt", 300.0, coverage_80=0.893)]
+    assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01,
+                          coverage_tolerance=0.05) == []
+    gate = entries[0]["gates"]["interval_coverage"]
+    assert gate["passed"] is False and gate["judged"] is True and gate["enforced"] is False
+    assert all(e["eligible"] and e["reasons"] == [] for e in entries)
+    verdict = interval_verdict(entries)
+    assert verdict["status"] == "uncalibrated"
+    assert verdict["missed"] == ["80% interval covers 89.3% of holdout points, more than 5.0% from nominal"]
+    assert [e["intervals_status"] for e in entries] == ["uncalibrated", "uncalibrated"]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_coverage_on_too_few_independent_windows_is_reported_not_judged(strict):
+    """The issue's gate: 86.2% at 95% 'outside its 95% interval [85.8%, 86.2%]' on 25 origins of a
+    24-step horizon, two independent windows: not judged, even when strict."""
+    from onnxcast.pipeline.validate import interval_verdict, judge_variants
+
+    entries = [_with_intervals("fp32", 300.0, coverage_95=0.862), _with_intervals("fp32-opt", 300.0, coverage_95=0.862)]
+    for entry in entries:
+        entry["holdout"]["intervals"].update(independent_windows=2)
+    assert judge_variants(entries, baseline_mae=371.0, torch_latency={}, accuracy_budget=0.01,
+                          coverage_tolerance=0.05, strict_intervals=strict) == []
+    gate = entries[0]["gates"]["interval_coverage"]
+    assert gate["passed"] is True and gate["judged"] is False and gate["failures"] == []
+    assert gate["note"] == ("not judged: 2 independent holdout window(s), fewer than the 20 a coverage needs to "
+                            "refuse anything")
+    assert all(e["eligible"] for e in entries)
+    verdict = interval_verdict(entries)
+    assert verdict["status"] == "not_judged" and verdict["coverage"]["95"] == 0.862
+    assert verdict["independent_windows"] == 2 and verdict["min_independent_windows"] == 20
 
 
 @pytest.mark.parametrize("variant", ["int8", "fp16"])

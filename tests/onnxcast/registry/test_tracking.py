@@ -185,14 +185,17 @@ def test_interval_figures_become_metrics_and_version_tags(tiny_lstm_run_copy, tr
         "0.78", "0.93", "6.25")
 
 
-def test_a_real_run_s_interval_figures_become_tags_and_metrics(registered, tracking_uri):
+def test_a_real_run_s_interval_figures_become_tags_and_metrics(registered, tracking_uri, tiny_lstm_run_copy):  # noqa: F811
     """The pipeline's own report (not hand-made figures): its intervals reach the version's
-    tags and the family run's metrics."""
+    tags and the family run's metrics, their status (issue 30) included."""
     from onnxcast.registry.tracking import client_for
 
     tracked, version = registered
     tags = client_for(tracking_uri).get_model_version("m", version.version).tags
     assert tags["onnxcast.quantile_levels"] == "0.025,0.1,0.5,0.9,0.975"
+    report = json.loads((tiny_lstm_run_copy / "report.json").read_text())
+    assert tags["onnxcast.intervals_status"] == report["models"][0]["intervals"]["status"]
+    assert tags["onnxcast.intervals_status"] in ("calibrated", "not_judged", "recalibrated")
     assert 0.0 <= float(tags["onnxcast.fp32_coverage_80"]) <= 1.0 and float(tags["onnxcast.fp32_msis_95"]) > 0
     metrics = client_for(tracking_uri).get_run(tracked.family_run_ids["lstm"]).data.metrics
     assert metrics["fp32.msis_95"] == pytest.approx(float(tags["onnxcast.fp32_msis_95"]))

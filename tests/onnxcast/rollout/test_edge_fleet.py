@@ -261,3 +261,48 @@ def test_device_process_without_pandas_prints_one_warning_line_per_padded_series
     for series in ids[:PADDED]:
         assert sum(f"series {series!r} has 15 row(s), edge-padded to the model's lookback of 24" in line
                    for line in warnings) == 1
+
+
+class TestSpreadsheetSafeOutput:
+    """Series ids (and column names) are the input's text: printed as CSV that a spreadsheet
+    opens, one starting with ``=``, ``+``, ``-`` or ``@`` would run as a formula (issue 30,
+    item 11). Such a text cell gets a leading ``'``; numbers, negative forecasts included, stay
+    numbers."""
+
+    HOSTILE = ["=cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0", "+1+cmd|' /C calc'!A0", "-2+3+cmd|'/C calc'!A0",
+               "=HYPERLINK(\"http://evil.example\",\"x\")"]
+    PLAIN = ["-7", "meter 1"]  # a plain number is no formula; ordinary text is unchanged
+
+    def _table(self, path, series_column: str = "unique_id"):
+        lines = [f"{series_column},ds,y"]
+        for k, series in enumerate(self.HOSTILE + self.PLAIN):
+            quoted = '"' + series.replace('"', '""') + '"'
+            lines += [f"{quoted},{2000 + m // 12}-{m % 12 + 1:02d}-01,{-100.0 - k - (m % 12)}" for m in range(LOOKBACK)]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    @pytest.mark.parametrize("command", ["onnxcast", "onnxcast-edge"])
+    def test_formula_ids_are_text_and_forecasts_numbers(self, device, tmp_path, capsys, command):
+        dest, _ = device
+        path = self._table(tmp_path / "hostile.csv", "-id")
+        argv = ["predict", "--dir", str(dest), "--input", str(path), "--series-column=-id"]
+        assert (cli.main(["edge", *argv]) if command == "onnxcast" else edge_main(argv)) == 0
+        rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+        assert rows[0] == ["'-id", "step", "ds", "forecast", "version"]
+        printed = [rows[i][0] for i in range(1, len(rows), HORIZON)]
+        assert printed == ["'" + s for s in self.HOSTILE] + self.PLAIN
+        for row in rows[1:]:
+            assert not row[0].startswith(("=", "+", "@", "\t", "\r")) and (row[0] == "-7" or row[0][0] != "-")
+            assert float(row[3]) < 0 and row[3].startswith("-")  # negative forecasts: numbers, no quote
+            assert not row[2].startswith("'") and not row[4].startswith("'")
+
+    def test_single_series_column_names_are_text_cells_too(self, device, tmp_path, capsys):
+        dest, _ = device
+        lines = ["=ds,y"] + [f"{2000 + m // 12}-{m % 12 + 1:02d}-01,{-5.0 - m % 12}" for m in range(LOOKBACK)]
+        (tmp_path / "one.csv").write_text("\n".join(lines) + "\n")
+        assert cli.main(["edge", "predict", "--dir", str(dest), "--input", str(tmp_path / "one.csv"),
+                         "--time-column", "=ds"]) == 0
+        rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+        assert rows[0] == ["step", "'=ds", "forecast", "version"]
+        assert len(rows) == 1 + HORIZON and all(float(r[2]) < 0 for r in rows[1:])
+        assert rows[1][1] == "2002-01-01"  # times are no text cells to neutralize

@@ -42,6 +42,19 @@ class TestPromote:
                                        "at": pointer["updated_at"], "reason": "first"}]
         assert store.read_channel("m", "cloud").value is None  # selected in the version, not moved
 
+    def test_the_manifest_says_what_the_intervals_of_each_artifact_may_be_relied_on_for(self, tmp_path, make_run):
+        """Issue 30: intervals that were not judged (too few independent holdout windows) or were
+        recalibrated ship; the signed manifest carries their status to the device and its users."""
+        report = make_run("a", quantiles=True)
+        document = json.loads(report.read_text())
+        for variant, status in zip(document["models"][0]["variants"], ("not_judged", "recalibrated"), strict=True):
+            variant["intervals_status"] = status
+        report.write_text(json.dumps(document))
+        result = promote(report, str(tmp_path / "store"), "m", ["edge"], actor="ci", reason="first")
+        artifacts = open_store(str(tmp_path / "store")).read_manifest("m", result.version)["artifacts"]
+        assert artifacts["lstm-fp32.onnx"]["intervals_status"] == "not_judged"
+        assert artifacts["lstm-fp32-opt.onnx"]["intervals_status"] == "recalibrated"
+
     def test_rerun_is_a_noop(self, store_uri, make_run):
         report = make_run("a")
         first = promote(report, store_uri, "m", "edge,cloud")

@@ -195,7 +195,7 @@ class TestValidation:
         ({"inputs": [{"name": "history", "datatype": "FP32", "shape": [1, 16, 2], "data": [0.0] * 31}]}, 400,
          "'data' holds 31 values, shape [1, 16, 2] needs 32"),
         ({"inputs": [{"name": "history", "datatype": "FP32", "shape": [1, 16, 2], "data": ["a"] * 32}]}, 400,
-         "'data' must hold numbers only"),
+         "'data' holds a string 'a' at index 0; FP32 data must be JSON numbers"),
         (infer_body(np.zeros((0, 16, 2), np.float32)), 400, "batch is 0"),
         (infer_body(np.zeros((5, 16, 2), np.float32)), 413, "batch of 5 histories; at most 4 a request"),
         ({"inputs": [{"name": "history", "datatype": "FP64", "shape": [1, 16, 2], "data": [0.0] * 31 + [1e300]}]},

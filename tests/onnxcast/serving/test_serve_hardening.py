@@ -96,6 +96,59 @@ class TestBadBodies:
         assert _metric(metrics, 'onnxcast_serve_requests_total{code="400",model="m",version="1"}') == 1
         assert "Traceback" not in server.log.read_text()
 
+    def test_echoed_values_are_clipped_and_data_must_be_json_numbers(self, served):
+        """Issue 30, item 12: a 10 MB datatype, a 1 MB input name or a million-entry shape came
+        back whole in the 400 (a 10 MB answer); FP32 data as strings or booleans got a 200."""
+        server = served()
+        ok = [0.5] * 32
+
+        def history(**fields):
+            return {"inputs": [{"name": "history", "datatype": "FP32", "shape": [1, 16, 2], "data": ok, **fields}]}
+
+        cases = [
+            (history(datatype="X" * 10_000_000), 400, "history: datatype 'XXXX", "... (10,000,000 characters) is not "
+                                                                                  "supported; send FP32"),
+            (history(name="n" * 1_000_000), 400, "unknown input 'nnnn", "... (1,000,000 characters): this model takes "
+                                                                          "'history'"),
+            (history(shape=[1] * 1_000_000), 400, "history: shape must be [batch, time, n_features], got [1, 1, 1",
+             "... (1,000,000 entries)"),
+            (history(datatype=["FP32"] * 100_000), 400, "history: datatype ['FP32', ", "(100,000 entries) is not "
+                                                                                       "supported; send FP32"),
+            (history(datatype=[]), 400, "history: datatype [] is not supported", "send FP32"),  # was a 500
+            (history(data=["0.5"] * 32), 400, "history: 'data' holds a string '0.5' at index 0",
+             "; FP32 data must be JSON numbers"),
+            (history(data=[True] * 32), 400, "history: 'data' holds a boolean (true) at index 0", "JSON numbers"),
+            (history(data=[0.5] * 31 + [False]), 400, "history: 'data' holds a boolean (false) at index 31",
+             "JSON numbers"),
+            (history(data=[0.5] * 31 + [None]), 400, "history: 'data' holds null at index 31", "JSON numbers"),
+            (history(datatype="FP64", data=[[[1, 2.5]] * 16]), 200, None, None),  # nested, ints: numbers all the same
+            (history(data=[[[0.5, "x"]] * 16]), 400, "history: 'data' holds a string 'x' at index 1", "JSON numbers"),
+            ({**history(), "id": "i" * 1_000_000}, 400, "'id' is 1,000,000 characters; at most 256", "answer)"),
+            ({**history(), "id": "i" * 256}, 200, None, None),
+            ({**history(), "outputs": [{"name": "o" * 1_000_000}]}, 400, "unknown output 'oooo",
+             "... (1,000,000 characters): this model gives 'forecast'"),
+        ]
+        for body, status, start, end in cases:
+            data = json.dumps(body).encode()
+            got, answer, _ = server.infer(body=data)
+            assert got == status, (got, str(answer)[:300])
+            if status == 200:
+                assert answer["outputs"][0]["shape"] == [1, 4] and answer.get("id") == body.get("id")
+                continue
+            message = answer["error"]
+            assert len(message) < 300 and message.startswith(start) and message.endswith(end), message[:300]
+        # an integer past float64 (the stdlib fallback after a NaN parses any length) is a 400, not a 500
+        text = json.dumps(history(data=[0.5] * 31 + [7])).replace(", 7]", ", " + "9" * 400 + "]")
+        got, answer, _ = server.infer(body=text.replace("0.5", "NaN", 1).encode())
+        assert (got, answer["error"]) == (400, "history: 'data' holds a number beyond float64")
+        status, answer, _ = server.infer(np.zeros((1, 16, 2), np.float32), model="q" * 60_000)
+        assert status == 404 and answer["error"] == f"unknown model '{'q' * 56}... (60,000 characters); this server " \
+                                                    "serves 'm'"
+        status, answer, _ = server.get("/v2/models/m/versions/" + "7" * 60_000)
+        assert status == 404 and answer["error"].startswith("version '777") and len(answer["error"]) < 200
+        assert server.infer(np.zeros((1, 16, 2), np.float32))[0] == 200  # still serving
+        assert 'code="500"' not in server.metrics()
+
     def test_min_history_below_the_lookback_never_reaches_onnx_runtime(self, served):
         server = served("--min-history", "1")
         meta = server.get("/v2/models/m")[1]
