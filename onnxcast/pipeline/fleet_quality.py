@@ -965,6 +965,10 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
                        "passed": failed == 0, "observed": {"series": failed}, "threshold": first["threshold"],
                        "message": None if failed == 0 else f"{first['description']}: {failed} series",
                        "suite": SERIES_SUITE})
+    repeated = table[table["excluded_because"].isna() & (table["duplicates"] > 0)]  # drop_duplicate_timestamps
+    if len(repeated):
+        warnings.append(f"{len(repeated)} series repeat timestamps: the last row of each was kept "
+                        f"(drop_duplicate_timestamps), {int(repeated['duplicates'].sum())} rows dropped")
     if len(padded):
         warnings.append(f"{len(padded)} series have fewer than lookback {cfg.lookback} + horizon {cfg.horizon} "
                         f"training steps and are padded (e.g. {', '.join(map(quote, padded[series_col].head(3)))})")

@@ -230,3 +230,24 @@ def test_short_gaps_are_interpolated_in_time_when_asked(tmp_path):
     days = np.diff(fleet.timestamps(fleet.ids.index(sid))[59:63]).astype("timedelta64[D]").astype(float)
     expected = before + (after - before) * np.cumsum(days)[:2] / days.sum()  # in time, as quality does
     np.testing.assert_allclose(target[60:62], expected, rtol=1e-6)
+
+
+def test_drop_duplicate_timestamps_keeps_the_last_row_of_each_for_a_fleet(tmp_path):
+    """--drop-duplicates on a fleet (issue 30 item 9): every row twice, the second copy's values
+    changed, was 20 of 20 series excluded as duplicated_times; now every series is kept with
+    the last row of each timestamp, and the report says so."""
+    panel = load_panel("m3-monthly", limit=20)
+    last = panel.frame.assign(y=panel.frame["y"] + 1.0)
+    path = tmp_path / "twice.csv"
+    pd.concat([panel.frame, last], ignore_index=True).to_csv(path, index=False)
+    cfg = _config(panel, path, tmp_path / "out", fleet_shards=1,
+                  quality={"min_holdout_windows": 1, "drop_duplicate_timestamps": True})
+    summary = _run_gate(cfg)
+    quality = summary["quality"]
+    assert quality["series"]["kept"] == 20 and quality["excluded"] == []
+    assert quality["repairs"]["drop_duplicate_timestamps"]["dropped_rows"] == len(panel.frame)
+    assert any("20 series repeat timestamps: the last row of each was kept" in w for w in quality["warnings"])
+    fleet = FleetData.load(cfg.layout.fleet)
+    first = fleet.ids[0]
+    expected = last.loc[last["unique_id"] == first, "y"].to_numpy(dtype="float32")
+    np.testing.assert_array_equal(fleet.target(0), expected)  # the last row, not the first
