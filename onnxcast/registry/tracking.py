@@ -79,6 +79,15 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{onnxcast_home() / 'mlflow' / 'mlflow.db'}"
 
 
+def bound_requests() -> None:
+    """MLflow retries a failed request 7 times with a backoff factor of 2 (minutes when the
+    server is down): bound it, so a task or a command fails within about a minute (Airflow's
+    retry takes over in a task). The ``MLFLOW_HTTP_REQUEST_*`` variables a deployment sets win."""
+    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                        ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.5"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
+        os.environ.setdefault(name, value)
+
+
 def client_for(tracking_uri: str | None = None):
     """An MlflowClient on ``tracking_uri`` (registry on the same URI), set as the fluent default too."""
     import mlflow
@@ -445,25 +454,6 @@ def set_champion(model_name: str, version: str, *, record: dict, tracking_uri: s
     if previous and previous != str(version):
         client.set_model_version_tag(model_name, previous, "onnxcast.replaced_by", str(version))
     return previous
-
-
-def set_channel_aliases(model_name: str, moved: dict[str, str], channel_aliases: dict[str, str], *,
-                        tracking_uri: str | None = None) -> dict[str, tuple[str | None, str]]:
-    """Point the registry alias of each channel in ``moved`` (channel -> version it now serves)
-    at that version, so the registry says what the store serves and the alias watcher
-    (onnxcast.airflow.triggers) stays quiet. ``channel_aliases``: channel -> alias (the
-    deployment setting). Returns ``{alias: (previous version, version)}`` of the aliases moved."""
-    client = client_for(tracking_uri)
-    done: dict[str, tuple[str | None, str]] = {}
-    for channel, version in sorted(moved.items()):
-        alias = channel_aliases.get(channel)
-        if alias is None or alias in done:
-            continue
-        previous = alias_version(model_name, alias, tracking_uri)
-        if previous != str(version):
-            client.set_registered_model_alias(model_name, alias, str(version))
-            done[alias] = (previous, str(version))
-    return done
 
 
 def download_version_files(model_name: str, version: str, dest: str | Path,
