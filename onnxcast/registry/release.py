@@ -38,7 +38,8 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,9 +261,10 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     store, signers, actor = _opened(store), resolve_signers(signers), actor or default_actor()
     step = _Step("promote", model_name, registry, actor=actor, reason=reason, move_champion=move_champion,
                  expect_alias=expect_alias)
-    result = promote_version(report, store, model_name, channels, version=version, actor=actor, reason=reason,
-                             signers=signers, expires_days=expires_days, overwrite_unverified=overwrite_unverified,
-                             before_move=step.check)
+    with step.recording():
+        result = promote_version(report, store, model_name, channels, version=version, actor=actor, reason=reason,
+                                 signers=signers, expires_days=expires_days,
+                                 overwrite_unverified=overwrite_unverified, before_move=step.check)
     moved = tuple(c for c, state in result.channels.items() if state == "moved")
     aliases = step.follow(moved, undo=_restorer(store, step, signers, expires_days, actor))
     return Release("promote", model_name, result.store, result.version, dict(step.moves), moved, aliases,
@@ -282,8 +284,9 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, regist
 
     store, signers, actor = _opened(store), resolve_signers(signers), actor or default_actor()
     step = _Step("rollback", model_name, registry, actor=actor, reason=reason, move_champion=move_champion)
-    result = rollback_channel(store, model_name, channel, to_version=to_version, actor=actor, reason=reason,
-                              signers=signers, expires_days=expires_days, before_move=step.check)
+    with step.recording():
+        result = rollback_channel(store, model_name, channel, to_version=to_version, actor=actor, reason=reason,
+                                  signers=signers, expires_days=expires_days, before_move=step.check)
     moved = (channel,) if result.changed else ()
     aliases = step.follow(moved, undo=_restorer(store, step, signers, expires_days, actor))
     return Release("rollback", model_name, store.uri, result.version, dict(step.moves), moved, aliases,
@@ -372,6 +375,18 @@ class _Step:
                                        f"{holder} too)")
                 wanted.setdefault(CHAMPION, versions[0])
         return [AliasMove(alias, now.get(alias), version) for alias, version in wanted.items()]
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """The store's part of the release: when it fails after the check wrote the release record
+        (an upload, a conflict: no pointer moved), the record says so instead of ``moving``."""
+        try:
+            yield
+        except OnnxcastError as exc:
+            if self.registry is not None and self.registered:
+                why = str(exc)
+                self._try(lambda: self.registry.tag_model(self.model, RELEASE_TAG, self._record("failed", error=why)))
+            raise
 
     def follow(self, moved: Sequence[str], undo: Callable[[Sequence[str], str], list[str]]) -> tuple[AliasMove, ...]:
         """Move the aliases the check planned and write the records; on a failure set back what
