@@ -261,12 +261,14 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     store, signers, actor = _opened(store), resolve_signers(signers), actor or default_actor()
     step = _Step("promote", model_name, registry, actor=actor, reason=reason, move_champion=move_champion,
                  expect_alias=expect_alias)
-    with step.recording():
+    undo = _restorer(store, step, signers, expires_days, actor)
+    with step.recording(undo):
         result = promote_version(report, store, model_name, channels, version=version, actor=actor, reason=reason,
                                  signers=signers, expires_days=expires_days,
-                                 overwrite_unverified=overwrite_unverified, before_move=step.check)
+                                 overwrite_unverified=overwrite_unverified, before_move=step.check,
+                                 on_moved=step.pointers_moved.append)
     moved = tuple(c for c, state in result.channels.items() if state == "moved")
-    aliases = step.follow(moved, undo=_restorer(store, step, signers, expires_days, actor))
+    aliases = step.follow(moved, undo=undo)
     return Release("promote", model_name, result.store, result.version, dict(step.moves), moved, aliases,
                    registry.where if registry else None, None if registry and step.registered else
                    step.pointer_only(no_registry), promotion=result)
@@ -284,11 +286,12 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, regist
 
     store, signers, actor = _opened(store), resolve_signers(signers), actor or default_actor()
     step = _Step("rollback", model_name, registry, actor=actor, reason=reason, move_champion=move_champion)
-    with step.recording():
+    undo = _restorer(store, step, signers, expires_days, actor)
+    with step.recording(undo):
         result = rollback_channel(store, model_name, channel, to_version=to_version, actor=actor, reason=reason,
                                   signers=signers, expires_days=expires_days, before_move=step.check)
     moved = (channel,) if result.changed else ()
-    aliases = step.follow(moved, undo=_restorer(store, step, signers, expires_days, actor))
+    aliases = step.follow(moved, undo=undo)
     return Release("rollback", model_name, store.uri, result.version, dict(step.moves), moved, aliases,
                    registry.where if registry else None, None if registry and step.registered else
                    step.pointer_only(no_registry))
@@ -320,6 +323,7 @@ class _Step:
         self.move_champion, self.expect_alias = move_champion, expect_alias
         self.moves: dict[str, tuple[str | None, str]] = {}
         self.wanted: list[AliasMove] = []  # every alias this release sets, moved or not
+        self.pointers_moved: list[str] = []  # channels whose pointer moved (undone if a later one fails)
         self.registered = False
 
     def pointer_only(self, no_registry: str) -> str:
@@ -377,15 +381,20 @@ class _Step:
         return [AliasMove(alias, now.get(alias), version) for alias, version in wanted.items()]
 
     @contextmanager
-    def recording(self) -> Iterator[None]:
-        """The store's part of the release: when it fails after the check wrote the release record
-        (an upload, a conflict: no pointer moved), the record says so instead of ``moving``."""
+    def recording(self, undo: Callable[[Sequence[str], str], list[str]]) -> Iterator[None]:
+        """The store's part of the release. When it fails after the check (an upload, a channel
+        another writer moved first), the pointers it had moved already are restored (a promotion
+        of edge and cloud whose cloud lost a race leaves edge as it was) and the release record
+        says ``failed`` instead of ``moving``."""
         try:
             yield
         except OnnxcastError as exc:
+            why = str(exc)
+            restored = undo(self.pointers_moved, why) if self.pointers_moved else []
             if self.registry is not None and self.registered:
-                why = str(exc)
                 self._try(lambda: self.registry.tag_model(self.model, RELEASE_TAG, self._record("failed", error=why)))
+            if restored:
+                raise ReleaseError(f"{why}; {'; '.join(restored)}") from None
             raise
 
     def follow(self, moved: Sequence[str], undo: Callable[[Sequence[str], str], list[str]]) -> tuple[AliasMove, ...]:

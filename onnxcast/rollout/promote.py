@@ -121,7 +121,8 @@ class RollbackResult:
 def promote(report: str | Path, store: RolloutStore | str, model_name: str, channels: Sequence[str] | str,
             *, version: str | None = None, actor: str | None = None, reason: str = "",
             signers: Sequence | str | None = None, expires_days: float | None = None,
-            overwrite_unverified: bool = False, before_move: BeforeMove | None = None) -> PromotionResult:
+            overwrite_unverified: bool = False, before_move: BeforeMove | None = None,
+            on_moved: Callable[[str], None] | None = None) -> PromotionResult:
     """Publish the run described by ``report`` (report.json or its folder) as an immutable
     version of ``model_name`` and move ``channels`` to it.
 
@@ -134,7 +135,8 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     ``before_move({channel: (version it serves or None, plan version)})`` is called once
     everything has been read and checked, before the first write: an exception it raises
     stops the promotion with nothing written (onnxcast.registry.release checks the registry
-    there). Raises ReportError/ConfigError before writing anything when the input is wrong,
+    there); ``on_moved(channel)`` after each pointer it moved (a caller undoes those when a
+    later channel fails). Raises ReportError/ConfigError before writing anything when the input is wrong,
     ConflictError when a channel moved since it was read, VerificationError when what the
     store holds differs from what was written.
     """
@@ -177,6 +179,8 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
                                 pointers[channel], action="promote", actor=actor, reason=reason,
                                 signers=signers, days=days, root=root)
         moved[channel] = "moved" if changed else "unchanged"
+        if changed and on_moved is not None:
+            on_moved(channel)
     _publish_model_repositories(store, model_name, moved, signers)
     return PromotionResult(model_name, plan.version, store.uri, tuple(written), tuple(skipped), moved)
 

@@ -266,3 +266,36 @@ class TestCommandLine:
                                                "not moved; an alias watcher that reads them will move the channel "
                                                "back unless they are moved too")
         assert aliases(r["base"], server.auth("reader"), r["name"])["cloud"] == r["second"]
+
+
+class TestHalfMoved:
+    def test_a_promotion_whose_second_channel_loses_a_race_leaves_the_first_as_it_was(self, server, released,
+                                                                                      make_run):
+        """edge moves, then another writer wins cloud's compare-and-swap: edge is restored and no
+        alias moves (before, edge stayed on the new version with the registry on the old one)."""
+        from onnxcast.base.errors import ConflictError
+        from onnxcast.registry.release import ReleaseError, promote
+        from onnxcast.rollout.store import LocalStore
+
+        r = released
+        base = f"{server.url}/api/2.0/mlflow"
+        third = add_version(base, server.auth("pipeline"), r["name"], r["first"])
+
+        class CloudLosesTheRace(LocalStore):
+            def replace_pointer(self, key, value, token):
+                if key.endswith("/channels/cloud.json"):
+                    raise ConflictError(f"{self.url(key)}: moved by another writer since it was read")
+                return super().replace_pointer(key, value, token)
+
+        with pytest.raises(ReleaseError) as caught:
+            promote(make_run("c"), CloudLosesTheRace(Path(r["store"])), r["name"], ["edge", "cloud"],
+                    registry=r["registry"], version=third, reason="third")
+        line = str(caught.value)
+        assert "channels/cloud.json: moved by another writer since it was read" in line
+        assert line.endswith(f"; channel edge restored to v{r['second']}"), line
+        assert (pointer(r["store"], r["name"])["version"], pointer(r["store"], r["name"])["action"]) == (
+            r["second"], "restore")
+        assert aliases(r["base"], server.auth("reader"), r["name"]) == {
+            "edge": r["second"], "cloud": r["second"], "champion": r["second"]}
+        record = json.loads(model_tags(r["base"], server.auth("reader"), r["name"])["onnxcast.release"])
+        assert record["state"] == "failed" and "another writer" in record["error"]
