@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.base.errors import ConfigError, OnnxcastError
-from onnxcast.registry.alias_rollout import DEFAULT_CHANNEL_ALIASES, parse_channel_aliases
+from onnxcast.registry.alias_rollout import DEFAULT_CHANNEL_ALIASES, VERSION, parse_channel_aliases
 from onnxcast.rollout.promote import PromotionResult, default_actor, resolve_signers
 from onnxcast.rollout.store import RolloutStore, open_store
 
@@ -188,7 +188,7 @@ class Registry:
         return None if found is None else {a: str(v) for a, v in (found.aliases or {}).items()}
 
     def has_version(self, model: str, version: str) -> bool:
-        if not re.fullmatch(r"[1-9][0-9]{0,8}", version):
+        if not VERSION.fullmatch(version):  # a store version id that is not a registry version number
             return False
         found = self.call(f"reading {model} v{version}", lambda: self.client.get_model_version(model, version),
                           missing=None)

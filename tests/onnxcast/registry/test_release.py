@@ -138,8 +138,9 @@ class TestRollback:
         assert watcher_requests(server, r["store"], r["name"]) == []  # nothing to redeploy
 
     def test_an_unreachable_registry_moves_nothing(self, released):
-        from onnxcast.registry.release import Registry, ReleaseError, rollback
         from serve_support import free_port
+
+        from onnxcast.registry.release import Registry, ReleaseError, rollback
 
         r = released
         before = pointer(r["store"], r["name"])
