@@ -2,8 +2,10 @@
 ### onnxcast rollback
 
 Moves a rollout channel back to the version it was promoted from (or to a given
-version). Versions are never deleted; the move is recorded in the channel's history, and
-the registry alias `champion` follows the channel unless told otherwise.
+version). Versions are never deleted; the move is recorded in the channel's history. The
+channel's registry alias (`edge`, `cloud`) and `champion` (unless told otherwise) move with the
+pointer, or nothing moves and the task fails on one line (the registry alias watcher then has
+nothing to undo). `onnxcast rollback` on the command line does the same.
 """
 
 from __future__ import annotations

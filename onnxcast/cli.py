@@ -373,7 +373,8 @@ def run_monitor(args: argparse.Namespace) -> int:
 
 def add_release_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register the release commands (``promote``, ``rollback``, ``refresh``) and the device's
-    (``keys``, ``edge``) on ``subparsers``."""
+    (``keys``, ``edge``) on ``subparsers``. A promotion or rollback moves the channel pointer and,
+    with a registry configured, the registry aliases with it (onnxcast.registry.release)."""
     p = subparsers.add_parser("promote", help="publish a validated run to the rollout store and move channels")
     p.add_argument("--report", required=True, help="report.json of a pipeline run (or its folder)")
     store_arguments(p)
@@ -386,6 +387,7 @@ def add_release_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="move a channel whose current pointer does not verify (planted or damaged) to --version; "
                         "nothing of that pointer is kept")
     _signing_arguments(p)
+    _registry_arguments(p)
     p.set_defaults(handler=run_promote)
 
     p = subparsers.add_parser("rollback", help="move a channel back to an earlier version (a signed rollback record)")
@@ -395,6 +397,7 @@ def add_release_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", required=True, help="why, recorded in the channel history")
     p.add_argument("--actor", help="who rolls back (default: $ONNXCAST_ACTOR or user@host)")
     _signing_arguments(p)
+    _registry_arguments(p)
     p.set_defaults(handler=run_rollback)
 
     p = subparsers.add_parser("refresh", help="re-sign a channel pointer (new counter and expiry, same version)")
@@ -408,36 +411,58 @@ def add_release_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_promote(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.promote import promote
+    from onnxcast.registry.release import promote
 
-    result = promote(args.report, args.store, args.model, args.channel, version=args.version,
-                     actor=args.actor, reason=args.reason, signers=args.signing_key, expires_days=args.expires_days,
-                     overwrite_unverified=args.overwrite_unverified_pointer)
-    moves = ", ".join(f"{c} {state}" for c, state in result.channels.items())
-    print(f"{result.model} version {result.version} at {result.store}: {len(result.written)} object(s) "
-          f"written, {len(result.skipped)} already there; {moves}")
+    registry, why = _release_registry(args)
+    result = promote(args.report, args.store, args.model, args.channel, registry=registry, version=args.version,
+                     move_champion=not args.keep_champion, actor=args.actor, reason=args.reason,
+                     signers=args.signing_key, expires_days=args.expires_days,
+                     overwrite_unverified=args.overwrite_unverified_pointer, no_registry=why)
+    print(result.line())
     return 0
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.promote import rollback
+    from onnxcast.registry.release import rollback
 
-    result = rollback(args.store, args.model, args.channel, to_version=args.to_version, actor=args.actor,
-                      reason=args.reason, signers=args.signing_key, expires_days=args.expires_days)
-    if result.changed:
-        print(f"{result.model} channel {result.channel}: rolled back from {result.from_version} to {result.version}")
-    else:
-        print(f"{result.model} channel {result.channel}: already at {result.version}")
+    registry, why = _release_registry(args)
+    result = rollback(args.store, args.model, args.channel, registry=registry, to_version=args.to_version,
+                      move_champion=not args.keep_champion, actor=args.actor, reason=args.reason,
+                      signers=args.signing_key, expires_days=args.expires_days, no_registry=why)
+    print(result.line())
     return 0
 
 
 def run_refresh(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.promote import refresh
+    from onnxcast.registry.release import refresh
 
-    value = refresh(args.store, args.model, args.channel, signers=args.signing_key, expires_days=args.expires_days)
-    print(f"{args.model} channel {args.channel}: version {value['version']} re-signed, counter {value['counter']}, "
-          f"expires {value['expires']}")
+    print(refresh(args.store, args.model, args.channel, signers=args.signing_key,
+                  expires_days=args.expires_days).line())
     return 0
+
+
+def _release_registry(args: argparse.Namespace):
+    """The registry a release keeps in step (None: pointer only) and what to say without one."""
+    from onnxcast.registry.release import NO_REGISTRY, registry_from_environment
+
+    if args.pointer_only:
+        return None, ("--pointer-only: the registry aliases were not moved; an alias watcher that reads them "
+                      "will move the channel back unless they are moved too")
+    return registry_from_environment(args.tracking_uri), NO_REGISTRY
+
+
+def _registry_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "registry", "With a registry (--tracking-uri or $MLFLOW_TRACKING_URI; its login in $MLFLOW_TRACKING_USERNAME "
+                    "and $MLFLOW_TRACKING_PASSWORD), the aliases champion and the channel's own "
+                    "($ONNXCAST_CHANNEL_ALIASES, default edge=edge,cloud=cloud) move with the pointer, or nothing "
+                    "moves; without one, only the pointer moves (said in the output).")
+    group.add_argument("--tracking-uri", help="MLflow tracking server (default: $MLFLOW_TRACKING_URI)")
+    group.add_argument("--keep-champion", action="store_true",
+                       help="leave the alias champion where it is (the channel's own alias still moves)")
+    group.add_argument("--pointer-only", action="store_true",
+                       help="move the channel pointer only, not the registry aliases (the registry is down in an "
+                            "incident; an alias watcher will move the channel back unless the aliases follow)")
 
 
 def _signing_arguments(parser: argparse.ArgumentParser) -> None:

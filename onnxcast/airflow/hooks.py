@@ -42,10 +42,10 @@ class MlflowHook(BaseHook):
         """``{"tracking_uri", "ui_url"}``; sets MLflow's auth variables when the connection has a login."""
         if self._settings is not None:
             return self._settings
-        from onnxcast.registry.tracking import default_tracking_uri
+        from onnxcast.registry.tracking import bound_requests, default_tracking_uri
 
         conn = self._connection()
-        _bound_mlflow_retries()
+        bound_requests()
         if conn is None:
             self._settings = {"tracking_uri": default_tracking_uri(), "ui_url": None}
             return self._settings
@@ -149,15 +149,6 @@ class S3SettingsHook(BaseHook):
         settings.update(aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
                         aws_session_token=credentials.token or None)
         return S3Settings.from_values(settings)
-
-
-def _bound_mlflow_retries() -> None:
-    """MLflow retries a failed request 7 times with a backoff factor of 2 (minutes when the
-    server is down): bound it, so a task fails within about a minute and Airflow retries it.
-    A deployment can still set the MLFLOW_HTTP_REQUEST_* variables itself."""
-    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
-                        ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.5"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
-        os.environ.setdefault(name, value)
 
 
 def _uri_from(conn) -> str | None:

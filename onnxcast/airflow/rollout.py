@@ -1,8 +1,10 @@
 """Operators for the rollout store: promote a run or a registered version, roll a channel back.
 
 The store is a local directory or an ``s3://`` prefix (``aws_default`` for endpoint,
-region and keys). After a promotion the registry alias ``champion`` follows, and the
-move is recorded as tags (MLflow keeps no alias history).
+region and keys). Each operator is one release (onnxcast.registry.release): the channel
+pointer and the registry aliases (``champion`` and the channel's own) move together, or
+nothing moves and the task fails on one line; the moves are recorded as tags (MLflow keeps
+no alias history).
 
 Manifests and channel pointers are signed with the release key(s) named by
 ``signing_key`` or ``$ONNXCAST_SIGNING_KEY`` (``awskms:<key>`` in production: the worker
@@ -69,15 +71,17 @@ class _StoreOperator(_TrackedOperator):
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
 
-    def _move_channel_aliases(self, model_name: str, moved: dict[str, str]) -> None:
-        """The registry's channel aliases follow the channels just moved (the alias watcher
-        then finds registry and store agreeing)."""
+    def registry(self):
+        """The registry a release keeps in step with the store: ``mlflow_default`` and the
+        deployment's channel aliases (onnxcast.registry.release)."""
         from onnxcast.airflow.settings import channel_aliases
-        from onnxcast.registry.tracking import set_channel_aliases
+        from onnxcast.registry.release import Registry
 
-        done = set_channel_aliases(model_name, moved, channel_aliases(), tracking_uri=self.mlflow_hook.tracking_uri)
-        for alias, (previous, version) in sorted(done.items()):
-            self.log.info("Alias %s: %s -> v%s", alias, f"v{previous}" if previous else "none", version)
+        return Registry(self.mlflow_hook.tracking_uri, channel_aliases())
+
+    def log_release(self, release) -> None:
+        for move in release.aliases:
+            self.log.info("Alias %s", move.text())
 
     def open_store(self):
         from onnxcast.airflow.settings import store_uri
@@ -144,8 +148,7 @@ class PromoteModelOperator(_StoreOperator):
             return self._promote(context, work, decision)
 
     def _promote(self, context: Context, work: Path, decision: dict | None) -> dict:
-        from onnxcast.registry.tracking import set_champion
-        from onnxcast.rollout.promote import promote
+        from onnxcast.registry.release import Superseded, promote
 
         cfg = load_config(work)
         self.link_mlflow_run(context, cfg.model_name)
@@ -156,39 +159,28 @@ class PromoteModelOperator(_StoreOperator):
         reason = self.reason or (decision or {}).get("reason") or "promoted by Airflow"
         store = self.open_store()
         signers = self.release_signers()
-        self._check_not_superseded(context, cfg.model_name)
+        # a registry-sourced run (the alias watcher's request) moves nothing when its alias has
+        # moved on from this version by the time the channels would move (checked right before)
+        expect = (str(self.alias), str(self.version)) \
+            if self.source == REGISTRY_SOURCE and self.alias not in (None, "", "None") else None
         try:
-            result = promote(work, store, cfg.model_name, self.channels, version=str(self.version),
-                             actor=_actor(context), reason=reason, signers=signers)
+            release = promote(work, store, cfg.model_name, self.channels, registry=self.registry(),
+                              version=str(self.version), move_champion=as_bool(self.move_champion),
+                              expect_alias=expect, actor=_actor(context), reason=reason, signers=signers)
+        except Superseded as exc:
+            context["ti"].xcom_push(key=SUPERSEDED_KEY, value=exc.now or "")
+            raise AirflowSkipException(str(exc)) from None
         except OnnxcastError as exc:
             raise AirflowFailException(str(exc)) from None
+        result = release.promotion
         manifest = store.url(store.version_key(cfg.model_name, result.version))
-        if self.move_champion:
-            previous = set_champion(cfg.model_name, str(self.version), tracking_uri=self.mlflow_hook.tracking_uri,
-                                    record={"action": "promote", "channels": result.channels, "store": result.store,
-                                            "by": _actor(context), "reason": reason})
-            self.log.info("Alias champion: v%s -> v%s", previous, self.version)
-        self._move_channel_aliases(cfg.model_name, {channel: result.version for channel in result.channels})
+        self.log_release(release)
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = {"model": cfg.model_name, "version": result.version,
                                                       "channels": sorted(result.channels), "manifest": manifest}
         self.log.info("Promoted %s v%s to %s in %s (%s)", cfg.model_name, result.version, readable(result.channels),
                       result.store, "changed" if result.changed else "already there: nothing to do")
         return {**result.as_xcom(), "manifest": manifest}
-
-    def _check_not_superseded(self, context: Context, model_name: str) -> None:
-        """Right before the compare-and-swap of a registry-sourced run: the alias must still name
-        this version, or a late run would move the channel (and the alias) back over a newer
-        request. Skips (XCom ``superseded``: the version the alias names now) when it does not."""
-        from onnxcast.registry.tracking import alias_version
-
-        if self.source != REGISTRY_SOURCE or self.alias in (None, "", "None"):
-            return
-        now = alias_version(model_name, str(self.alias), self.mlflow_hook.tracking_uri)
-        if now != str(self.version):
-            context["ti"].xcom_push(key=SUPERSEDED_KEY, value=now or "")
-            raise AirflowSkipException(f"superseded: alias {self.alias} of {model_name} names "
-                                       f"{'v' + now if now else 'no version'} now, not v{self.version}")
 
     def _assemble(self, cfg) -> None:
         from onnxcast.base.files import read_json, write_json
@@ -256,8 +248,7 @@ class RollbackChannelOperator(_StoreOperator):
         self.move_champion = move_champion
 
     def execute(self, context: Context) -> dict:
-        from onnxcast.registry.tracking import set_champion
-        from onnxcast.rollout.promote import rollback
+        from onnxcast.registry.release import rollback
 
         store = self.open_store()
         done = self._done_by_earlier_try(store, _actor(context))
@@ -269,19 +260,16 @@ class RollbackChannelOperator(_StoreOperator):
         signers = self.release_signers()
         try:
             to_version = None if self.to_version in (None, "", "None") else str(self.to_version)
-            result = rollback(store, self.model_name, self.channel, to_version=to_version,
-                              actor=_actor(context), reason=self.reason, signers=signers)
+            release = rollback(store, self.model_name, self.channel, registry=self.registry(), to_version=to_version,
+                               move_champion=as_bool(self.move_champion), actor=_actor(context),
+                               reason=self.reason, signers=signers)
         except OnnxcastError as exc:
             raise AirflowFailException(str(exc)) from None
-        if result.changed and as_bool(self.move_champion):
-            set_champion(self.model_name, result.version, tracking_uri=self.mlflow_hook.tracking_uri,
-                         record={"action": "rollback", "channel": self.channel, "from_version": result.from_version,
-                                 "by": _actor(context), "reason": self.reason})
-        self._move_channel_aliases(self.model_name, {self.channel: result.version})
-        self.log.info("Channel %s of %s: v%s -> v%s%s", self.channel, self.model_name, result.from_version,
-                      result.version, "" if result.changed else " (already there)")
-        return {"model": self.model_name, "channel": self.channel, "version": result.version,
-                "from_version": result.from_version, "changed": result.changed}
+        self.log_release(release)
+        ((before, now),) = release.channels.values()
+        self.log.info("%s", release.line())
+        return {"model": self.model_name, "channel": self.channel, "version": now, "from_version": before,
+                "changed": bool(release.moved)}
 
     def _done_by_earlier_try(self, store, actor: str) -> dict | None:
         """The history entry of this task's own rollback, when an earlier try already made it
@@ -315,7 +303,7 @@ class RefreshChannelsOperator(_StoreOperator):
         self.expires_days = expires_days
 
     def execute(self, context: Context) -> dict:
-        from onnxcast.rollout.promote import refresh
+        from onnxcast.registry.release import refresh
 
         store = self.open_store()
         channels = [self.channels] if isinstance(self.channels, str) else list(self.channels)
@@ -331,7 +319,7 @@ class RefreshChannelsOperator(_StoreOperator):
                 continue
             try:
                 value = refresh(store, self.model_name, channel, signers=self.release_signers(), expires_days=days,
-                                actor=_actor(context))
+                                actor=_actor(context)).signed
             except OnnxcastError as exc:
                 raise AirflowFailException(str(exc)) from None
             done[channel] = {"version": value["version"], "counter": value["counter"], "expires": value["expires"]}
@@ -462,10 +450,8 @@ class ReportRolloutOperator(_StoreOperator):
             FAILED,
             REFUSED,
             SUPERSEDED,
-            revert_alias,
             write_rollout_state,
         )
-        from onnxcast.registry.tracking import client_for
 
         ti = context["ti"]
         channels = [self.channels] if isinstance(self.channels, str) else list(self.channels)
@@ -476,7 +462,8 @@ class ReportRolloutOperator(_StoreOperator):
         if version is None:
             raise AirflowFailException(f"refused, and {self.model_name} {self.ref!r} names no registered version "
                                        f"to write it on: {reason}")
-        client = client_for(self.mlflow_hook.tracking_uri)
+        registry = self.registry()
+        client = registry.client
         extra = {"alias": str(self.alias)} if registry_run else {}
         superseded = ti.xcom_pull(task_ids="promote", key=SUPERSEDED_KEY) if not isinstance(promoted, dict) else None
         if superseded is not None:
@@ -508,7 +495,7 @@ class ReportRolloutOperator(_StoreOperator):
             if state == REFUSED:
                 refused.append(channel)
             if state == REFUSED and registry_run:
-                self.log.info("%s", revert_alias(client, self.model_name, str(self.alias), version, serving))
+                self.log.info("%s", registry.revert(self.model_name, str(self.alias), version, serving))
         if refused:
             raise AirflowFailException(f"{'failed' if outage else 'refused'} {self.model_name} v{version} for "
                                        f"{readable(refused)}: {reason}")

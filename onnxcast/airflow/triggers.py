@@ -93,10 +93,9 @@ class RegistryAliasTrigger(BaseEventTrigger):
             read_registry,
             read_serving,
             reconcile,
-            revert_alias,
             write_rollout_state,
         )
-        from onnxcast.registry.tracking import client_for
+        from onnxcast.registry.release import Registry
 
         aliases = self.channel_aliases if self.channel_aliases is not None else channel_aliases()
         if self._hooks is None or time.monotonic() - self._hooks[0] > HOOKS_SECONDS:
@@ -105,7 +104,8 @@ class RegistryAliasTrigger(BaseEventTrigger):
             self._hooks = (time.monotonic(), MlflowHook(mlflow_conn_id=self.mlflow_conn_id),
                            S3SettingsHook(aws_conn_id=self.aws_conn_id))
         _, mlflow_hook, s3_hook = self._hooks
-        client = client_for(mlflow_hook.tracking_uri)
+        registry = Registry(mlflow_hook.tracking_uri, aliases)
+        client = registry.client
         store = s3_hook.open_store(store_uri(self.store_uri))
         models = read_registry(client, aliases)
 
@@ -118,8 +118,8 @@ class RegistryAliasTrigger(BaseEventTrigger):
         payloads = []
         for request in requests:
             if request.action == REVERT:  # refused before: the alias must not claim it
-                notes.append(f"{request.model}: " + revert_alias(client, request.model, request.alias,
-                                                                 request.version, request.serving))
+                notes.append(f"{request.model}: " + registry.revert(request.model, request.alias, request.version,
+                                                                    request.serving))
                 continue
             requested_at = now.strftime("%Y%m%dT%H%M%SZ")
             payload = request.payload(requested_at)

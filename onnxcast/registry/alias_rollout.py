@@ -252,24 +252,6 @@ def write_rollout_state(client, model: str, version: str, channel: str, state: s
     return value
 
 
-def revert_alias(client, model: str, alias: str, refused: str, serving: str | None) -> str:
-    """Point ``alias`` back at the version the channel serves (delete it when the channel has
-    none), unless someone moved it away from the ``refused`` version meanwhile. Says what it did."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        now = str(client.get_model_version_by_alias(model, alias).version)
-    except MlflowException:
-        now = None
-    if now != str(refused):
-        return f"alias {alias} now points at {'v' + now if now else 'nothing'}, not v{refused}: left alone"
-    if serving is None:
-        client.delete_registered_model_alias(model, alias)
-        return f"alias {alias} deleted (the channel serves nothing)"
-    client.set_registered_model_alias(model, alias, str(serving))
-    return f"alias {alias} moved back to v{serving} (what the channel serves)"
-
-
 def _age(state: Mapping, now: datetime) -> timedelta:
     try:
         at = datetime.fromisoformat(str(state.get("at")))

@@ -79,6 +79,15 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{onnxcast_home() / 'mlflow' / 'mlflow.db'}"
 
 
+def bound_requests() -> None:
+    """MLflow retries a failed request 7 times with a backoff factor of 2 (minutes when the
+    server is down): bound it, so a task or a command fails within about a minute (Airflow's
+    retry takes over in a task). The ``MLFLOW_HTTP_REQUEST_*`` variables a deployment sets win."""
+    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                        ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.5"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
+        os.environ.setdefault(name, value)
+
+
 def client_for(tracking_uri: str | None = None):
     """An MlflowClient on ``tracking_uri`` (registry on the same URI), set as the fluent default too."""
     import mlflow
@@ -243,19 +252,20 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     fleet = is_fleet_report(report)
     if fleet:  # aggregates over series; the per-series numbers go in Parquet artifacts
         metrics.update(fleet_tracking.parent_metrics(report, _scalars))
-    _log_metrics(client, parent, metrics)
+    tags = {}
     if baselines.get("best"):
-        client.set_tag(parent, "onnxcast.baseline", baselines["best"])
+        tags["onnxcast.baseline"] = baselines["best"]
     if report.get("reference"):
-        client.set_tag(parent, "onnxcast.reference", report["reference"]["model"])
+        tags["onnxcast.reference"] = report["reference"]["model"]
     for key in ("rows", "sha256", "start", "end", "freq"):
-        client.set_tag(parent, f"onnxcast.dataset.{key}", str(report["dataset"].get(key)))
+        tags[f"onnxcast.dataset.{key}"] = str(report["dataset"].get(key))
     if fleet:
-        client.set_tag(parent, "onnxcast.dataset.series_column", str(cfg.series_column))
-        client.set_tag(parent, "onnxcast.dataset.n_series", str(report["dataset"].get("n_series")))
-    client.set_tag(parent, "onnxcast.status", report.get("status", "passed"))
+        tags["onnxcast.dataset.series_column"] = str(cfg.series_column)
+        tags["onnxcast.dataset.n_series"] = str(report["dataset"].get("n_series"))
+    tags["onnxcast.status"] = report.get("status", "passed")
     for channel, choice in (report.get("selected") or {}).items():
-        client.set_tag(parent, f"onnxcast.selected.{channel}", f"{choice['family']}/{choice['variant']}")
+        tags[f"onnxcast.selected.{channel}"] = f"{choice['family']}/{choice['variant']}"
+    _log_batch(client, parent, metrics=metrics, tags=tags)
     client.log_artifact(parent, str(report_path))
     if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
         client.log_table(parent, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
@@ -290,6 +300,7 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     retried task never adds a duplicate version.
     """
     import mlflow
+    from mlflow.entities import LoggedModelOutput
     from mlflow.models import infer_signature
     from mlflow.types import Schema, TensorSpec
 
@@ -335,12 +346,24 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     extra_files += [str(layout.validation(family)), str(layout.report)]
     report_sha = sha256_file(layout.report)
     child = tracked.family_run_ids[family]
-    with mlflow.start_run(run_id=child, nested=mlflow.active_run() is not None):
-        info = mlflow.onnx.log_model(
-            onnx.load(str(layout.onnx(family))), name=MODEL_ARTIFACT, signature=signature,
-            input_example={"history": example}, save_as_external_data=False,
-            onnx_execution_providers=["CPUExecutionProvider"], extra_files=extra_files,
-            metadata={"onnxcast_family": family, "onnxcast_run_key": run_key})
+    # The logged model is made here and linked to the child run and its metrics in two calls.
+    # mlflow.onnx.log_model inside the run would read the history of every metric of the run
+    # (one request each: 109 of the 305 a registration cost on the stack, issue 30 item 4).
+    params = {k: str(v)[:6000] for k, v in family_params(layout, family).items()}
+    logged = client.create_logged_model(tracked.experiment_id, name=MODEL_ARTIFACT, source_run_id=child,
+                                        params=params)
+    # the requirements MLflow would infer (mlflow, numpy, onnx, onnxruntime) named here: inferring
+    # them loads the model in a subprocess, 14 of the 17 s of a registration measured over HTTP
+    requirements = [f"mlflow=={mlflow.__version__}", f"numpy=={np.__version__}",
+                    *mlflow.onnx.get_default_pip_requirements()]
+    info = mlflow.onnx.log_model(
+        onnx.load(str(layout.onnx(family))), name=MODEL_ARTIFACT, signature=signature,
+        input_example={"history": example}, save_as_external_data=False, model_id=logged.model_id,
+        onnx_execution_providers=["CPUExecutionProvider"], extra_files=extra_files, pip_requirements=requirements,
+        metadata={"onnxcast_family": family, "onnxcast_run_key": run_key})
+    client.log_outputs(child, [LoggedModelOutput(logged.model_id, step=0)])
+    _log_batch(client, child, metrics=family_metrics(layout, family, report if fleet else None),
+               model_id=logged.model_id)
     client.set_terminated(child, "FINISHED")
     tags = {RUN_KEY_TAG: run_key, FAMILY_TAG: family, REPORT_SHA_TAG: report_sha,
             "onnxcast.parent_run_id": tracked.parent_run_id,
@@ -450,25 +473,6 @@ def set_champion(model_name: str, version: str, *, record: dict, tracking_uri: s
     if previous and previous != str(version):
         client.set_model_version_tag(model_name, previous, "onnxcast.replaced_by", str(version))
     return previous
-
-
-def set_channel_aliases(model_name: str, moved: dict[str, str], channel_aliases: dict[str, str], *,
-                        tracking_uri: str | None = None) -> dict[str, tuple[str | None, str]]:
-    """Point the registry alias of each channel in ``moved`` (channel -> version it now serves)
-    at that version, so the registry says what the store serves and the alias watcher
-    (onnxcast.airflow.triggers) stays quiet. ``channel_aliases``: channel -> alias (the
-    deployment setting). Returns ``{alias: (previous version, version)}`` of the aliases moved."""
-    client = client_for(tracking_uri)
-    done: dict[str, tuple[str | None, str]] = {}
-    for channel, version in sorted(moved.items()):
-        alias = channel_aliases.get(channel)
-        if alias is None or alias in done:
-            continue
-        previous = alias_version(model_name, alias, tracking_uri)
-        if previous != str(version):
-            client.set_registered_model_alias(model_name, alias, str(version))
-            done[alias] = (previous, str(version))
-    return done
 
 
 def download_version_files(model_name: str, version: str, dest: str | Path,
@@ -583,16 +587,46 @@ def _log_fleet_tables(client, run_id: str, layout: RunLayout, families: list[str
 
 def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_report: dict | None = None) -> None:
     """A family's child run; ``fleet_report`` (the report of a fleet run) adds the fleet
-    aggregates and tests as metrics and the family's per-series table as an artifact."""
+    aggregates and tests as metrics and the family's per-series table as an artifact. Params,
+    metrics and tags go in one batch (each MLflow call is a request the server authenticates)."""
     from onnxcast.base.files import read_json
 
     family_dir = layout.family(family)
     entry = read_json(layout.validation(family))
+    tags = {"onnxcast.gates_passed": str(entry["gates_passed"])}
+    if fleet_report is not None:
+        losers = fleet_tracking.losers_text(entry, fleet_report, family)
+        if losers:
+            tags["onnxcast.fleet.fp32_losers"] = losers[:4900]
+        with fleet_tracking.per_series_artifacts(layout, [family]) as files:
+            if family in files:
+                client.log_artifact(run_id, str(files[family]), "per_series")
+    _log_batch(client, run_id, params=family_params(layout, family),
+               metrics=family_metrics(layout, family, fleet_report), tags=tags)
+    client.log_artifact(run_id, str(layout.validation(family)))
+    client.log_artifacts(run_id, str(layout.onnx_dir(family)), "onnx")
+    for name in PYTORCH_FILES:
+        client.log_artifact(run_id, str(family_dir / name), "pytorch")
+
+
+def family_params(layout: RunLayout, family: str) -> dict[str, Any]:
+    """The params of a family's child run (and of its logged model): the model spec and its source."""
+    from onnxcast.base.files import read_json
+
     model_json = read_json(layout.model_json(family))
     params = {f"spec.{k}": v for k, v in model_json["spec"].items()}
     params["source"] = json.dumps(model_json.get("source", "trained")) if not isinstance(
         model_json.get("source"), str) else model_json["source"]
-    client.log_batch(run_id, params=_params(params))
+    return params
+
+
+def family_metrics(layout: RunLayout, family: str, fleet_report: dict | None = None) -> dict[str, float]:
+    """The metrics of a family's child run: torch's, each variant's holdout, intervals, latency,
+    size, eligibility and parity, the training's; a fleet's aggregates and tests."""
+    from onnxcast.base.files import read_json
+
+    entry = read_json(layout.validation(family))
+    model_json = read_json(layout.model_json(family))
     metrics = {}
     for key, value in _flatten(entry.get("torch") or {}, "torch").items():
         if isinstance(value, int | float):
@@ -617,18 +651,7 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_repor
             metrics[f"training.{key}"] = training[key]
     if fleet_report is not None:
         metrics.update(fleet_tracking.family_metrics(entry, fleet_report, family, _scalars))
-        losers = fleet_tracking.losers_text(entry, fleet_report, family)
-        if losers:
-            client.set_tag(run_id, "onnxcast.fleet.fp32_losers", losers[:4900])
-        with fleet_tracking.per_series_artifacts(layout, [family]) as files:
-            if family in files:
-                client.log_artifact(run_id, str(files[family]), "per_series")
-    _log_metrics(client, run_id, metrics)
-    client.set_tag(run_id, "onnxcast.gates_passed", str(entry["gates_passed"]))
-    client.log_artifact(run_id, str(layout.validation(family)))
-    client.log_artifacts(run_id, str(layout.onnx_dir(family)), "onnx")
-    for name in PYTORCH_FILES:
-        client.log_artifact(run_id, str(family_dir / name), "pytorch")
+    return metrics
 
 
 def _ensure_registered_model(client, name: str) -> None:
@@ -662,12 +685,22 @@ def _family_entry(report: dict, family: str) -> dict:
 
 
 def _log_metrics(client, run_id: str, metrics: dict[str, float]) -> None:
-    from mlflow.entities import Metric
+    _log_batch(client, run_id, metrics=metrics)
+
+
+def _log_batch(client, run_id: str, *, metrics: dict[str, float] | None = None, params: dict[str, Any] | None = None,
+               tags: dict[str, str] | None = None, model_id: str | None = None) -> None:
+    """Metrics (NaN and None left out; linked to the logged model ``model_id`` when given), params
+    and tags in one call (MLflow's client sends as few requests as its batch limits allow: 1000
+    entities, 100 params and 100 tags each), not one request per value."""
+    from mlflow.entities import Metric, RunTag
 
     now = int(time.time() * 1000)
-    items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None and float(v) == float(v)]
-    for start in range(0, len(items), 1000):
-        client.log_batch(run_id, metrics=items[start:start + 1000])
+    items = [Metric(k, float(v), now, 0, model_id=model_id) for k, v in (metrics or {}).items()
+             if v is not None and float(v) == float(v)]
+    tag_list = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+    if items or params or tag_list:
+        client.log_batch(run_id, metrics=items, params=_params(params or {}), tags=tag_list)
 
 
 def _params(values: dict[str, Any]) -> list:

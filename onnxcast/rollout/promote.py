@@ -17,7 +17,7 @@ every artifact with its ``sha256`` and ``size_bytes`` (the signed length). A cha
 pointer (``<model>/channels/<channel>.json``) signs ``model``, ``channel``, ``version``,
 ``artifact``, ``family``, ``variant``, the artifact's ``sha256`` and ``length``, the
 manifest's ``{sha256, length}``, a ``counter`` that only grows, an ``expires`` time (re-sign
-with :func:`refresh` before it passes), the last ``action`` (promote|rollback|refresh), a
+with :func:`refresh` before it passes), the last ``action`` (promote|rollback|refresh|restore), a
 ``rollback`` record while the channel serves a version it was rolled back to, and the
 ``history``: one entry per move (``action``, ``version``, ``from_version``, ``by``, ``at``,
 ``reason``).
@@ -36,7 +36,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,10 @@ MAX_KEPT_COUNTER = 1 << 62  # a planted pointer's counter past this is not follo
 HISTORY_KEPT = 200  # pointer entries kept (a device reads at most 1 MiB of pointer)
 
 
+# called with {channel: (version it serves or None, version it is about to serve)}
+BeforeMove = Callable[[dict[str, tuple[str | None, str]]], None]
+
+
 class ReportError(OnnxcastError, ValueError):
     """The report is missing or unreadable, or does not hold what promotion needs."""
 
@@ -117,7 +121,8 @@ class RollbackResult:
 def promote(report: str | Path, store: RolloutStore | str, model_name: str, channels: Sequence[str] | str,
             *, version: str | None = None, actor: str | None = None, reason: str = "",
             signers: Sequence | str | None = None, expires_days: float | None = None,
-            overwrite_unverified: bool = False) -> PromotionResult:
+            overwrite_unverified: bool = False, before_move: BeforeMove | None = None,
+            on_moved: Callable[[str], None] | None = None) -> PromotionResult:
     """Publish the run described by ``report`` (report.json or its folder) as an immutable
     version of ``model_name`` and move ``channels`` to it.
 
@@ -127,13 +132,17 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     default ``$ONNXCAST_SIGNING_KEY``); the pointer expires after ``expires_days``
     (default ``$ONNXCAST_POINTER_EXPIRES_DAYS`` or 30). A current pointer that does not
     verify is refused unless ``overwrite_unverified`` (then nothing of it is kept).
-    Raises ReportError/ConfigError before writing anything when the input is wrong,
+    ``before_move({channel: (version it serves or None, plan version)})`` is called once
+    everything has been read and checked, before the first write: an exception it raises
+    stops the promotion with nothing written (onnxcast.registry.release checks the registry
+    there); ``on_moved(channel)`` after each pointer it moved (a caller undoes those when a
+    later channel fails). Raises ReportError/ConfigError before writing anything when the input is wrong,
     ConflictError when a channel moved since it was read, VerificationError when what the
     store holds differs from what was written.
     """
     store = store if isinstance(store, RolloutStore) else open_store(store)
     check_name("model", model_name)
-    signers = _signers(signers)
+    signers = resolve_signers(signers)
     days = pointer_days(expires_days)
     plan = plan_version(report, channels, version)
     actor = actor or default_actor()
@@ -144,6 +153,8 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     pointers = {c: root.current_pointer(store, store.read_channel(model_name, c), model_name, c,
                                         overwrite_unverified=overwrite_unverified)
                 for c in plan.channels_to_move}
+    if before_move is not None:
+        before_move({c: (_served(pointers[c]), plan.version) for c in plan.channels_to_move})
 
     written, skipped = [], []
     existing = store.read_manifest(model_name, plan.version)
@@ -168,20 +179,24 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
                                 pointers[channel], action="promote", actor=actor, reason=reason,
                                 signers=signers, days=days, root=root)
         moved[channel] = "moved" if changed else "unchanged"
+        if changed and on_moved is not None:
+            on_moved(channel)
     _publish_model_repositories(store, model_name, moved, signers)
     return PromotionResult(model_name, plan.version, store.uri, tuple(written), tuple(skipped), moved)
 
 
 def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_version: str | None = None,
              actor: str | None = None, reason: str, signers: Sequence | str | None = None,
-             expires_days: float | None = None) -> RollbackResult:
+             expires_days: float | None = None, before_move: BeforeMove | None = None) -> RollbackResult:
     """Move ``channel`` back to ``to_version``, or to the version it was promoted from,
     after verifying that version; record who, when and why in the pointer history. The
-    new pointer carries a signed rollback record, which lets devices go back."""
+    new pointer carries a signed rollback record, which lets devices go back.
+    ``before_move({channel: (current, target)})`` is called after every check, before the
+    pointer moves (also when the channel is at the target already: nothing moves then)."""
     store = store if isinstance(store, RolloutStore) else open_store(store)
     if not reason or not reason.strip():
         raise ConfigError("a rollback needs a reason")
-    signers = _signers(signers)
+    signers = resolve_signers(signers)
     days = pointer_days(expires_days)
     key = store.channel_key(model_name, channel)
     root = PublishedRoot.read(store, signers)
@@ -194,16 +209,52 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_ver
     current = _pointer_version(pointer.value, store.url(key))
     target = check_name("version", to_version) if to_version else previous_version(pointer.value, store.url(key))
     if target == current:
+        if before_move is not None:
+            before_move({channel: (current, target)})
         return RollbackResult(model_name, channel, target, current, False)
+    _move_back(store, model_name, channel, pointer, target, action="rollback", actor=actor, reason=reason,
+               signers=signers, days=days, root=root, before_move=before_move)
+    return RollbackResult(model_name, channel, target, current, True)
+
+
+def restore(store: RolloutStore | str, model_name: str, channel: str, *, version: str, replacing: str,
+            reason: str, actor: str | None = None, signers: Sequence | str | None = None,
+            expires_days: float | None = None) -> bool:
+    """Compensation: move ``channel`` back to ``version`` while it still serves ``replacing`` (the
+    version this writer just moved it to), as a newly signed pointer with action ``restore``
+    and a rollback record (a device that installed ``replacing`` meanwhile may go back). False,
+    and nothing written, when the channel has moved on since (someone else's move stays)."""
+    store = store if isinstance(store, RolloutStore) else open_store(store)
+    signers = resolve_signers(signers)
+    days = pointer_days(expires_days)
+    key = store.channel_key(model_name, channel)
+    root = PublishedRoot.read(store, signers)
+    pointer = store.read_pointer(key)
+    if pointer.value is None:
+        return False
+    pointer = root.current_pointer(store, pointer, model_name, channel)
+    if _pointer_version(pointer.value, store.url(key)) != replacing:
+        return False
+    _move_back(store, model_name, channel, pointer, check_name("version", version), action="restore",
+               actor=actor, reason=reason, signers=signers, days=days, root=root)
+    return True
+
+
+def _move_back(store: RolloutStore, model_name: str, channel: str, pointer: Pointer, target: str, *, action: str,
+               actor: str | None, reason: str, signers: Sequence, days: float, root: PublishedRoot,
+               before_move: BeforeMove | None = None) -> None:
+    """Verify ``target`` and compare-and-swap the channel to it with a rollback record."""
+    current = pointer.value.get("version")
     manifest, manifest_sha = verify_version(store, model_name, target, root)
     if channel not in manifest["channels"]:
         raise StoreError(f"{store.url(store.version_key(model_name, target))}: version {target} has no variant "
                          f"for channel {channel!r} (it has {sorted(manifest.get('channels', {}))})")
+    if before_move is not None:
+        before_move({channel: (current, target)})
     _move_pointer(store, model_name, channel, target, manifest, manifest_sha, pointer,
-                  action="rollback", actor=actor or default_actor(), reason=reason, signers=signers, days=days,
+                  action=action, actor=actor or default_actor(), reason=reason, signers=signers, days=days,
                   root=root)
     _publish_model_repositories(store, model_name, [channel], signers)
-    return RollbackResult(model_name, channel, target, current, True)
 
 
 def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers: Sequence | str | None = None,
@@ -212,7 +263,7 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
     (TUF's timestamp role: devices refuse a pointer past its expiry, so a frozen store
     cannot keep them on an old version forever). Returns the new signed fields."""
     store = store if isinstance(store, RolloutStore) else open_store(store)
-    signers = _signers(signers)
+    signers = resolve_signers(signers)
     days = pointer_days(expires_days)
     key = store.channel_key(model_name, channel)
     root = PublishedRoot.read(store, signers)
@@ -510,7 +561,7 @@ def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: s
         "variant": choice["variant"], "family": choice["family"], "by": actor, "at": _now(), "reason": reason,
     }]
     record = None
-    if action == "rollback":
+    if action in ("rollback", "restore"):  # a version devices may have verified before: allowed back
         record = {"version": version, "from_version": old.get("version"), "by": actor, "at": _now(), "reason": reason}
     value = _pointer_value(model_name, channel, version, manifest, manifest_sha,
                            _manifest_length(store, model_name, version), old, action=action,
@@ -524,6 +575,12 @@ def _move_pointer(store: RolloutStore, model_name: str, channel: str, version: s
 
 def _manifest_length(store: RolloutStore, model_name: str, version: str) -> int:
     return len(store.read_bounded(store.version_key(model_name, version), MAX_MANIFEST_BYTES) or b"")
+
+
+def _served(pointer: Pointer) -> str | None:
+    """The version a verified pointer names (None: no pointer yet, or one being overwritten)."""
+    version = (pointer.value or {}).get("version")
+    return version if isinstance(version, str) else None
 
 
 def _pointer_version(value: dict, where: str) -> str:
@@ -776,8 +833,9 @@ def _pointer_value(model_name: str, channel: str, version: str, manifest: dict, 
     }
 
 
-def _signers(signers: Sequence | str | None) -> list:
-    """Signer objects as given, else loaded from key files / KMS URIs / the environment."""
+def resolve_signers(signers: Sequence | str | None) -> list:
+    """Signer objects as given, else loaded from key files / KMS URIs / the environment
+    (``$ONNXCAST_SIGNING_KEY``): load once, sign several writes."""
     if signers and not isinstance(signers, str) and all(hasattr(s, "sign") for s in signers):
         return list(signers)
     return load_signers(signers)

@@ -77,6 +77,10 @@ SKIPPED: dict[str, str] = {
     r"^(STACK|API|TOKEN|CONF)=|^AWS_ACCESS_KEY_ID=|^curl -s -X POST \$API\b": "a client of a running make stack; "
                                                                           "tests/stack/test_training_on_stack.py "
                                                                           "does the same over HTTP",
+    r"^export (MLFLOW_TRACKING_URI|MLFLOW_TRACKING_PASSWORD|AWS_ENDPOINT_URL|AWS_ACCESS_KEY_ID|AWS_SECRET_ACCESS_KEY|"
+    r"ONNXCAST_SIGNING_KEY)=|^\.venv/bin/onnxcast rollback --store s3://onnxcast-rollout/store\b":
+        "a release manager's shell against a running make stack; tests/stack/test_registry_rollout_on_stack.py::"
+        "test_command_line_rollback_holds_against_the_watcher runs the same rollback there",
     r'^curl -s -H "Authorization: Bearer \$TOKEN" \$API/onnxcast/api/rollout$': "a client of a running Airflow API "
                                                                                "server; tests/plugin/"
                                                                                "test_rollout_page_http.py makes the "

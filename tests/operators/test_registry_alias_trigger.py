@@ -149,6 +149,30 @@ class TestRegistryAliasTrigger:
         assert [(p["model"], p["channel"], p["version"], p["serving"]) for p in payloads] == [
             (name, "cloud", first, None)]
 
+    def test_a_command_line_rollback_leaves_the_watcher_nothing_to_undo(self, registry, store, make_run,
+                                                                        monkeypatch, capsys):
+        """Issue 30 item 3: `onnxcast rollback` moved the pointer only, the watcher read the alias as
+        the desired state and promoted the rolled-back version again a minute later. The release
+        moves the alias with the pointer: two polls later nothing is asked for."""
+        from onnxcast import cli
+
+        name, first, second, client = registry
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        assert cli.main(["promote", "--report", str(make_run("b")), "--store", store, "--model", name,
+                         "--channel", "edge", "--version", second]) == 0
+        assert f"registry aliases edge none -> v{second}, champion none -> v{second}" in capsys.readouterr().out
+        assert mine(asyncio.run(trigger(store).poll()), name) == []
+        assert cli.main(["rollback", "--store", store, "--model", name, "--channel", "edge",
+                         "--reason", "bad forecasts"]) == 0
+        line = capsys.readouterr().out.strip()
+        assert line == (f"{name} channel edge: rolled back from {second} to {first}; registry aliases edge "
+                        f"v{second} -> v{first}, champion v{second} -> v{first} ({client.tracking_uri})")
+        for _ in range(2):
+            assert mine(asyncio.run(trigger(store).poll()), name) == []
+        assert str(client.get_model_version_by_alias(name, "edge").version) == first
+        assert rollout_state(dict(client.get_model_version(name, first).tags), "edge") is None  # nothing pending
+
     def test_registry_outage_logs_one_line_and_keeps_polling(self, store, monkeypatch, capsys):
         monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(
             {"conn_type": "http", "host": f"http://127.0.0.1:{_free_port()}"}))
@@ -303,10 +327,10 @@ class RecordingRegistry:
     def set_model_version_tag(self, name, version, key, value):
         self.tags[(str(version), key)] = json.loads(value)
 
-    def get_model_version_by_alias(self, name, alias):
+    def get_registered_model(self, name):
         from types import SimpleNamespace
 
-        return SimpleNamespace(version=self.aliases[alias])
+        return SimpleNamespace(aliases=dict(self.aliases))
 
     def set_registered_model_alias(self, name, alias, version):
         self.aliases[alias] = str(version)
@@ -325,25 +349,6 @@ def with_hook(op):
 class TestSupersededAndFailed:
     """A late registry run never moves a channel over a newer request; an outage is 'failed'
     (asked again), not a permanent refusal."""
-
-    def test_promote_skips_as_superseded_when_the_alias_moved_on(self, monkeypatch):
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        import onnxcast.registry.tracking as tracking
-        from onnxcast.airflow.rollout import SUPERSEDED_KEY, PromoteModelOperator
-
-        monkeypatch.setattr(tracking, "alias_version", lambda model, alias, uri: "6")
-        ti = PullingTI({})
-        op = with_hook(PromoteModelOperator(task_id="promote", run_dir="x", version="5", channels=["edge"],
-                                            source="registry", alias="edge"))
-        with pytest.raises(AirflowSkipException, match="superseded: alias edge of demand names v6 now, not v5"):
-            op._check_not_superseded({"ti": ti}, "demand")
-        assert ti.xcoms[("self", SUPERSEDED_KEY)] == "6"
-        with_hook(PromoteModelOperator(task_id="promote", run_dir="x", version="6", channels=["edge"],
-                                       source="registry", alias="edge"))._check_not_superseded({"ti": ti}, "demand")
-        # a manual promotion is the operator's own decision: no alias to follow
-        with_hook(PromoteModelOperator(task_id="promote", run_dir="x", version="5", channels=["edge"],
-                                       source="manual", alias=None))._check_not_superseded({"ti": ti}, "demand")
 
     @staticmethod
     def report(monkeypatch, xcoms: dict, aliases: dict, serving: str = "4"):

@@ -73,6 +73,25 @@ class TestPromoteModelOperator:
         manifest = json.loads(Path(first["manifest"]).read_text())["signed"]
         assert manifest["mlflow"]["version"] == version
 
+    def test_a_registry_run_whose_alias_moved_on_moves_nothing(self, run_dir, tmp_path):
+        """A late run of the alias watcher's request: the alias it came from names another version
+        (here none) right before the channels would move; skipped, the XCom says what it names."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from onnxcast.airflow.operators import PromoteModelOperator
+        from onnxcast.airflow.rollout import SUPERSEDED_KEY
+
+        version = register(run_dir, "ops-superseded", "promote-superseded")
+        store = tmp_path / "store"
+        context = make_context()
+        op = PromoteModelOperator(task_id="promote", run_dir=run_dir, version=version, channels=["edge"],
+                                  store_uri=str(store), source="registry", alias="edge")
+        with pytest.raises(AirflowSkipException, match=f"superseded: alias edge of ops-superseded names no version "
+                                                       f"now, not v{version}"):
+            op.execute(context)
+        assert context["ti"].xcoms[SUPERSEDED_KEY] == ""
+        assert not (store / "ops-superseded" / "channels").exists()
+
     def test_the_log_reads_channel_by_channel_not_as_a_dict(self, run_dir, tmp_path, capsys):
         """Issue 18 item 16: "Promoted m v1 to {'edge': 'moved', 'cloud': 'moved'} in ..." in the task log."""
         from onnxcast.airflow.operators import PromoteModelOperator
@@ -176,6 +195,9 @@ class TestRollbackChannelOperator:
         # a retry of the same task walks back no further
         assert (second["version"], second["changed"]) == (versions[0], False)
         assert alias_version("ops-rollback", "champion") == versions[0]
+        # the channels' aliases followed each move: edge back with the channel, cloud where it was
+        assert (alias_version("ops-rollback", "edge"), alias_version("ops-rollback", "cloud")) == (versions[0],
+                                                                                                versions[1])
 
 
 class TestRefreshChannelsOperator:

@@ -53,3 +53,23 @@ def live(info: dict) -> dict:
     from pathlib import Path
 
     return json.loads((Path(info["stack_dir"]) / "stack.json").read_text())
+
+
+def mlflow_requests(info: dict, since: float, until: float | None = None) -> list[str]:
+    """``"METHOD /path"`` of the requests the stack's MLflow server answered from ``since`` to
+    ``until`` (Unix times, to the second: the access log of its uvicorn workers)."""
+    import re
+    import time
+    from datetime import datetime
+    from pathlib import Path
+
+    until = time.time() if until is None else until
+    access = re.compile(r'^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) .*"(GET|POST|PUT|PATCH|DELETE|HEAD) ([^ ?"]+)')
+    found = []
+    for line in Path(live(info)["processes"]["mlflow"]["log"]).read_bytes().decode(errors="replace").splitlines():
+        match = access.match(line)
+        if match:
+            at = datetime.strptime(match.group(1), "%Y/%m/%d %H:%M:%S").timestamp()  # the server's local time
+            if int(since) <= at <= until:
+                found.append(f"{match.group(2)} {match.group(3)}")
+    return found

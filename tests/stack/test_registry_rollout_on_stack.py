@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 import requests
-from stack_support import AirflowApi, mlflow_auth, s3_client
+from stack_support import AirflowApi, mlflow_auth, mlflow_requests, s3_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 
@@ -63,7 +63,33 @@ def registered(stack, tmp_path_factory) -> dict:
     assert response.status_code == 200, response.text
     run = _wait_run(api, stack["training_dag"], response.json()["dag_run_id"], RUN_TIMEOUT)
     assert run["state"] == "success", run
-    return {"api": api}
+    return {"api": api, "run_id": run["dag_run_id"]}
+
+
+# Issue 30 item 4: `register` took 114-136 s of 251-321 s runs (305 MLflow requests for a run, 109
+# metrics/get-history; 0.33-0.55 s of password hashing each). The goal is under 30 s; the test
+# fails past a minute, a margin for a loaded CI machine (the figures are printed).
+REGISTER_LIMIT = 60.0
+
+
+def test_register_is_quick_on_the_stack(stack, registered):
+    api = registered["api"]
+    task = api.get(f"/api/v2/dags/{stack['training_dag']}/dagRuns/{registered['run_id']}/taskInstances/register")
+    assert task.status_code == 200, task.text
+    task = task.json()
+    started, ended = _ts(task["start_date"]), _ts(task["end_date"])
+    calls = mlflow_requests(stack, started, ended)
+    history = [c for c in calls if "metrics/get-history" in c]
+    print(f"\nregister on the stack: {ended - started:.1f} s ({task['hostname']}), {len(calls)} MLflow requests "
+          f"in its window, {len(history)} metrics/get-history; the whole training run "
+          f"{_run_seconds(api, stack, registered['run_id']):.0f} s")
+    assert history == []
+    assert ended - started < REGISTER_LIMIT
+
+
+def _run_seconds(api: AirflowApi, stack, run_id: str) -> float:
+    run = api.get(f"/api/v2/dags/{stack['training_dag']}/dagRuns/{run_id}").json()
+    return _ts(run["end_date"]) - _ts(run["start_date"])
 
 
 def _edge_reader(stack):
@@ -131,6 +157,70 @@ def test_alias_set_over_rest_moves_the_channel(stack, registered):
     # the dispatcher ran once for it: one promote run, no duplicate
     runs = api.get("/api/v2/dags/onnxcast_promote/dagRuns", params={"limit": 100}).json()["dag_runs"]
     assert len([r for r in runs if r["dag_run_id"].startswith(f"registry__{MODEL}__edge__")]) == 1
+
+
+WATCHER_POLLS = 2
+
+
+def test_command_line_rollback_holds_against_the_watcher(stack, registered):
+    """Issue 30 item 3: `onnxcast rollback` printed "rolled back from 2 to 1" and 60 s later the
+    channel served 2 again: the watcher read the alias as the desired state. The release manager's
+    rollback from a shell (MLflow login in MLFLOW_TRACKING_*, S3 keys in AWS_*, never on the command
+    line) moves the alias with the pointer; after two watcher polls the channel still serves the
+    rolled-back version and the registry (what the MLflow UI shows) has the alias on it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    base = f"{stack['mlflow_url']}/api/2.0/mlflow"
+    release = mlflow_auth(stack, "release")
+    edge_version = _edge_reader(stack)
+    served = edge_version()
+    s3 = s3_client(stack, "pipeline")
+    bucket = stack["buckets"]["rollout"]
+    prefix = stack["onnxcast_settings"]["ONNXCAST_STORE_URI"].split(bucket, 1)[1].strip("/")
+    pointer = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/{MODEL}/channels/edge.json")["Body"].read())
+    back = next((e.get("from_version") for e in reversed(pointer["signed"]["history"])
+                 if e.get("action") == "promote" and e.get("version") == served and e.get("from_version")), None)
+    assert back, f"edge serves v{served} with no earlier version: test_alias_set_over_rest_moves_the_channel first"
+    keys = stack["s3_keys"]["pipeline"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "ONNXCAST_", "MLFLOW_", "AWS_"))}
+    env.update(AWS_ACCESS_KEY_ID=keys["access_key"], AWS_SECRET_ACCESS_KEY=keys["secret_key"],
+               AWS_ENDPOINT_URL=stack["s3_endpoint"], AWS_DEFAULT_REGION=stack["s3_region"],
+               AWS_REQUEST_CHECKSUM_CALCULATION="when_required", MLFLOW_TRACKING_URI=stack["mlflow_url"],
+               MLFLOW_TRACKING_USERNAME=release[0], MLFLOW_TRACKING_PASSWORD=release[1],
+               ONNXCAST_SIGNING_KEY=stack["onnxcast_settings"]["ONNXCAST_SIGNING_KEY"])
+    started = time.time()
+    done = subprocess.run([str(Path(sys.executable).with_name("onnxcast")), "rollback", "--store",
+                           stack["onnxcast_settings"]["ONNXCAST_STORE_URI"], "--model", MODEL, "--channel", "edge",
+                           "--reason", "bad forecasts in the field"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    print(f"\nonnxcast rollback on the stack: {line}")
+    assert line.startswith(f"{MODEL} channel edge: rolled back from {served} to {back}; registry aliases edge "
+                           f"v{served} -> v{back}"), line
+    assert release[1] not in done.stdout + done.stderr
+    # the watcher reads the registry every ONNXCAST_REGISTRY_POLL_SECONDS (15 s on the stack): wait
+    # for two of its reads after the rollback, watching the channel all the while
+    polls = []
+    deadline = time.monotonic() + 180
+    while len(polls) < WATCHER_POLLS + 1 and time.monotonic() < deadline:
+        assert edge_version() == back, f"the channel went back to v{edge_version()} after the rollback"
+        polls = [c for c in mlflow_requests(stack, started) if c.endswith("/registered-models/search")]
+        time.sleep(2)
+    assert len(polls) > WATCHER_POLLS, f"the watcher read the registry {len(polls)} time(s) in 180 s"
+    time.sleep(5)  # a promote run the last poll asked for would have been queued by now
+    assert edge_version() == back
+    names = {a: requests.get(f"{base}/registered-models/alias", params={"name": MODEL, "alias": a}, auth=release,
+                             timeout=30).json()["model_version"]["version"] for a in ("edge", "champion")}
+    assert names == {"edge": back, "champion": back}, names
+    runs = registered["api"].get("/api/v2/dags/onnxcast_promote/dagRuns", params={"limit": 100}).json()["dag_runs"]
+    again = [r["dag_run_id"] for r in runs if r["dag_run_id"].startswith(f"registry__{MODEL}__edge__")
+             and _ts(r["queued_at"]) > started]
+    assert again == [], again
+    print(f"  {len(polls)} watcher reads of the registry in {time.time() - started:.0f} s; edge still serves "
+          f"v{back}, aliases {names}")
 
 
 # --- the drift loop: monitor -> onnxcast_retrain event -> asset-triggered training -> promotion ---
