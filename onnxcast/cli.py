@@ -82,8 +82,19 @@ def _run(argv: list[str] | None) -> int:
         return 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a failed write of --help or --version is not swallowed:
+    argparse ignores an OSError there, so a help text longer than stdout's buffer (8 KiB:
+    `onnxcast pipeline --help` is 8.4 KB) went out as a bare SystemExit past ``main``'s
+    BrokenPipeError handling (`onnxcast pipeline --help | head`)."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onnxcast", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="onnxcast", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)
