@@ -1,6 +1,6 @@
 """Fault drills on the two-worker stack, all in ONE onnxcast_training run, each fault hitting a
 different task so that the one retry every task has (retries=1; the test stack's retry delay is
-5 s, tests/stack/conftest.py) suffices:
+30 s, tests/stack/conftest.py) suffices:
 
 1. a worker host dies (its whole PID namespace, SIGKILL) while it runs ``train_or_fetch``; the
    scheduler fails that try after ``[scheduler] task_instance_heartbeat_timeout`` (75 s on a
