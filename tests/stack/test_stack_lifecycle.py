@@ -229,3 +229,30 @@ def test_children_are_found_without_the_proc_children_file():
             os.kill(kid, 9)
         parent.kill()
         parent.wait()
+
+
+class TestSettings:
+    """`stack.py up --heartbeat-timeout/--retry-delay`: what every Airflow process of the stack gets."""
+
+    def _env(self, layout, **settings) -> dict[str, str]:
+        stack = stack_services.StackSettings(**settings)
+        stack.assign_ports(["seaweedfs." + p for p in stack_services.SEAWEED_PORTS]
+                           + ["mlflow", "airflow-api", "airflow-trigger-logs"]
+                           + [f"log-server.{w}" for w in stack_services.WORKERS])
+        return stack_services.airflow_env({}, layout, stack_services.Secrets(layout.secrets), stack,
+                                          airflow_home=layout.airflow, onnxcast_home=layout.home,
+                                          log_folder=layout.logs)
+
+    def test_defaults(self, layout):
+        env = self._env(layout)
+        assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "75"
+        assert "ONNXCAST_RETRY_DELAY_SECONDS" not in env  # each DAG's own retry delay
+
+    def test_both_reach_airflow_and_the_dags(self, layout):
+        env = self._env(layout, heartbeat_timeout=40, retry_delay=20)
+        assert env["AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT"] == "40"
+        assert env["ONNXCAST_RETRY_DELAY_SECONDS"] == "20"
+        # kept after the first up: a later `up` without the options reads them back
+        saved = stack_services.StackSettings(heartbeat_timeout=40, retry_delay=20)
+        saved.save(layout)
+        assert stack_services.StackSettings.load(layout, heartbeat_timeout=None) == saved
