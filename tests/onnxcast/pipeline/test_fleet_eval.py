@@ -333,6 +333,22 @@ def test_the_report_validates_against_the_schema_with_a_fleet_object(fleet_run):
     assert report["reference"]["intervals"]["series"] == 8
 
 
+@pytest.mark.slow  # shares one ~40 s fixture: export, statsforecast's JIT
+def test_key_figures_match_the_golden_fleet_report(fleet_run):
+    """The fleet run's gates, baselines, mean MASEs and reference figures are those of
+    tests/golden/fleet-run.json (issue 31: a refactor that moves a number fails here). The
+    model is the untrained DLinear (exactly the seasonal naive): no training noise at all."""
+    from golden_reports import assert_matches_golden, key_figures
+
+    from onnxcast.base.errors import GateError
+    from onnxcast.pipeline.run import assemble_report
+
+    cfg, _, _, _ = fleet_run
+    with pytest.raises(GateError):
+        assemble_report(cfg)
+    assert_matches_golden(key_figures(json.loads(cfg.layout.failed_report.read_text())), "fleet-run")
+
+
 def test_the_gate_baseline_is_the_naive_best_over_the_fleet_not_each_series_own_pick():
     """Choosing per series the better of two naives ON the judged holdout is look-ahead: its
     mean is below both methods'. The gates use the one method best in aggregate, with the naive

@@ -27,6 +27,15 @@ def test_report_follows_the_contract(tiny_run):
     assert report["split"]["holdout_end"].startswith("2001-12-29T00:00")
 
 
+def test_key_figures_match_the_golden_report(tiny_run):
+    """Gates, baselines, origins, family choice and holdout MAEs of the tiny run are those of
+    tests/golden/tiny-run.json (issue 31: a refactor that moves a number fails here)."""
+    from golden_reports import assert_matches_golden, key_figures
+
+    _, report = tiny_run
+    assert_matches_golden(key_figures(report), "tiny-run")
+
+
 def test_every_family_passes_parity_at_several_shapes_and_beats_the_baseline(tiny_run):
     _, report = tiny_run
     baseline = report["baselines"]["seasonal_naive"]["mae"]
