@@ -246,8 +246,8 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0,
     :func:`plan_windows`), ``independent_windows`` is the series it ran on times that, and each
     coverage gets its bootstrap interval (``coverage_<p>_ci95``, what the gate allows for) only
     where they reach intervals.MIN_INDEPENDENT_WINDOWS: the same rule as one series'."""
-    from onnxcast.pipeline.evaluation import series_interval
     from onnxcast.pipeline.intervals import judged
+    from onnxcast.pipeline.significance import bootstrap_interval
 
     names = interval_names(table.columns, forecaster)
     if not names:
@@ -261,10 +261,10 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0,
     for name, column in values.items():
         out[name] = float(column[ran].mean()) if ran.any() else None
     if "msis_95" in values:
-        out["msis_95_ci95"] = series_interval(values["msis_95"][ran], seed=seed)
+        out["msis_95_ci95"] = bootstrap_interval(values["msis_95"][ran], seed=seed)
     if judged(independent):
         for name in [n for n in values if n.startswith("coverage_")]:  # the gate's sampling error
-            out[f"{name}_ci95"] = series_interval(values[name][ran], seed=seed)
+            out[f"{name}_ci95"] = bootstrap_interval(values[name][ran], seed=seed)
     return out
 
 
@@ -775,7 +775,7 @@ def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, lat
 def _fleet_tests(table, reference) -> tuple[dict, dict]:
     """fp32 against the best naive (every series) and against each reference model (the
     sampled series, fp32 on the reference's origins only), paired across series."""
-    from onnxcast.pipeline.evaluation import paired_across_series
+    from onnxcast.pipeline.significance import paired_across_series
 
     def versus(a, b) -> dict:
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -869,10 +869,10 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
 def _legacy_metrics(aggregate: dict, table, name: str, seed: int) -> dict:
     """The single-series metric keys from a fleet aggregate: mae/rmse are means of per-series
     figures (unit-mixed, informational), smape and mase the means over series."""
-    from onnxcast.pipeline.evaluation import series_interval
+    from onnxcast.pipeline.significance import bootstrap_interval
 
     return {"mae": aggregate["mae_mean"], "rmse": aggregate["rmse_mean"], "smape": aggregate["smape_mean"],
-            "mase": aggregate["mase_mean"], "mae_ci95": series_interval(table[f"{name}.mae"].to_numpy(), seed=seed),
+            "mase": aggregate["mase_mean"], "mae_ci95": bootstrap_interval(table[f"{name}.mae"].to_numpy(), seed=seed),
             "mase_ci95": aggregate["mase_ci95"], "series": aggregate["series"]}
 
 

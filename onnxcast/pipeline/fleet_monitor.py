@@ -321,7 +321,7 @@ def paired_degradation_test(realised: np.ndarray, holdout: np.ndarray, alpha: fl
     "non-finite forecasts"."""
     from scipy import stats
 
-    from onnxcast.pipeline.monitor import ALPHA
+    from onnxcast.pipeline.significance import ALPHA
 
     alpha = ALPHA if alpha is None else alpha
     realised, holdout = np.asarray(realised, np.float64), np.asarray(holdout, np.float64)
@@ -384,9 +384,9 @@ def _holdout_aggregate(report: dict, entry: dict, variant: dict) -> dict:
 
 
 def _interval(values: np.ndarray) -> list[float] | None:
-    from onnxcast.pipeline.evaluation import series_interval
+    from onnxcast.pipeline.significance import bootstrap_interval
 
-    return series_interval(values) if len(values) >= 2 else None
+    return bootstrap_interval(values) if len(values) >= 2 else None
 
 
 # --- drift ------------------------------------------------------------------------------------

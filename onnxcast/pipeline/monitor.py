@@ -42,12 +42,12 @@ import numpy as np
 
 from onnxcast.base.batches import CHUNK_ROWS
 from onnxcast.base.errors import ConfigError, VerificationError
-from onnxcast.pipeline.evaluation import MIN_PAIRED_ORIGINS, holdout_origins, per_origin_mae
+from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae
 from onnxcast.pipeline.metrics import seasonal_naive
+from onnxcast.pipeline.significance import ALPHA, MIN_PAIRED_ORIGINS
 
 log = logging.getLogger(__name__)
 
-ALPHA = 0.05  # one-sided level of the degradation test
 MIN_ORIGINS = MIN_PAIRED_ORIGINS  # fewer new origins: never called degraded (too little evidence)
 BATCH_BLOCKS = 2  # a batch of the degradation test: this many blocks of origins (each a horizon's span)
 MIN_BATCHES = 5  # fewer new (or holdout) batches: never called degraded

@@ -33,12 +33,12 @@ def compare_families(models: list[dict], block: int = 1, *, per_series: dict | N
 
     A fleet (``per_series``: ``{family: fp32 MASE per series}``, arrays aligned by series id,
     loaded from each family's per_series.parquet by the caller, NaN where a series is missing)
-    is compared across series instead (``evaluation.paired_across_series``, block 1); its
+    is compared across series instead (``significance.paired_across_series``, block 1); its
     ``fp32_holdout_mae`` is the mean MASE.
     """
     import numpy as np
 
-    from onnxcast.pipeline.evaluation import paired_across_series, paired_test
+    from onnxcast.pipeline.significance import paired_across_series, paired_test
 
     def errors(m: dict):
         if per_series is not None:

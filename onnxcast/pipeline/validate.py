@@ -285,7 +285,7 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
 def fp32_comparisons(fp32: dict | None, baselines: dict, block: int) -> dict:
     """fp32 against the best baseline and the reference: the MAE ratio and the paired test on
     per-origin MAEs, and the ratios of MSIS and pinball where both have intervals."""
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.significance import paired_test
 
     comparisons: dict = {}
     if not fp32 or not fp32.get("per_origin_mae"):

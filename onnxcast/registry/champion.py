@@ -76,7 +76,7 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
 
     The challenger wins when its fp32 holdout MAE is lower than the champion's by more than
     ``min_improvement`` (relative; 0.0: any improvement, a tie loses) and a paired test on the
-    same origins (onnxcast.pipeline.evaluation.paired_test) finds the difference significant; otherwise
+    same origins (onnxcast.pipeline.significance.paired_test) finds the difference significant; otherwise
     the champion stays. No champion: the challenger wins.
     A fleet run compares mean MASE across series instead (:func:`decide_fleet`; it reads
     the champion version's tags from the registry at ``tracking_uri``).
@@ -303,7 +303,7 @@ def paired_across_series(a, b) -> dict:
     import numpy as np
     from scipy import stats
 
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.significance import paired_test
 
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     test = paired_test(a, b, 1)
@@ -402,7 +402,7 @@ def _paired(challenger: dict, champion: dict, report: dict) -> dict:
     """Diebold-Mariano test of the two fp32 models' per-origin MAEs on this run's origins."""
     import numpy as np
 
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.significance import paired_test
 
     def errors(entry: dict):
         fp32 = next((v for v in entry.get("variants", []) if v["name"] == "fp32"), None)
@@ -445,7 +445,7 @@ def _judge_on_msis(layout: RunLayout, report: dict, challenger: dict, champion: 
     interval scores (:func:`_per_origin_msis`), else the aggregates only."""
     import numpy as np
 
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.significance import paired_test
     from onnxcast.registry.interval_figures import MSIS_KEY, variant_intervals
 
     mine = variant_intervals(challenger).get(MSIS_KEY)
