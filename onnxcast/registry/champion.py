@@ -257,8 +257,8 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
         return
     pairs, source = _paired_tables(layout, decision["challenger_family"], version, tracking_uri)
     if pairs is not None:
-        test = paired_across_series(*pairs)
-        decision.update(paired_test=test, comparison=f"paired across {test['origins']} series ({source})")
+        test = _across_series(*pairs)
+        decision.update(paired_test=test, comparison=f"paired across {test['series']} series ({source})")
         significant = bool(test["significant"])
         evidence = _fleet_p_text(test)
     else:
@@ -297,20 +297,15 @@ def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict,
     return {"fp32_holdout_mase": mase}, {"metric": tags.get("onnxcast.metric"), "variants": {"fp32": fp32}}
 
 
-def paired_across_series(a, b) -> dict:
-    """The paired test of two forecasters' per-series MASE (series are the independent units:
-    block 1), with Wilcoxon's signed-rank p as ``robust_p`` (mean MASE is heavy-tailed)."""
-    import numpy as np
-    from scipy import stats
+def _across_series(a, b) -> dict:
+    """The pipeline's paired test across series (significance.paired_across_series: pairs that
+    are not finite left out, the minimum counted on the rest), with ``origins`` beside
+    ``series``: the decision's tag ``onnxcast.decision.paired_test.origins`` keeps its name for
+    a release (docs/changes-31.md)."""
+    from onnxcast.pipeline.significance import paired_across_series
 
-    from onnxcast.pipeline.significance import paired_test
-
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    test = paired_test(a, b, 1)
-    test["robust_p"] = None
-    if test["p_value"] is not None and np.any(a != b):
-        test["robust_p"] = float(stats.wilcoxon(a, b).pvalue)
-    return test
+    test = paired_across_series(a, b)
+    return {**test, "origins": test["series"]}
 
 
 def _fleet_mase(report: dict, family: str) -> tuple[float, list | None]:
@@ -393,9 +388,9 @@ def _not_comparable(version, differences) -> str:
 
 def _fleet_p_text(test: dict) -> str:
     if test.get("p_value") is None:
-        return test.get("note") or f"{test.get('origins', 0)} paired series"
+        return test.get("note") or f"{test.get('series', 0)} paired series"
     robust = f", Wilcoxon p={test['robust_p']:.3g}" if test.get("robust_p") is not None else ""
-    return f"p={test['p_value']:.3g} on {test['origins']} paired series{robust}, alpha {test['alpha']}"
+    return f"p={test['p_value']:.3g} on {test['series']} paired series{robust}, alpha {test['alpha']}"
 
 
 def _paired(challenger: dict, champion: dict, report: dict) -> dict:
@@ -484,8 +479,8 @@ def _judge_fleet_on_msis(layout: RunLayout, report: dict, validation: dict, judg
         return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
     pairs, source = _paired_tables(layout, family, version, tracking_uri, column=f"fp32.{MSIS_KEY}")
     if pairs is not None:
-        test = paired_across_series(*pairs)
-        decision.update(paired_test=test, comparison=f"paired across {test['origins']} series ({source})")
+        test = _across_series(*pairs)
+        decision.update(paired_test=test, comparison=f"paired across {test['series']} series ({source})")
         significant, evidence = bool(test["significant"]), _fleet_p_text(test)
     else:
         significant, evidence = _aggregate_evidence(decision, {"intervals": fleet_intervals(report, family)},
