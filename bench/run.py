@@ -229,7 +229,7 @@ def onnx_candidates(cfg, family: str) -> list[Candidate]:
         path = onnx_dir / spec["path"]
 
         def make(threads: int, path: Path = path):
-            from onnxcast.pipeline.validate import onnx_session
+            from onnxcast.pipeline.sessions import onnx_session
 
             session = onnx_session(path, threads=threads, spinning=False)
             # as onnxcast runs a fleet: cache-sized chunks (onnxcast.base.batches)
@@ -271,10 +271,10 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
     """Rows of one family, and its entry in the shape select_variants reads."""
     from onnxcast.pipeline.metrics import forecast_metrics
     from onnxcast.pipeline.run import _load_data, family_dir, load_model
+    from onnxcast.pipeline.sessions import onnx_predict
     from onnxcast.pipeline.validate import (
         check_parity,
         holdout_windows,
-        onnx_predict,
         parity_shapes,
         sample_histories,
         torch_runner,

@@ -463,7 +463,7 @@ def statsforecast_forecasts(fleet: FleetData, plan: Plan, threads: int,
 
 def evaluate_shard(cfg: PipelineConfig, shard: int, families: list[str] | None = None) -> list[Path]:
     """Every variant of every family on the shard's series at the evaluation's origins."""
-    from onnxcast.pipeline.validate import onnx_session
+    from onnxcast.pipeline.sessions import onnx_session
 
     layout = cfg.layout
     fleet = _load_shard(cfg, shard)
@@ -737,13 +737,8 @@ def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, lat
 
     from onnxcast.base.contract import opset_of
     from onnxcast.base.files import sha256_file
-    from onnxcast.pipeline.validate import (
-        FP32_VARIANTS,
-        gate,
-        measure_latency,
-        onnx_session,
-        parity_on,
-    )
+    from onnxcast.pipeline.sessions import onnx_session
+    from onnxcast.pipeline.validate import FP32_VARIANTS, gate, measure_latency, parity_on
 
     name = spec["name"]
     entry = {"name": name, "onnx_path": str(path.relative_to(cfg.run_dir)), "sha256": sha256_file(path),

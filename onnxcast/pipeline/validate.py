@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxcast.base.batches import run_in_chunks
 from onnxcast.base.contract import (
     METADATA_PREFIX,
     OUTPUT_NAME,
@@ -24,6 +23,7 @@ from onnxcast.base.contract import (
 )
 from onnxcast.base.files import sha256_file
 from onnxcast.pipeline.metrics import forecast_metrics
+from onnxcast.pipeline.sessions import onnx_predict, onnx_predict_with_quantiles, onnx_session
 
 log = logging.getLogger(__name__)
 
@@ -46,32 +46,6 @@ class Holdout:
         from onnxcast.pipeline.intervals import independent_windows
 
         return independent_windows(self.origins, self.actual.shape[1])
-
-
-def onnx_session(path: str | Path, threads: int = 1, spinning: bool = False):
-    """An ORT CPU session with explicit threading: parallel workers must not oversubscribe."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def onnx_predict(session, history: np.ndarray) -> np.ndarray:
-    """Forecasts for ``history [N, time, F]`` with an ORT session, in cache-sized chunks."""
-    if len(history) == 0:
-        return np.zeros((0, 0), np.float32)
-    return run_in_chunks(session, [OUTPUT_NAME], history)[0].astype(np.float32)
-
-
-def onnx_predict_with_quantiles(session, history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(forecast [N, horizon], quantiles [N, horizon, Q])`` for ``history [N, time, F]`` with an
-    ORT session of a model that has the ``quantiles`` output, in cache-sized chunks."""
-    forecast, quantiles = run_in_chunks(session, [OUTPUT_NAME, QUANTILES_NAME], history)
-    return forecast.astype(np.float32), quantiles.astype(np.float32)
 
 
 def parity_shapes(lookback: int, season: int) -> list[tuple[int, int]]:

@@ -59,7 +59,7 @@ def forecast_and_quantiles(path: str | Path, history):
         QUANTILES_NAME,
         parse_quantile_levels,
     )
-    from onnxcast.pipeline.validate import onnx_session
+    from onnxcast.pipeline.sessions import onnx_session
 
     session = onnx_session(path, threads=1)
     names = [o.name for o in session.get_outputs()]

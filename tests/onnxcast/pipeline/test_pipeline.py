@@ -12,7 +12,7 @@ from onnxcast.base.errors import ConfigError, GateError
 from onnxcast.base.files import sha256_file
 from onnxcast.pipeline.report import validate_report
 from onnxcast.pipeline.run import run_pipeline
-from onnxcast.pipeline.validate import onnx_session
+from onnxcast.pipeline.sessions import onnx_session
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,8 @@ def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
 def test_onnx_forecast_equals_the_reported_holdout_accuracy(tiny_run):
     """Re-run the selected model on the holdout windows: the same MAE as in the report."""
     from onnxcast.pipeline.data import SeriesData, split_by_time
-    from onnxcast.pipeline.validate import holdout_metrics, holdout_windows, onnx_predict
+    from onnxcast.pipeline.sessions import onnx_predict
+    from onnxcast.pipeline.validate import holdout_metrics, holdout_windows
 
     cfg, report = tiny_run
     series = SeriesData.load(Path(cfg.out_dir) / "data")
