@@ -59,18 +59,13 @@ BATCH = 1024
 def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """The monitor result of a fleet model (the one-series keys, plus ``fleet``)."""
     from onnxcast.pipeline.data import seasons_for_freq
-    from onnxcast.pipeline.monitor import (
-        _as_datetime64,
-        _iso,
-        _open_session,
-        finite_or_none,
-        served_variant,
-    )
+    from onnxcast.pipeline.monitor import _as_datetime64, _iso, finite_or_none, served_variant
+    from onnxcast.pipeline.sessions import open_model
 
     started = time.monotonic()
     report = item.report
     entry, variant = served_variant(report, item.channel)
-    session, meta = _open_session(item.model_path)
+    session, meta = open_model(item.model_path)
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
     work = Path(work_dir)
     cfg, fleet, gate_left_out = read_fleet(report, item.data_uri, work, s3_settings)

@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from onnxcast.base.batches import CHUNK_ROWS
-from onnxcast.base.errors import ConfigError, VerificationError
+from onnxcast.base.errors import ConfigError
 from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae
 from onnxcast.pipeline.metrics import seasonal_naive
+from onnxcast.pipeline.sessions import open_model
 from onnxcast.pipeline.significance import ALPHA, MIN_PAIRED_ORIGINS
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
 
         return monitor_fleet(item, work_dir, s3_settings=s3_settings)
     entry, variant = served_variant(report, item.channel)
-    session, meta = _open_session(item.model_path)
+    session, meta = open_model(item.model_path)
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
     series = read_series(report, item.data_uri, Path(work_dir), s3_settings)
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
@@ -362,18 +363,6 @@ def forecast_at(session, values: np.ndarray, origins: np.ndarray, lookback: int)
         histories = np.stack([values[o - lookback:o] for o in chunk]).astype(np.float32)
         out.append(session.run(["forecast"], {"history": histories})[0])
     return np.concatenate(out).astype(np.float64)
-
-
-def _open_session(path: Path):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises its own types for a file it cannot load
-        raise VerificationError(f"{path}: ONNX Runtime cannot load it: {' '.join(str(exc).split())[:200]}") from None
-    return session, dict(session.get_modelmeta().custom_metadata_map)
 
 
 def _widened(low: float, high: float, floor: float | None = None) -> list[float]:

@@ -72,6 +72,25 @@ class TestHealthyModelOnNewDataOfTheSameProcess:
         assert result["drift"] == [], result["drift_check"]["checks"]
         assert reasons(result) == []
 
+    def test_the_served_file_runs_on_one_thread_without_spinning(self, deployed, tmp_path, monkeypatch):
+        """Issue 31: the monitor opens the served file as every pipeline step does
+        (sessions.onnx_session); it used to leave ORT's spinning threads on (ORT#13808)."""
+        import onnxruntime as ort
+
+        opened, real = [], ort.InferenceSession
+
+        def recording(*args, **kwargs):
+            session = real(*args, **kwargs)
+            opened.append(session.get_session_options())
+            return session
+
+        monkeypatch.setattr(ort, "InferenceSession", recording)
+        judge(deployed, tmp_path)
+        assert opened, "the monitor opened no ONNX Runtime session"
+        for options in opened:
+            assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+            assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+
     def test_figures_beside_the_holdouts_own(self, deployed, tmp_path):
         result = judge(deployed, tmp_path)
         report = deployed["report"]
