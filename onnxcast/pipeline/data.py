@@ -110,7 +110,7 @@ def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gap
                          index=index)
     table = table[~table.index.duplicated(keep="last")].sort_index()
     grid = pd.date_range(table.index[0], table.index[-1], freq=freq)
-    table = _fill_short_gaps(table.reindex(grid), fill_gaps_max_steps)
+    table = fill_short_gaps(table.reindex(grid), fill_gaps_max_steps)
     array = table.to_numpy(dtype="float32")
     if not np.isfinite(array).all():  # the gate's checks promise this never happens
         first = table.index[~np.isfinite(array).all(axis=1)][0]
@@ -215,7 +215,8 @@ def windows(values: np.ndarray, lookback: int, horizon: int, start: int, end: in
     return np.ascontiguousarray(history, np.float32), np.ascontiguousarray(target, np.float32), origins
 
 
-def _fill_short_gaps(table, max_steps: int):
+def fill_short_gaps(table, max_steps: int):
+    """``table`` (on its time grid) with runs of at most ``max_steps`` missing rows interpolated in time."""
     if max_steps <= 0:
         return table
     return table.interpolate(method="time", limit=max_steps, limit_area="inside")

@@ -278,9 +278,9 @@ def run_drift_suite(train, new, columns: list[str]) -> dict:
     import pandas as pd
 
     suite, profile = drift_suite(train, len(new), columns)
-    from onnxcast.pipeline.quality import _quiet_gx, run_suite
+    from onnxcast.pipeline.expectations import quiet_gx, run_suite
 
-    with _quiet_gx():
+    with quiet_gx():
         validation = run_suite(pd.DataFrame(new), suite)
     checks = []
     for outcome in validation.results:
@@ -313,9 +313,9 @@ def drift_suite(train, window: int, columns: list[str]):
     deviation of its seasonal change within the range windows of ``window`` rows had in
     training (widened by ``DRIFT_MARGIN`` of the span), and its values within the training's
     ``DRIFT_TAIL`` quantiles for at least ``DRIFT_MOSTLY`` of the rows. Returns (suite, profile)."""
-    from onnxcast.pipeline.quality import _import_gx
+    from onnxcast.pipeline.expectations import import_gx
 
-    gx = _import_gx()
+    gx = import_gx()
     E = gx.expectations
     expectations, profile = [], {}
     for column in columns:
