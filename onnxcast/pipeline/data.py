@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,15 @@ def utc_iso(value) -> str:
     """A UTC timestamp (naive datetime64 values are UTC here) as ``YYYY-MM-DDTHH:MM:SSZ``:
     the one format of every timestamp in report.json and the ONNX metadata."""
     return str(np.datetime_as_string(np.datetime64(value, "s"))) + "Z"
+
+
+def parse_utc(text: str) -> np.datetime64:
+    """An ISO 8601 timestamp (``Z`` or an offset: converted; none: taken as UTC) as the naive
+    ``datetime64[ns]`` in UTC that series timestamps are."""
+    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return np.datetime64(moment, "ns")
 
 
 def _iso(value) -> str:

@@ -24,7 +24,6 @@ Design: docs/design/fleet.md section 4.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxcast.base.errors import DataError
-from onnxcast.base.files import read_json, replacing, write_json
+from onnxcast.base.files import json_safe, read_json, replacing, write_json
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.fleet_data import FleetData, fleet_steps
 
@@ -602,7 +601,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
                  family, v["name"], _fmt((v.get("holdout") or {}).get("mase")), _fmt(baseline["mase_mean"]),
                  aggregates[v["name"]]["series"], "n/a" if share is None else f"{100 * share:.0f}%",
                  "eligible" if v["eligible"] else "; ".join(v["reasons"]))
-    entry = _finite(entry)
+    entry = json_safe(entry)
     write_json(layout.validation(family), entry)
     return entry
 
@@ -788,23 +787,6 @@ def _fleet_tests(table, reference) -> tuple[dict, dict]:
     return vs_best, vs_reference
 
 
-def _finite(value):
-    """``value`` with NaN and infinities as None (JSON has neither)."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
-
-
-# --- the run's baselines and report ------------------------------------------------------------
-
 def fleet_baselines(cfg: PipelineConfig) -> dict:
     """The merged reference table (written to ``data/reference/per_series.parquet``) and its
     aggregates, in the shape of ``data/baselines.json`` where the report reads it: ``best``,
@@ -858,7 +840,7 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
                             "sample_size": int(sampled.sum()), "sampled": bool(sampled.sum() < len(reference))}
         if "intervals" in ran[name]:
             out["reference"]["intervals"] = ran[name]["intervals"]
-    return _finite(out)
+    return json_safe(out)
 
 
 def _legacy_metrics(aggregate: dict, table, name: str, seed: int) -> dict:
@@ -914,7 +896,7 @@ def fleet_report(cfg: PipelineConfig, models: list[dict]) -> dict:
                                 "vs_best_family": family_choice["tests"].get(m["family"])} for m in models},
     }
     baselines = {k: v for k, v in baselines.items() if k != "fleet"}  # the report's own ``fleet`` holds it
-    return _finite({"summary": summary, "baselines": baselines, "family_choice": family_choice,
+    return json_safe({"summary": summary, "baselines": baselines, "family_choice": family_choice,
                     "fleet": fleet_object})
 
 

@@ -58,8 +58,9 @@ BATCH = 1024
 
 def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """The monitor result of a fleet model (the one-series keys, plus ``fleet``)."""
-    from onnxcast.pipeline.data import seasons_for_freq
-    from onnxcast.pipeline.monitor import _as_datetime64, _iso, finite_or_none, served_variant
+    from onnxcast.base.files import finite_or_none
+    from onnxcast.pipeline.data import parse_utc, seasons_for_freq, utc_iso
+    from onnxcast.pipeline.monitor import served_variant
     from onnxcast.pipeline.sessions import open_model
 
     started = time.monotonic()
@@ -73,7 +74,7 @@ def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dic
     lookback = int(meta.get("onnxcast.lookback") or cfg.lookback)
     season = int(fleet.season)
     seasons = tuple(sorted({*seasons_for_freq(fleet.freq), season}))
-    cut = _as_datetime64(trained_until)
+    cut = parse_utc(trained_until)
     first_new = np.array([int(np.searchsorted(fleet.timestamps(i), cut, side="right")) for i in range(fleet.n_series)],
                          dtype=np.int64)
     run = _runner(session)
@@ -115,8 +116,8 @@ def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dic
     result: dict[str, Any] = {
         "channel": item.channel, "family": entry["family"], "variant": variant["name"],
         "trained_until": trained_until, "data_uri": fleet.source, "data_sha256": fleet.sha256,
-        "from": _iso(min(fleet.timestamps(i)[first_new[i]] for i in judged_index)) if judged_index else None,
-        "to": _iso(max(fleet.end(i) for i in range(fleet.n_series))) if fleet.n_series else None,
+        "from": utc_iso(min(fleet.timestamps(i)[first_new[i]] for i in judged_index)) if judged_index else None,
+        "to": utc_iso(max(fleet.end(i) for i in range(fleet.n_series))) if fleet.n_series else None,
         "new_rows": int(sum(int(fleet.lengths[i] - first_new[i]) for i in judged_index)),
         "origins": int(sum(len(o) for o in origin_lists)),
         "stride": int(Counter(_stride(o) for o in origin_lists).most_common(1)[0][0]) if origin_lists else None,
@@ -252,10 +253,11 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
     stamps = np.concatenate([calendars[i][o] for i, o in zip(index, origins, strict=True)])
     times, where = np.unique(stamps, return_inverse=True)
     per_time = np.bincount(where, weights=error) / np.bincount(where)
-    from onnxcast.pipeline.monitor import _iso, finite_or_none
+    from onnxcast.base.files import finite_or_none
+    from onnxcast.pipeline.data import utc_iso
 
     return {"mase": mase, "baseline": baseline, "per_origin_mase": [finite_or_none(v) for v in per_time],
-            "origin_times": [_iso(np.datetime64(int(t), "s")) for t in times]}
+            "origin_times": [utc_iso(np.datetime64(int(t), "s")) for t in times]}
 
 
 def _runner(session):

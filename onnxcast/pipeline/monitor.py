@@ -42,6 +42,7 @@ import numpy as np
 
 from onnxcast.base.batches import CHUNK_ROWS
 from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import finite_or_none
 from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae
 from onnxcast.pipeline.metrics import seasonal_naive
 from onnxcast.pipeline.sessions import open_model
@@ -82,7 +83,7 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     Raises ConfigError when the report does not describe the served model (no such channel
     or variant) and the data gate's errors when the data cannot be read or checked.
     """
-    from onnxcast.pipeline.data import seasons_for_freq
+    from onnxcast.pipeline.data import parse_utc, seasons_for_freq, utc_iso
 
     started = time.monotonic()
     report = item.report
@@ -95,15 +96,15 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
     series = read_series(report, item.data_uri, Path(work_dir), s3_settings)
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
-    first = int(np.searchsorted(series.timestamps, _as_datetime64(trained_until), side="right"))
+    first = int(np.searchsorted(series.timestamps, parse_utc(trained_until), side="right"))
     origins = holdout_origins(len(series.values), first, horizon, seasons_for_freq(series.freq), earliest=lookback)
     holdout = holdout_figures(report, entry, variant)
     holdout_errors = np.asarray(holdout.pop("_holdout_errors"))
     result: dict[str, Any] = {
         "channel": item.channel, "family": entry["family"], "variant": variant["name"],
         "trained_until": trained_until, "data_uri": series.source, "data_sha256": series.sha256,
-        "from": _iso(series.timestamps[first]) if first < len(series.timestamps) else None,
-        "to": _iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
+        "from": utc_iso(series.timestamps[first]) if first < len(series.timestamps) else None,
+        "to": utc_iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
         "origins": int(len(origins.index)), "stride": origins.stride, "block": origins.block,
         "mase_scale": float(report["baselines"]["mase_scale"]), **holdout,
     }
@@ -115,7 +116,7 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     result["drift_check"] = check_drift(series, first, int(report["baselines"]["seasonal_naive"]["season"]))
     result["drift"] = result["drift_check"]["drifted"]
     result["per_origin_mase"] = [finite_or_none(v) for v in realised]
-    result["origin_times"] = [_iso(series.timestamps[o]) for o in origins.index]
+    result["origin_times"] = [utc_iso(series.timestamps[o]) for o in origins.index]
     result["seconds"] = round(time.monotonic() - started, 3)
     log.info("monitor %s %s/%s: realised MASE %s (holdout %.4g, 95%% [%.4g, %.4g]) over %d origins, p=%s%s; "
              "drift: %s", item.channel, entry["family"], variant["name"], _fmt(result["mase"]),
@@ -371,25 +372,6 @@ def _widened(low: float, high: float, floor: float | None = None) -> list[float]
     return [max(low, floor) if floor is not None else low, high]
 
 
-def _as_datetime64(text: str) -> np.datetime64:
-    from datetime import UTC, datetime
-
-    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC).replace(tzinfo=None)
-    return np.datetime64(moment, "ns")
-
-
-def _iso(value) -> str:
-    return np.datetime_as_string(np.datetime64(value, "s")) + "Z"
-
-
-def finite_or_none(value) -> float | None:
-    """``value`` as a float, None for NaN or inf (JSON and MLflow take no NaN)."""
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
@@ -401,4 +383,4 @@ def _fmt(value) -> str:
 
 
 __all__ = ["ALPHA", "BATCH_BLOCKS", "MIN_BATCHES", "MIN_ORIGINS", "MonitorInput", "check_drift", "degradation_test", "drift_suite",
-           "finite_or_none", "holdout_figures", "monitor", "reasons", "run_drift_suite", "served_variant"]
+           "holdout_figures", "monitor", "reasons", "run_drift_suite", "served_variant"]

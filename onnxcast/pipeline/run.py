@@ -29,6 +29,7 @@ from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateE
 from onnxcast.base.files import read_json, replacing, write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
+from onnxcast.pipeline.data import utc_iso
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.report import select_variants
@@ -87,7 +88,7 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
              baselines["reference"]["model"], baselines["reference"]["mae"])
     dataset = {
         "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
-        "start": _iso(series.timestamps[0]), "end": _iso(series.timestamps[-1]),
+        "start": utc_iso(series.timestamps[0]), "end": utc_iso(series.timestamps[-1]),
         "freq": series.freq, "season": series.season,
         "target": cfg.target_column, "features": list(cfg.feature_columns),
     }
@@ -232,12 +233,12 @@ def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str
         firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
                           strict=True))
         latest = max(fleet.end(i) for i in firsts.values())
-        data = {"freq": fleet.freq, "trained_until": _iso(latest), "dataset_sha256": fleet.sha256,
+        data = {"freq": fleet.freq, "trained_until": utc_iso(latest), "dataset_sha256": fleet.sha256,
                 "season": fleet.season}
         fleet_keys = {"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
     else:
         series, _ = _load_data(cfg)
-        data = {"freq": series.freq, "trained_until": _iso(series.timestamps[-1]),
+        data = {"freq": series.freq, "trained_until": utc_iso(series.timestamps[-1]),
                 "dataset_sha256": series.sha256, "season": series.season}
         fleet_keys = {}
     metadata = {
@@ -616,9 +617,3 @@ def _load_data(cfg: PipelineConfig):
 
     series = SeriesData.load(cfg.layout.data)
     return series, split_by_time(len(series.values), cfg)
-
-
-def _iso(value) -> str:
-    from onnxcast.pipeline.data import utc_iso
-
-    return utc_iso(value)

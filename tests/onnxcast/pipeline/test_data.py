@@ -6,6 +6,7 @@ from onnxcast.base.errors import DataError
 from onnxcast.pipeline.config import PipelineConfig, QualitySettings
 from onnxcast.pipeline.data import (
     SeriesData,
+    parse_utc,
     season_for_freq,
     series_from_checked,
     split_by_time,
@@ -115,6 +116,14 @@ def test_split_and_dataset_timestamps_are_utc_with_z():
     for key in ("train_end", "validation_end", "holdout_start", "holdout_end"):
         assert split.as_dict(stamps)[key].endswith("Z")
     assert utc_iso(stamps[0]) == "2024-03-01T00:00:00Z"
+
+
+def test_parse_utc_reads_what_utc_iso_writes_and_converts_offsets():
+    """One pair of helpers for report and metadata timestamps (the monitor reads trained_until)."""
+    moment = np.datetime64("2024-03-01T05:00:00", "ns")
+    assert parse_utc(utc_iso(moment)) == moment
+    assert parse_utc("2024-03-01T07:00:00+02:00") == moment == parse_utc("2024-03-01T05:00:00")
+    assert parse_utc("2024-03-01").dtype == np.dtype("datetime64[ns]")
 
 
 def test_repairs_only_on_request(tmp_path):
