@@ -5,7 +5,7 @@ the run store (onnxcast.runstore): the run directory ``<run_root>/<dag_id>/<run_
 S3 (or a local folder in the embedded mode), which the data check creates and announces
 through XCom; the steps after it take it as the templated ``run_dir``. Each task stages
 the committed files it needs into local scratch, works there, and publishes its outputs
-with a commit marker last (:meth:`_TrackedOperator.workspace`), so a retry, or a second
+with a commit marker last (:meth:`TrackedOperator.workspace`), so a retry, or a second
 attempt on another host, never sees half a step. XComs stay small.
 
 A fleet run (``series_column`` set: many series) adds steps mapped over
@@ -111,7 +111,7 @@ def _log():
     return logging.getLogger(__name__)
 
 
-class _TrackedOperator(BaseOperator):
+class TrackedOperator(BaseOperator):
     """Shared: the MLflow hook, the link to the task's MLflow run, and the run store
     workspace (stage, work in local scratch, publish with a commit marker)."""
 
@@ -198,7 +198,7 @@ class _TrackedOperator(BaseOperator):
         return AirflowFailException(" ".join(str(exc).split()))
 
 
-class CheckDataOperator(_TrackedOperator):
+class CheckDataOperator(TrackedOperator):
     """Check the data into a fresh run directory; plan the families to evaluate.
 
     One series: check and split it (the whole data gate). A fleet (``series_column``): the
@@ -377,7 +377,7 @@ class CheckDataOperator(_TrackedOperator):
         return {"version": version, "source": source}
 
 
-class MergeDataOperator(_TrackedOperator):
+class MergeDataOperator(TrackedOperator):
     """The run's verdict on its data, once every shard is checked; returns the families.
 
     A fleet: every shard's excluded series merged; more than ``max_excluded_share`` of the
@@ -425,7 +425,7 @@ class MergeDataOperator(_TrackedOperator):
         self.log.info("Fleet data: %s", readable(series) if series else readable(dataset))
 
 
-class _ShardStepOperator(_TrackedOperator):
+class _ShardStepOperator(TrackedOperator):
     """A step for one shard of a fleet's series (mapped over the shards check_data returns).
 
     It stages only its own shard's files (plus the run's shared files), so that a task's
@@ -541,7 +541,7 @@ class EvaluateShardOperator(_ShardStepOperator):
         return {"families": families, "files": [_relative(cfg, p) for p in paths]}
 
 
-class _FamilyStepOperator(_TrackedOperator):
+class _FamilyStepOperator(TrackedOperator):
     """A step for one model family in the run directory (mapped over the families)."""
 
     template_fields: Sequence[str] = ("run_dir", "family")

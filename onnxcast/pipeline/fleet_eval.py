@@ -135,7 +135,7 @@ def _load_fleet(cfg: PipelineConfig) -> FleetData:
     return FleetData.concat([_load_shard(cfg, k) for k in range(len(read_shards(cfg)))])
 
 
-def _actuals(fleet: FleetData, plan: Plan) -> np.ndarray:
+def plan_actuals(fleet: FleetData, plan: Plan) -> np.ndarray:
     """``[series, origins, horizon]`` float64 actuals at every origin."""
     return _actuals_at(fleet, plan.back, plan.horizon)
 
@@ -362,7 +362,7 @@ def reference_shard(cfg: PipelineConfig, shard: int) -> Path:
     fleet = _load_shard(cfg, shard)
     plan = plan_for(cfg, fleet)
     scale = mase_scales(fleet, plan)
-    actual = _actuals(fleet, plan)
+    actual = plan_actuals(fleet, plan)
     sample = reference_sample(_fleet_ids(cfg, fleet), cfg.reference_max_series, cfg.seed)
     table: dict = {"series": list(fleet.ids), "shard": np.full(fleet.n_series, shard, np.int16),
                    "rows": fleet.lengths.astype(np.int64), "origins": np.full(fleet.n_series, plan.origins)}
@@ -468,7 +468,7 @@ def evaluate_shard(cfg: PipelineConfig, shard: int, families: list[str] | None =
     fleet = _load_shard(cfg, shard)
     plan = plan_for(cfg, fleet)
     scale = mase_scales(fleet, plan)
-    actual = _actuals(fleet, plan)
+    actual = plan_actuals(fleet, plan)
     written = []
     for family in families or cfg.models:
         lookback = int(read_json(layout.model_json(family))["spec"]["lookback"])
@@ -529,7 +529,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     from onnxcast.pipeline.models import torch_threads
     from onnxcast.pipeline.run import load_model
     from onnxcast.pipeline.validate import (
-        _fmt,
+        figure_text,
         interval_verdict,
         judge_variants,
         measure_latency,
@@ -598,7 +598,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
         share = aggregates[v["name"]].get("loses_share")
         log.info("%s %-8s mean MASE %s (best naive in aggregate %s) on %d series, worse than each series' own "
                  "best naive on %s of them: %s",
-                 family, v["name"], _fmt((v.get("holdout") or {}).get("mase")), _fmt(baseline["mase_mean"]),
+                 family, v["name"], figure_text((v.get("holdout") or {}).get("mase")), figure_text(baseline["mase_mean"]),
                  aggregates[v["name"]]["series"], "n/a" if share is None else f"{100 * share:.0f}%",
                  "eligible" if v["eligible"] else "; ".join(v["reasons"]))
     entry = json_safe(entry)
@@ -708,7 +708,7 @@ def _torch_table(run_torch, fleet: FleetData, plan: Plan, lookback: int, table):
     forecast = predict_fleet(run_torch, fleet, plan, lookback)[order]
     scale = table["mase_scale"].to_numpy(np.float64)
     columns: dict = {"series": table["series"].to_numpy(), f"{BEST_NAIVE}.mase": table[f"{BEST_NAIVE}.mase"]}
-    _metric_columns(columns, "torch", _actuals(fleet, plan)[order], forecast, scale)
+    _metric_columns(columns, "torch", plan_actuals(fleet, plan)[order], forecast, scale)
     columns["mase_scale"] = scale
     return pd.DataFrame(columns)
 

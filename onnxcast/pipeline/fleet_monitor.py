@@ -189,7 +189,7 @@ def holdout_per_series(cfg, fleet, first_new: np.ndarray, variant: str, run, loo
                  zip(table["series"], table[column], table["mase_scale"], strict=True)}, str(table_path))
     from onnxcast.pipeline.evaluation import series_metrics
     from onnxcast.pipeline.fleet_data import min_train_steps, split_fleet
-    from onnxcast.pipeline.fleet_eval import _actuals, mase_scales, plan_for, predict_fleet
+    from onnxcast.pipeline.fleet_eval import mase_scales, plan_actuals, plan_for, predict_fleet
 
     split = split_fleet(first_new, cfg)
     seen = np.flatnonzero(split.train_end >= min_train_steps(cfg, fleet.season))
@@ -199,7 +199,7 @@ def holdout_per_series(cfg, fleet, first_new: np.ndarray, variant: str, run, loo
     plan = plan_for(cfg, before)
     scale = mase_scales(before, plan)
     forecast = predict_fleet(run, before, plan, lookback, BATCH)
-    mase = series_metrics(_actuals(before, plan), forecast, scale)["mase"]
+    mase = series_metrics(plan_actuals(before, plan), forecast, scale)["mase"]
     return ({sid: {"mase": float(m), "scale": float(k)} for sid, m, k in zip(before.ids, mase, scale, strict=True)},
             "recomputed")
 

@@ -247,9 +247,9 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
         status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
         shown = ((entry.get("holdout") or {}).get("intervals") or {})
         log.info("%s %-8s MAE %s  80%%/95%% coverage %s/%s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s", family,
-                 entry["name"], _fmt((entry.get("holdout") or {}).get("mae")), _fmt(shown.get("coverage_80"), ".3f"),
-                 _fmt(shown.get("coverage_95"), ".3f"), _fmt(entry["parity_max_abs_diff"], ".3g"),
-                 _fmt(entry["latency_ms"].get("batch1_p50"), ".3f"), _fmt(entry["latency_ms"].get("batch64_p50"), ".3f"),
+                 entry["name"], figure_text((entry.get("holdout") or {}).get("mae")), figure_text(shown.get("coverage_80"), ".3f"),
+                 figure_text(shown.get("coverage_95"), ".3f"), figure_text(entry["parity_max_abs_diff"], ".3g"),
+                 figure_text(entry["latency_ms"].get("batch1_p50"), ".3f"), figure_text(entry["latency_ms"].get("batch64_p50"), ".3f"),
                  entry["size_bytes"], status)
     return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
             "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures,
@@ -396,11 +396,11 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
         if "parity" in gates and not gates["parity"]["passed"]:
             diff = entry.get("parity_max_abs_diff")
             failures.append(f"{name} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
-                            f"{_fmt(gates['parity']['value'], '.3g')} > 1 (max abs diff {_fmt(diff, '.3g')})")
+                            f"{figure_text(gates['parity']['value'], '.3g')} > 1 (max abs diff {figure_text(diff, '.3g')})")
         if name == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
-            failures.append(f"fp32 {metric} {_fmt(holdout['mae'])} does not beat the best baseline "
-                            f"({baseline_name}) {_fmt(baseline_mae)} by the {_fmt(100 * baseline_margin, '.3g')}% "
-                            f"margin (needs below {_fmt(verdict['threshold'])})")
+            failures.append(f"fp32 {metric} {figure_text(holdout['mae'])} does not beat the best baseline "
+                            f"({baseline_name}) {figure_text(baseline_mae)} by the {figure_text(100 * baseline_margin, '.3g')}% "
+                            f"margin (needs below {figure_text(verdict['threshold'])})")
         coverage = gates.get("interval_coverage")
         if coverage and not coverage["passed"] and strict_intervals:
             failures += [f"{name} {phrase}" for phrase in coverage["failures"]]
@@ -520,10 +520,10 @@ def _reason(name: str, g: dict) -> str:
     if g.get("failures"):  # interval_coverage: the phrases say which interval missed, and by how much
         return f"{name}: " + "; ".join(g["failures"])
     via = " (fp32's verdict: one per family)" if name == "beats_seasonal_naive" and g.get("judged_on") else ""
-    return f"{name}: {_fmt(g['value'])} vs threshold {_fmt(g['threshold'])}{via}"
+    return f"{name}: {figure_text(g['value'])} vs threshold {figure_text(g['threshold'])}{via}"
 
 
-def _fmt(value, spec: str = ".4g") -> str:
+def figure_text(value, spec: str = ".4g") -> str:
     """A figure for a log line; 'n/a' where nothing was measured."""
     if value is None:
         return "n/a"
