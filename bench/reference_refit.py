@@ -42,7 +42,7 @@ def main() -> None:
     import pandas as pd
     from statsmodels.datasets import co2
 
-    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.config import example_data_path
 
     example = pd.read_csv(example_data_path())["y"].to_numpy(float)
     compare("example hourly, h 24", example, int(len(example) * 0.85), 24, (24, 168))

@@ -399,8 +399,7 @@ def prepare_run(out_dir: Path, epochs: int, max_minutes: float):
     this script measures everything itself, in one process)."""
     import torch
 
-    from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.config import PipelineConfig, example_data_path
     from onnxcast.pipeline.run import export_family, optimize_family, prepare_data, train_family
 
     cfg = PipelineConfig(data_uri=example_data_path(), out_dir=str(out_dir), max_epochs=epochs,

@@ -19,8 +19,6 @@ from onnxcast.base.errors import DataError
 from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.config import PipelineConfig
 
-EXAMPLE_CSV = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
-
 
 @dataclass
 class SeriesData:
@@ -83,16 +81,6 @@ class Split:
         }
 
 
-def example_data_path() -> str:
-    """Path of the Victoria electricity demand CSV shipped inside the statsmodels wheel."""
-    import statsmodels
-
-    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_CSV
-    if not path.exists():
-        raise DataError(f"example data not found at {path}; is statsmodels installed?")
-    return str(path)
-
-
 def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gaps_max_steps: int = 0,
                         source: str, sha256: str) -> SeriesData:
     """The regular series of rows the data-quality gate (onnxcast.pipeline.quality) has passed.
@@ -133,55 +121,6 @@ def infer_freq(index, source: str, name: str) -> str:
     if step <= pd.Timedelta(0):
         raise DataError(f"{source}: cannot infer a frequency from column {name!r}")
     return pd.tseries.frequencies.to_offset(step).freqstr
-
-
-def season_for_freq(freq: str) -> int:
-    """A sensible seasonal period for ``freq``: daily cycle below a day, weekly for days,
-    yearly for weeks, months and quarters."""
-    import pandas as pd
-
-    offset = pd.tseries.frequencies.to_offset(freq)
-    if isinstance(offset, pd.offsets.Tick):  # fixed-length steps: hours, minutes, days
-        step, day = pd.Timedelta(offset), pd.Timedelta(days=1)
-        if step < day and (day % step) == pd.Timedelta(0):
-            return int(day / step)
-        return 7 if step == day else 1
-    name = offset.name.upper()
-    if name == "D":  # a calendar day is not a Tick in pandas 3
-        return 7 if offset.n == 1 else 1
-    if name.startswith("W"):
-        return 52
-    if name.startswith(("M", "BM", "SM")):
-        return 12
-    if name.startswith(("Q", "BQ")):
-        return 4
-    if name.startswith("B"):  # business days
-        return 5
-    return 1
-
-
-def seasons_for_freq(freq: str) -> tuple[int, ...]:
-    """Every seasonal period ``freq`` implies, shortest first: daily and weekly cycles below a
-    day, weekly and yearly for days, yearly for weeks, months and quarters. ``(1,)`` when
-    none (yearly data: the naive forecast is the only seasonal one)."""
-    import pandas as pd
-
-    offset = pd.tseries.frequencies.to_offset(freq)
-    day, week = pd.Timedelta(days=1), pd.Timedelta(days=7)
-    if isinstance(offset, pd.offsets.Tick):
-        step = pd.Timedelta(offset)
-        if step < day and (day % step) == pd.Timedelta(0):
-            return (int(day / step), int(week / step))
-        if step == day:
-            return (7, 365)
-        return (1,)
-    name = offset.name.upper()
-    if name == "D":
-        return (7, 365) if offset.n == 1 else (1,)
-    if name.startswith("B") and not name.startswith(("BM", "BQ", "BY", "BA")):
-        return (5, 260)
-    first = season_for_freq(freq)
-    return (first,)
 
 
 def split_by_time(n_rows: int, cfg: PipelineConfig) -> Split:

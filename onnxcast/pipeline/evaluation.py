@@ -6,7 +6,7 @@ a statistical reference, confidence intervals and paired tests.
   day and every day of the week instead of at one phase (twelve non-overlapping origins at
   the same time of day once flipped the family choice).
 - **Baselines.** The naive forecast and the seasonal-naive forecast for every seasonality the
-  frequency implies (``data.seasons_for_freq``); the most accurate on the holdout is THE
+  frequency implies (``seasons.seasons_for_freq``); the most accurate on the holdout is THE
   baseline: the gate a model must beat, and the scale of MASE.
 - **Reference.** A statistical model on the same origins (statsforecast: MSTL with an AutoETS
   trend for seasonal data, AutoETS otherwise) on a recent window: its parameters are

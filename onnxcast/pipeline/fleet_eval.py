@@ -82,11 +82,11 @@ class Plan:
 
 
 def plan_for(cfg: PipelineConfig, fleet: FleetData) -> Plan:
-    from onnxcast.pipeline.data import seasons_for_freq
     from onnxcast.pipeline.evaluation import fleet_origins
+    from onnxcast.pipeline.seasons import evaluation_seasons
 
     holdout, _ = fleet_steps(cfg)
-    seasons = tuple(sorted({*seasons_for_freq(fleet.freq), fleet.season}))
+    seasons = evaluation_seasons(fleet.freq, fleet.season)
     back, stride = fleet_origins(holdout, cfg.horizon, seasons)
     return Plan(cfg.horizon, holdout, back, stride, seasons, fleet.season,
                 min(len(back), cfg.reference_max_origins))

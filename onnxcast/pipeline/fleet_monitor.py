@@ -59,8 +59,9 @@ BATCH = 1024
 def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """The monitor result of a fleet model (the one-series keys, plus ``fleet``)."""
     from onnxcast.base.files import finite_or_none
-    from onnxcast.pipeline.data import parse_utc, seasons_for_freq, utc_iso
+    from onnxcast.pipeline.data import parse_utc, utc_iso
     from onnxcast.pipeline.monitor import served_variant
+    from onnxcast.pipeline.seasons import evaluation_seasons
     from onnxcast.pipeline.sessions import open_model
 
     started = time.monotonic()
@@ -73,7 +74,7 @@ def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dic
     horizon = int(cfg.horizon)
     lookback = int(meta.get("onnxcast.lookback") or cfg.lookback)
     season = int(fleet.season)
-    seasons = tuple(sorted({*seasons_for_freq(fleet.freq), season}))
+    seasons = evaluation_seasons(fleet.freq, season)
     cut = parse_utc(trained_until)
     first_new = np.array([int(np.searchsorted(fleet.timestamps(i), cut, side="right")) for i in range(fleet.n_series)],
                          dtype=np.int64)

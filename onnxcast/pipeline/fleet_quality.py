@@ -74,9 +74,9 @@ def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = N
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from onnxcast.pipeline.data import season_for_freq
     from onnxcast.pipeline.quality import hide_unnamed_columns
     from onnxcast.pipeline.reading import read_long_table
+    from onnxcast.pipeline.seasons import season_for_freq
 
     layout, series_col = cfg.layout, cfg.series_column
     value_cols = [cfg.target_column, *cfg.feature_columns]

@@ -83,7 +83,8 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     Raises ConfigError when the report does not describe the served model (no such channel
     or variant) and the data gate's errors when the data cannot be read or checked.
     """
-    from onnxcast.pipeline.data import parse_utc, seasons_for_freq, utc_iso
+    from onnxcast.pipeline.data import parse_utc, utc_iso
+    from onnxcast.pipeline.seasons import seasons_for_freq
 
     started = time.monotonic()
     report = item.report

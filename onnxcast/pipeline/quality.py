@@ -27,7 +27,6 @@ from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import (
     SeriesData,
     infer_freq,
-    season_for_freq,
     series_from_checked,
     split_by_time,
 )
@@ -43,6 +42,7 @@ from onnxcast.pipeline.expectations import (
     summary_html,
     write_reports,
 )
+from onnxcast.pipeline.seasons import season_for_freq
 
 SUITE_NAME = "onnxcast-data-quality"
 FLOAT32_MAX = 3.4028234663852886e38

@@ -104,10 +104,11 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
 def _reference_plan(cfg: PipelineConfig, series, split) -> str:
     """What the reference step will fit, in words: the model, how many origins, how much history."""
     from onnxcast.pipeline.evaluation import reference_model
-    from onnxcast.pipeline.validate import evaluation_seasons, holdout_origins_for
+    from onnxcast.pipeline.seasons import evaluation_seasons
+    from onnxcast.pipeline.validate import holdout_origins_for
 
     origins = holdout_origins_for(cfg, series, split)
-    name, _, window = reference_model(evaluation_seasons(cfg, series), int(origins.index.min()))
+    name, _, window = reference_model(evaluation_seasons(series.freq, series.season), int(origins.index.min()))
     return (f"{name} on the last {window} rows at each of {len(origins.index)} holdout origins "
             f"(parameters estimated once per horizon)")
 
@@ -140,9 +141,9 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
         from onnxcast.pipeline.fleet_train import train_global
 
         return train_global(cfg, family)
-    from onnxcast.pipeline.data import seasons_for_freq
     from onnxcast.pipeline.evaluation import best_anchor_season
     from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
+    from onnxcast.pipeline.seasons import model_seasons, seasons_for_freq
     from onnxcast.pipeline.training import (
         BF16_FAMILIES,
         describe,
@@ -184,12 +185,6 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
-
-
-def model_seasons(season: int, implied: tuple[int, ...], lookback: int) -> tuple[int, ...]:
-    """The seasonal periods a model anchors on: the run's ``season`` first, then every other
-    period the frequency implies that fits in the lookback (hourly, lookback 168: 24, 168)."""
-    return (season, *(s for s in dict.fromkeys(implied) if s != season and 1 < s <= lookback))
 
 
 def save_model(cfg: PipelineConfig, family: str, model, spec, extra: dict) -> None:

@@ -23,6 +23,7 @@ from onnxcast.base.contract import (
 )
 from onnxcast.base.files import sha256_file
 from onnxcast.pipeline.metrics import forecast_metrics
+from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.sessions import onnx_predict, onnx_predict_with_quantiles, onnx_session
 
 log = logging.getLogger(__name__)
@@ -150,18 +151,11 @@ def gate(passed: bool, value: float, threshold: float | str) -> dict:
 
 # --- validating every variant of one family -------------------------------------------------
 
-def evaluation_seasons(cfg, series) -> tuple[int, ...]:
-    """Every seasonality the frequency implies, plus the configured season."""
-    from onnxcast.pipeline.data import seasons_for_freq
-
-    return tuple(sorted({*seasons_for_freq(series.freq), series.season}))
-
-
 def holdout_origins_for(cfg, series, split):
     """The run's holdout origins: every phase of the season, room for the longest look back."""
     from onnxcast.pipeline.evaluation import holdout_origins
 
-    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(cfg, series),
+    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(series.freq, series.season),
                            earliest=cfg.lookback)
 
 
@@ -170,7 +164,7 @@ def baselines_for(cfg, series, split, reference: bool = False) -> dict:
     from onnxcast.pipeline.evaluation import evaluate_baselines
 
     return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
-                              evaluation_seasons(cfg, series), split.train_end, reference=reference,
+                              evaluation_seasons(series.freq, series.season), split.train_end, reference=reference,
                               levels=cfg.levels, lookback=cfg.lookback, validation_end=split.validation_end)
 
 

@@ -7,13 +7,13 @@ from onnxcast.pipeline.config import PipelineConfig, QualitySettings
 from onnxcast.pipeline.data import (
     SeriesData,
     parse_utc,
-    season_for_freq,
     series_from_checked,
     split_by_time,
     utc_iso,
     windows,
 )
 from onnxcast.pipeline.quality import check_data
+from onnxcast.pipeline.seasons import season_for_freq
 
 SMALL = {"lookback": 24, "horizon": 6}
 
@@ -188,7 +188,7 @@ def test_reads_from_s3_over_http(s3_bucket, tmp_path):
                                                ("W-SUN", (52,)), ("MS", (12,)), ("QS", (4,)), ("YS", (1,)),
                                                ("B", (5, 260)), ("2h", (12, 84))])
 def test_every_seasonality_the_frequency_implies(freq, seasons):
-    from onnxcast.pipeline.data import seasons_for_freq
+    from onnxcast.pipeline.seasons import seasons_for_freq
 
     assert seasons_for_freq(freq) == seasons
     assert seasons[0] == season_for_freq(freq)

@@ -220,7 +220,7 @@ class TestDriftSuiteOnHourlyDemand:
     def demand(self, tmp_path_factory) -> str:
         import pandas as pd
 
-        from onnxcast.pipeline.data import example_data_path
+        from onnxcast.pipeline.config import example_data_path
 
         frame = pd.read_csv(example_data_path())
         frame["yesterday"] = frame["y"].shift(24)
