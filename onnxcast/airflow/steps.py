@@ -569,7 +569,7 @@ class TrainOrFetchModelOperator(_FamilyStepOperator):
     """Train the family, or fetch it (MLflow ``models:/`` or ``s3://``) when the plan names a source."""
 
     def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
-        from onnxcast.pipeline.run import family_dir, train_family
+        from onnxcast.pipeline.run import train_family
 
         if not entry.get("source"):
             result = train_family(cfg, self.family)
@@ -580,7 +580,7 @@ class TrainOrFetchModelOperator(_FamilyStepOperator):
         from onnxcast.registry.fetch import FetchError, fetch_model
 
         try:
-            fetched = fetch_model(entry["source"], family_dir(cfg, self.family),
+            fetched = fetch_model(entry["source"], cfg.layout.family(self.family),
                                   tracking_uri=self.mlflow_hook.tracking_uri,
                                   s3_settings=self.s3_hook.get_settings(),
                                   expect={"horizon": cfg.horizon, "n_features": cfg.n_features})

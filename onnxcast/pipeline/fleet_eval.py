@@ -525,9 +525,9 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     """Parity and latency as for one series (histories sampled across series), the merge of
     the family's shards, the aggregates per variant, the gates (``judge_variants``, on mean
     MASE) and paired tests across series; write and return ``validation.json``."""
+    from onnxcast.pipeline.checkpoint import load_model
     from onnxcast.pipeline.evaluation import fleet_aggregate
     from onnxcast.pipeline.models import torch_threads
-    from onnxcast.pipeline.run import load_model
     from onnxcast.pipeline.validate import (
         figure_text,
         interval_verdict,

@@ -143,9 +143,9 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     """Train ``family`` on the fleet in ``data/fleet/``; save it as train_family does
     (model.pt, model.json with a spec whose ``global_model`` is true); return
     ``{"family", "epochs", "best_validation_loss"}``."""
+    from onnxcast.pipeline.checkpoint import save_model
     from onnxcast.pipeline.fleet_data import split_fleet
     from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
-    from onnxcast.pipeline.run import save_model
     from onnxcast.pipeline.seasons import model_seasons, seasons_for_freq
     from onnxcast.pipeline.training import BF16_FAMILIES, describe, seed_everything, train_sampled
 

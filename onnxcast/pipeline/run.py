@@ -26,8 +26,9 @@ from pathlib import Path
 
 from onnxcast import __version__
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
-from onnxcast.base.files import read_json, replacing, write_json
+from onnxcast.base.files import read_json, write_json
 from onnxcast.base.s3 import S3Settings
+from onnxcast.pipeline.checkpoint import load_model, save_model
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
 from onnxcast.pipeline.data import utc_iso
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
@@ -49,12 +50,6 @@ OUTPUT_ENTRIES = tuple(getattr(RunLayout("."), name).name
 class RunDirBusyError(OnnxcastError):
     """Another pipeline run holds the output folder."""
 
-
-def family_dir(cfg: PipelineConfig, family: str) -> Path:
-    return cfg.layout.family(family)
-
-
-# --- steps -------------------------------------------------------------------------------
 
 def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> dict:
     """Check the data (read from S3 with ``s3_settings``, None: boto3's chain), save the
@@ -185,29 +180,6 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
-
-
-def save_model(cfg: PipelineConfig, family: str, model, spec, extra: dict) -> None:
-    """Write ``model.pt`` (state dict, loadable with weights_only=True) and ``model.json``."""
-    import torch
-
-    directory = family_dir(cfg, family)
-    directory.mkdir(parents=True, exist_ok=True)
-    with replacing(cfg.layout.model_pt(family)) as tmp:
-        torch.save(model.state_dict(), tmp)
-    write_json(cfg.layout.model_json(family), {"spec": spec.to_dict(), "onnxcast_version": __version__, **extra})
-
-
-def load_model(cfg: PipelineConfig, family: str):
-    """The trained model of ``family`` from the run directory, loaded with weights_only=True."""
-    import torch
-
-    from onnxcast.pipeline.models import ModelSpec, build_model
-
-    spec = ModelSpec(**read_json(cfg.layout.model_json(family))["spec"])
-    model = build_model(spec)
-    model.load_state_dict(torch.load(cfg.layout.model_pt(family), weights_only=True))
-    return model.eval(), spec
 
 
 def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str:

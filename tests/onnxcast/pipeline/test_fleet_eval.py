@@ -115,10 +115,11 @@ def fleet_run(tmp_path_factory):
 
     from onnxcast.base.contract import format_quantile_levels
     from onnxcast.base.files import write_json
+    from onnxcast.pipeline.checkpoint import save_model
     from onnxcast.pipeline.export import export_onnx
     from onnxcast.pipeline.fleet_eval import evaluate_shard, reference_shard, validate_fleet_family
     from onnxcast.pipeline.models import ModelSpec, build_model
-    from onnxcast.pipeline.run import calibrate_family, optimize_family, save_model
+    from onnxcast.pipeline.run import calibrate_family, optimize_family
 
     out = tmp_path_factory.mktemp("fleet-run")
     panel = load_panel("m3-monthly", limit=100, seed=0)
