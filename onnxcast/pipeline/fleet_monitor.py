@@ -23,7 +23,7 @@ the holdout's per-series figures (docs/airflow.md#monitoring-and-retraining).
   origins is reported) but not compared. Fewer than ``MIN_SERIES`` compared series: never
   degraded; a non-finite forecast in any series: always ("non-finite forecasts", the series
   named). The series that got worse most are named.
-- **Input drift**: the one-series suite (onnxcast.pipeline.monitor.drift_suite) on the
+- **Input drift**: the one-series suite (onnxcast.pipeline.drift.drift_suite) on the
   seasonal change of every column pooled over series, each series' change divided by its
   training's mean absolute seasonal change (so a series of any scale counts alike), rows in
   time order.
@@ -60,7 +60,8 @@ def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dic
     """The monitor result of a fleet model (the one-series keys, plus ``fleet``)."""
     from onnxcast.base.files import finite_or_none
     from onnxcast.pipeline.data import parse_utc, utc_iso
-    from onnxcast.pipeline.monitor import served_variant
+    from onnxcast.pipeline.drift import pooled_drift
+    from onnxcast.pipeline.report import served_variant
     from onnxcast.pipeline.seasons import evaluation_seasons
     from onnxcast.pipeline.sessions import open_model
 
@@ -389,49 +390,6 @@ def _interval(values: np.ndarray) -> list[float] | None:
 
 # --- drift ------------------------------------------------------------------------------------
 
-def pooled_drift(fleet, index: list[int], first_new: np.ndarray, season: int) -> dict:
-    """The one-series drift suite on the seasonal change pooled over the judged series: each
-    series' change over its training's mean absolute change, training and new rows each in
-    time order."""
-    import pandas as pd
-
-    from onnxcast.pipeline.monitor import DRIFT_SUITE, change_column, run_drift_suite
-
-    columns = list(fleet.columns)
-    train_parts, new_parts = [], []
-    for i in index:
-        values = np.asarray(fleet.series(i), np.float64)
-        if len(values) <= season:
-            continue
-        change = np.full_like(values, np.nan)
-        change[season:] = values[season:] - values[:-season]
-        first = int(first_new[i])
-        train = change[season:first]
-        if len(train) < 2:
-            continue
-        scale = np.nanmean(np.abs(train), axis=0)
-        scale = np.where(scale > 0, scale, 1.0)
-        stamps = fleet.timestamps(i).astype(np.int64)
-        normalised = change / scale
-        train_parts.append((stamps[season:first], normalised[season:first]))
-        new_parts.append((stamps[max(first, season):], normalised[max(first, season):]))
-
-    def frame(parts):
-        if not parts:
-            return pd.DataFrame(columns=[change_column(c) for c in columns])
-        stamps = np.concatenate([p[0] for p in parts])
-        values = np.concatenate([p[1] for p in parts])
-        order = np.argsort(stamps, kind="stable")
-        return pd.DataFrame(values[order], columns=[change_column(c) for c in columns])
-
-    train, new = frame(train_parts), frame(new_parts)
-    if len(new) < 2 or len(train) < 4:
-        return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "drifted": [], "checks": [],
-                "pooled": True, "note": "too few rows of seasonal change: no drift check"}
-    out = run_drift_suite(train, new, columns)
-    return {"suite": DRIFT_SUITE, "season": season, "pooled": True, "series": len(new_parts), **out}
-
-
 def _float(value) -> float | None:
     return None if value is None else float(value)
 
@@ -440,5 +398,4 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-__all__ = ["MIN_SERIES", "holdout_per_series", "compared_mase", "like_sized_back", "monitor_fleet", "paired_degradation_test", "pooled_drift",
-           "read_fleet", "realised_per_series"]
+__all__ = ["MIN_SERIES", "holdout_per_series", "compared_mase", "like_sized_back", "monitor_fleet", "paired_degradation_test", "read_fleet", "realised_per_series"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from onnxcast.base.errors import ConfigError
 from onnxcast.pipeline.config import CHANNELS
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "report.schema.json"
@@ -141,3 +142,17 @@ def select_variants(models: list[dict], family_choice: dict | None = None) -> tu
         selected[channel] = {"family": choice["family"], "variant": choice["variant"]}
     assert not selected or set(selected) == set(CHANNELS)
     return selected, ranking
+
+
+def served_variant(report: dict, channel: str) -> tuple[dict, dict]:
+    """The report's model entry and variant entry the channel was given."""
+    chosen = (report.get("selected") or {}).get(channel)
+    if not chosen:
+        raise ConfigError(f"report: no variant selected for channel {channel!r}")
+    for entry in report.get("models") or []:
+        if entry.get("family") == chosen["family"]:
+            for variant in entry.get("variants") or []:
+                if variant.get("name") == chosen["variant"]:
+                    return entry, variant
+    raise ConfigError(f"report: channel {channel!r} names {chosen['family']}/{chosen['variant']}, "
+                      "which the report's models do not hold")

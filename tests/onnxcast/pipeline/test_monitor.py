@@ -238,7 +238,7 @@ class TestDriftSuiteOnHourlyDemand:
         return check_data(cfg, tmp_path / "quality").series
 
     def test_the_next_weeks_do_not_drift(self, demand, tmp_path):
-        from onnxcast.pipeline.monitor import check_drift
+        from onnxcast.pipeline.drift import check_drift
 
         series = self.series(demand, tmp_path)
         first = len(series.values) - 24 * 14  # two weeks after training
@@ -248,7 +248,7 @@ class TestDriftSuiteOnHourlyDemand:
     def test_a_shifted_feature_is_named_alone(self, demand, tmp_path):
         import pandas as pd
 
-        from onnxcast.pipeline.monitor import check_drift
+        from onnxcast.pipeline.drift import check_drift
 
         frame = pd.read_csv(demand)
         first = len(frame) - 24 * 14
