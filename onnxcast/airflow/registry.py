@@ -37,7 +37,7 @@ class RegisterModelOperator(TrackedOperator):
     def _register(self, context: Context, work) -> dict:
         from onnxcast.base.files import read_json, write_json
         from onnxcast.pipeline.run import assemble_report
-        from onnxcast.registry.champion import challengers, champion_entry
+        from onnxcast.registry.plan import challengers, champion_entry
         from onnxcast.registry.tracking import log_pipeline_run, register_model, run_url
 
         cfg = load_config(work)

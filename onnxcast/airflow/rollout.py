@@ -185,7 +185,7 @@ class PromoteModelOperator(_StoreOperator):
     def _assemble(self, cfg) -> None:
         from onnxcast.base.files import read_json, write_json
         from onnxcast.pipeline.run import assemble_report
-        from onnxcast.registry.champion import challengers
+        from onnxcast.registry.plan import challengers
 
         staged = read_json(cfg.layout.staged)
         try:

@@ -333,7 +333,7 @@ class CheckDataOperator(TrackedOperator):
 
     def _plan(self, cfg: PipelineConfig, run_dir: Path) -> tuple[list[str], dict | None, list[str]]:
         """plan.json: the families to train or fetch, and the champion when it is comparable."""
-        from onnxcast.registry.champion import CHAMPION_FAMILY, write_plan
+        from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
 
         entries, notes, incomparable = self._challengers(cfg), [], {}
         compare = as_bool(self.compare_with_champion)
@@ -397,7 +397,7 @@ class MergeDataOperator(TrackedOperator):
         self.shards = shards
 
     def execute(self, context: Context) -> list[str]:
-        from onnxcast.registry.champion import read_plan
+        from onnxcast.registry.plan import read_plan
 
         require = [shard_step("check_series", k) for k in _shard_numbers(self.shards)]
         with self.workspace(context, self.run_dir, require=require, paths=_config_only_unless_fleet) as work:
@@ -533,7 +533,7 @@ class EvaluateShardOperator(_ShardStepOperator):
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
         from onnxcast.pipeline.fleet_eval import evaluate_shard
-        from onnxcast.registry.champion import read_plan
+        from onnxcast.registry.plan import read_plan
 
         families = [entry["family"] for entry in read_plan(cfg.run_dir)["families"]]
         paths = [Path(p) for p in evaluate_shard(cfg, shard, families)]
@@ -552,7 +552,7 @@ class _FamilyStepOperator(TrackedOperator):
         self.family = family
 
     def execute(self, context: Context) -> dict:
-        from onnxcast.registry.champion import plan_entry
+        from onnxcast.registry.plan import plan_entry
 
         with self.workspace(context, self.run_dir, families=[self.family]) as work:
             cfg = load_config(work)

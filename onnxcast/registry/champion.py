@@ -5,69 +5,20 @@ exists, the champion itself: it is fetched into the run as the family ``champion
 goes through the same export, optimize and validate steps on the same holdout window.
 The decision then compares numbers measured in this run, never numbers from the past.
 
-The plan (``plan.json`` in the run directory) pins what each family is and where it comes
-from, so retried tasks see the same champion version even if the alias moved meanwhile.
+Which families a run has, and which is the champion, is the run's plan (onnxcast.registry.plan).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from onnxcast.base.errors import OnnxcastError
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fleet_tracking import is_fleet_report
+from onnxcast.registry.plan import CHAMPION_FAMILY, PlanError, champion_entry, read_plan
 
-CHAMPION_FAMILY = "champion"
 MSIS_TAG = "onnxcast.fp32_msis_95"  # a version's fp32 95% MSIS (tracking.interval_tags)
 FLEET_METRIC = "mase"
 MSIS = "msis"  # champion_metric: the 95% interval's MSIS (onnxcast.pipeline.config.CHAMPION_METRICS)
-
-
-class PlanError(OnnxcastError):
-    """The run directory has no plan, or the plan does not name the family asked for."""
-
-
-def write_plan(run_dir: str | Path, entries: list[dict], notes: list[str] = (),
-               incomparable_champion: dict | None = None) -> dict:
-    """Record the families of the run: ``[{"family", "source", "role"}]``, role challenger|champion.
-
-    ``incomparable_champion`` (``{"version", "differences"}``) records a champion that this
-    run cannot evaluate (another horizon or other features): decide() then refuses to
-    replace it automatically, since its consumers expect its input and output shapes."""
-    from onnxcast.base.files import write_json
-
-    names = [e["family"] for e in entries]
-    if len(set(names)) != len(names):
-        raise PlanError(f"duplicate family names in the plan: {names}")
-    plan = {"families": entries, "notes": list(notes), "incomparable_champion": incomparable_champion}
-    write_json(RunLayout(run_dir).plan, plan)
-    return plan
-
-
-def read_plan(run_dir: str | Path) -> dict:
-    from onnxcast.base.files import read_json
-
-    path = RunLayout(run_dir).plan
-    if not path.exists():
-        raise PlanError(f"{path}: no plan; run the data check step first")
-    return read_json(path)
-
-
-def plan_entry(run_dir: str | Path, family: str) -> dict:
-    plan = read_plan(run_dir)
-    for entry in plan["families"]:
-        if entry["family"] == family:
-            return entry
-    raise PlanError(f"{RunLayout(run_dir).plan}: no family {family!r}; the plan has "
-                    f"{[e['family'] for e in plan['families']]}")
-
-
-def challengers(run_dir: str | Path) -> list[str]:
-    return [e["family"] for e in read_plan(run_dir)["families"] if e.get("role", "challenger") == "challenger"]
-
-
-def champion_entry(run_dir: str | Path) -> dict | None:
-    return next((e for e in read_plan(run_dir)["families"] if e.get("role") == "champion"), None)
 
 
 def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,

@@ -317,7 +317,7 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
     from onnxcast.base.files import sha256_file, write_json
     from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.run import prepare_data
-    from onnxcast.registry.champion import write_plan
+    from onnxcast.registry.plan import write_plan
     from onnxcast.registry.tracking import download_version_files
     from onnxcast.rollout.store import check_name
 
