@@ -1,18 +1,59 @@
 """The layering of docs/architecture.md holds: import-linter's contracts (pyproject.toml
 [tool.importlinter]) checked on the source tree, as `make lint` checks them."""
 
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
+# the contracts that keep the files of a package free of cycles (issue 31): name -> container
+NO_CYCLES = {"pipeline: the run over the steps": "onnxcast.pipeline",
+             "registry: releases over decisions": "onnxcast.registry"}
 
 
 def test_the_import_contracts_are_kept():
-    done = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "BROKEN" not in done.stdout and done.stdout.count(" KEPT") >= 4, done.stdout[-2000:]
+    assert "BROKEN" not in done.stdout and done.stdout.count(" KEPT") >= 6, done.stdout[-2000:]
+    flat = " ".join(done.stdout.split())
+    for name in NO_CYCLES:
+        assert re.search(re.escape(name) + r"[^)]*\) KEPT", flat), f"{name!r} not kept:\n{done.stdout[-2000:]}"
+
+
+@pytest.mark.parametrize(("module", "back_edge"), [
+    ("pipeline/significance.py", "onnxcast.pipeline.run"),  # a leaf that imports the top
+    ("pipeline/config.py", "onnxcast.pipeline.data"),  # the cycle S2 broke, inside a function
+    ("registry/plan.py", "onnxcast.registry.champion"),  # the champion <-> fetch cycle, back
+])
+def test_a_back_edge_inside_a_package_breaks_its_contract(tmp_path, module, back_edge):
+    """The no-cycle contracts can fail: a copy of the package with one planted import that
+    points up (function-local imports count: they made the cycles issue 31 found)."""
+    shutil.copytree(REPO / "onnxcast", tmp_path / "onnxcast", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    planted = tmp_path / "onnxcast" / module
+    planted.write_text(planted.read_text() + f"\n\ndef _planted():\n    import {back_edge}  # noqa\n")
+    done = subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    flat = " ".join(done.stdout.split())
+    container = back_edge.rsplit(".", 1)[0]
+    (name,) = [n for n, c in NO_CYCLES.items() if c == container]
+    assert done.returncode == 1 and re.search(re.escape(name) + r"[^)]*\) BROKEN", flat), done.stdout[-3000:]
+    assert f"{container}.{Path(module).stem} -> {back_edge}" in flat, done.stdout[-3000:]
+
+
+def test_a_new_module_must_be_placed_in_its_packages_layers(tmp_path):
+    """exhaustive: a module the layers do not name breaks the contract until it is placed."""
+    shutil.copytree(REPO / "onnxcast", tmp_path / "onnxcast", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "onnxcast" / "pipeline" / "unplaced.py").write_text('"""Nobody placed me."""\n')
+    done = subprocess.run([LINT_IMPORTS, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1 and "onnxcast.pipeline.unplaced" in done.stdout, done.stdout[-3000:]
 
 
 def test_a_broken_contract_is_found(tmp_path):
