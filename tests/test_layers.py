@@ -134,3 +134,125 @@ def test_a_private_import_is_found(tmp_path):
     (package / "sub" / "c.py").write_text("from ..a import _helper as helper\n")
     assert private_imports(package) == {("demo_pkg.sub.b", "demo_pkg.a", "_helper"),
                                         ("demo_pkg.sub.c", "demo_pkg.a", "_helper")}
+
+
+# --- onnxcast imports at module top unless they would make the importer heavier -------------------
+
+HEAVY = {"torch", "onnx", "onnxruntime", "mlflow", "pandas", "great_expectations", "statsforecast", "fastapi",
+         "uvicorn", "starlette", "onnxscript", "onnx_ir", "onnxslim", "statsmodels", "matplotlib", "pyarrow",
+         "scipy", "airflow"}
+# (importer, imported): why a function-local import stays inside its function
+LOCAL_IMPORTS_ALLOWED = {
+    ("onnxcast.pipeline.validate", "onnxcast.pipeline.evaluation"): "evaluation.judged and intervals.judged: one name",
+    ("onnxcast.pipeline.validate", "onnxcast.pipeline.intervals"): "evaluation.judged and intervals.judged: one name",
+}
+# modules being rewritten for issue 30 (another branch): their imports move to the top after it lands
+LOCAL_IMPORTS_LATER = {"onnxcast.pipeline.fleet_quality", "onnxcast.pipeline.reading"}
+
+
+def import_graph(package: Path) -> tuple[dict[str, set[str]], dict[str, list[tuple[int, str]]]]:
+    """(module -> what it imports at module level, module -> [(line, onnxcast module)] it imports
+    inside functions). ``from pkg import sub`` counts ``pkg.sub``; TYPE_CHECKING blocks do not count."""
+    import ast
+
+    root = package.parent
+    paths = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    top: dict[str, set[str]] = {}
+    local: dict[str, list[tuple[int, str]]] = {}
+    for module, path in paths.items():
+        is_package = path.name == "__init__.py"
+        top[module], local[module] = set(), []
+
+        def targets(node, module=module, is_package=is_package) -> list[str]:
+            if isinstance(node, ast.Import):
+                return [a.name for a in node.names]
+            base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)] \
+                if node.level else []
+            name = ".".join(base + ([node.module] if node.module else []))
+            return [name] + [f"{name}.{a.name}" for a in node.names if f"{name}.{a.name}" in paths]
+
+        def walk(body, in_function, module=module, targets=targets):
+            for node in body:
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    found = targets(node)
+                    if in_function:
+                        ours = [t for t in found if t.split(".")[0] == package.name]
+                        if isinstance(node, ast.ImportFrom):
+                            ours = ours[1:] or ours  # the submodules it names, else the module
+                        local[module] += [(node.lineno, t) for t in ours]
+                    else:
+                        top[module].update(".".join(t.split(".")[:i + 1]) for t in found
+                                           for i in range(len(t.split("."))))
+                elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    walk(node.body, True)
+                elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                    continue
+                else:
+                    for field in ("body", "orelse", "finalbody", "handlers"):
+                        walk([n for n in getattr(node, field, []) if isinstance(n, ast.AST)], in_function)
+                    if isinstance(node, ast.ExceptHandler):
+                        walk(node.body, in_function)
+
+        walk(ast.parse(path.read_text()).body, False)
+    return top, local
+
+
+def liftable_local_imports(package: Path, allowed: dict | None = None, later: set | None = None) -> list[str]:
+    """The function-local imports of ``package`` modules that could sit at module top: outside
+    the Airflow provider, not listed, loading no heavy library nor any third-party package the
+    importer does not load already, closing no import cycle."""
+    import sys
+
+    top, local = import_graph(package)
+
+    def closure(module: str) -> set[str]:
+        seen, stack = set(), [module]
+        while stack:
+            current = stack.pop()
+            if current not in seen:
+                seen.add(current)
+                stack += list(top.get(current, ())) + [current.rsplit(".", 1)[0]] * ("." in current)
+        return seen
+
+    def outside(module: str) -> set[str]:
+        return {m.split(".")[0] for m in closure(module)} - set(sys.stdlib_module_names) - {"__future__", package.name}
+
+    liftable = []
+    for module, imports in local.items():
+        if module.startswith(f"{package.name}.airflow") or module in (later or set()):
+            continue
+        for line, target in imports:
+            if (module, target) in (allowed or {}) or outside(target) & HEAVY or module in closure(target):
+                continue
+            if outside(target) - outside(module):
+                continue
+            liftable.append(f"{module}:{line} imports {target} inside a function")
+    return liftable
+
+
+def test_onnxcast_imports_sit_at_module_top_unless_they_would_make_the_importer_heavier():
+    """Issue 31: function-local imports hid five file cycles. One stays inside its function only
+    in the Airflow provider (DAG files parse it: operators import in execute()), or when moving
+    it up would load a heavy library (torch, onnxruntime, mlflow, pandas, GX, ...) or any
+    third-party package the importer does not load today (numpy into the import-light store,
+    promote, release or CLI modules), or close an import cycle; or for a reason listed."""
+    liftable = liftable_local_imports(REPO / "onnxcast", LOCAL_IMPORTS_ALLOWED, LOCAL_IMPORTS_LATER)
+    assert liftable == [], "\n".join(liftable)
+
+
+def test_a_local_import_that_could_sit_at_the_top_is_found(tmp_path):
+    """The check can fail; and it leaves alone what would load torch or numpy into a light module."""
+    package = tmp_path / "demo_pkg"
+    (package / "airflow").mkdir(parents=True)
+    for path in (package / "__init__.py", package / "airflow" / "__init__.py"):
+        path.write_text("")
+    (package / "light.py").write_text("import json\n")
+    (package / "heavy.py").write_text("import torch\n")
+    (package / "numeric.py").write_text("import numpy\n")
+    (package / "user.py").write_text("def f():\n    from demo_pkg.light import json\n\n\n"
+                                     "def g():\n    from demo_pkg import heavy, numeric\n")
+    (package / "airflow" / "op.py").write_text("def execute():\n    from demo_pkg.light import json\n")
+    assert liftable_local_imports(package) == ["demo_pkg.user:2 imports demo_pkg.light inside a function"]

@@ -28,6 +28,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from onnxcast.pipeline.intervals import (
+    conformal_quantiles,
+    independent_windows,
+    interval_lag,
+    interval_metrics,
+    quantiles_from_levels,
+    reference_levels,
+)
 from onnxcast.pipeline.metrics import forecast_metrics, mase_scale, seasonal_naive
 from onnxcast.pipeline.significance import block_bootstrap_interval, bootstrap_interval, paired_test
 
@@ -168,8 +176,6 @@ def reference_forecasts(target: np.ndarray, origins: Origins, horizon: int, seas
     data past its origin."""
     import warnings
 
-    from onnxcast.pipeline.intervals import quantiles_from_levels, reference_levels
-
     started = time.monotonic()
     first = int(origins.index.min())
     name, model, window = reference_model(seasons, first)
@@ -250,13 +256,6 @@ def baseline_intervals(target: np.ndarray, origins: Origins, horizon: int, seaso
     scaled by the mean absolute seasonal change of the last ``lookback`` target steps
     (``intervals.window_scale`` at ``interval_lag(season, lookback)``, as the models'), give the offsets; judged by ``interval_metrics`` with the MASE
     ``scale``. None, with a log line, when the validation split holds no usable window."""
-    from onnxcast.pipeline.intervals import (
-        conformal_quantiles,
-        independent_windows,
-        interval_lag,
-        interval_metrics,
-    )
-
     lag = season * math.ceil(horizon / season)
     calibration = np.arange(max(train_end, lookback, lag), validation_end - horizon + 1, dtype=np.int64)
     if len(calibration) == 0 or int(origins.index.min()) < lookback:
@@ -283,8 +282,6 @@ def reference_intervals(actual: np.ndarray, ref: ReferenceForecasts, levels: tup
                         scale: float) -> dict | None:
     """The reference's own intervals judged like the models' (None when statsforecast gave no
     interval for some level)."""
-    from onnxcast.pipeline.intervals import interval_metrics, reference_levels
-
     if ref.quantiles is None:
         return None
     return {**interval_metrics(actual, ref.quantiles, levels, scale), "levels": list(levels),

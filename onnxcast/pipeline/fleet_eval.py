@@ -30,10 +30,47 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxcast.base.contract import (
+    METADATA_PREFIX,
+    QUANTILE_METADATA,
+    QUANTILES_NAME,
+    opset_of,
+    parse_quantile_levels,
+)
 from onnxcast.base.errors import DataError
-from onnxcast.base.files import json_safe, read_json, replacing, write_json
+from onnxcast.base.files import json_safe, read_json, replacing, sha256_file, write_json
+from onnxcast.pipeline.checkpoint import load_model
 from onnxcast.pipeline.config import PipelineConfig
-from onnxcast.pipeline.fleet_data import FleetData, fleet_steps
+from onnxcast.pipeline.data import utc_iso
+from onnxcast.pipeline.evaluation import fleet_aggregate, fleet_origins, series_metrics
+from onnxcast.pipeline.fleet_data import FleetData, fleet_steps, split_fleet
+from onnxcast.pipeline.intervals import (
+    independent_windows,
+    interval_lag,
+    judged,
+    moving_windows,
+    offsets_from_errors,
+    quantiles_from_levels,
+    reference_levels,
+    row_interval_metrics,
+    window_scale,
+)
+from onnxcast.pipeline.metrics import mase_scale
+from onnxcast.pipeline.report import compare_families
+from onnxcast.pipeline.seasons import evaluation_seasons
+from onnxcast.pipeline.sessions import onnx_session
+from onnxcast.pipeline.significance import bootstrap_interval, paired_across_series
+from onnxcast.pipeline.validate import (
+    FP32_VARIANTS,
+    figure_text,
+    gate,
+    interval_verdict,
+    judge_variants,
+    measure_latency,
+    parity_on,
+    parity_shapes,
+    torch_runner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +119,6 @@ class Plan:
 
 
 def plan_for(cfg: PipelineConfig, fleet: FleetData) -> Plan:
-    from onnxcast.pipeline.evaluation import fleet_origins
-    from onnxcast.pipeline.seasons import evaluation_seasons
-
     holdout, _ = fleet_steps(cfg)
     seasons = evaluation_seasons(fleet.freq, fleet.season)
     back, stride = fleet_origins(holdout, cfg.horizon, seasons)
@@ -96,8 +130,6 @@ def mase_scales(fleet: FleetData, plan: Plan) -> np.ndarray:
     """Each series' MASE denominator: the in-sample MAE of the seasonal naive (lag = the
     fleet's season, 1 when the series is too short) on everything before its holdout, which
     with one holdout horizon is exactly M3's in-sample ``x`` (Hyndman and Koehler 2006)."""
-    from onnxcast.pipeline.metrics import mase_scale
-
     ends = fleet.lengths - plan.holdout_steps
     return np.array([mase_scale(np.asarray(fleet.target(i), np.float64)[: ends[i]], plan.season)
                      for i in range(fleet.n_series)], dtype=np.float64)
@@ -193,8 +225,6 @@ def naive_forecasts(fleet: FleetData, plan: Plan, back: np.ndarray | None = None
 
 
 def _metric_columns(table: dict, name: str, actual: np.ndarray, forecast: np.ndarray, scale: np.ndarray) -> None:
-    from onnxcast.pipeline.evaluation import series_metrics
-
     for metric, values in series_metrics(actual, forecast, scale).items():
         table[f"{name}.{metric}"] = values
 
@@ -215,8 +245,6 @@ def _interval_columns(table: dict, name: str, actual: np.ndarray, quantiles: np.
     over the series' origins and steps, scaled by its MASE scale) from ``actual [series,
     origins, horizon]`` and ``quantiles [series, origins, horizon, Q]``; NaN for a series with
     a non-finite quantile (the forecaster did not run there)."""
-    from onnxcast.pipeline.intervals import row_interval_metrics
-
     n = actual.shape[0]
     flat_actual = actual.reshape(n, -1)
     flat = np.asarray(quantiles, np.float64).reshape(n, -1, quantiles.shape[-1])
@@ -245,9 +273,6 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0,
     :func:`plan_windows`), ``independent_windows`` is the series it ran on times that, and each
     coverage gets its bootstrap interval (``coverage_<p>_ci95``, what the gate allows for) only
     where they reach intervals.MIN_INDEPENDENT_WINDOWS: the same rule as one series'."""
-    from onnxcast.pipeline.intervals import judged
-    from onnxcast.pipeline.significance import bootstrap_interval
-
     names = interval_names(table.columns, forecaster)
     if not names:
         return None
@@ -270,8 +295,6 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0,
 def plan_windows(plan: Plan) -> int:
     """The non-overlapping holdout windows of one series under ``plan`` (its origins, ``back``
     steps from the end, and horizon): intervals.independent_windows."""
-    from onnxcast.pipeline.intervals import independent_windows
-
     return independent_windows(-np.asarray(plan.back, np.int64), plan.horizon)
 
 
@@ -290,8 +313,6 @@ def naive_quantiles(fleet: FleetData, plan: Plan, naive: dict, lookback: int, le
     share one error shape, as for a model with few validation windows. Chosen over
     statsforecast's SeasonalNaive(level=...) (normal errors from in-sample residuals) so the
     bar the models are held to is calibrated exactly as they are."""
-    from onnxcast.pipeline.intervals import offsets_from_errors
-
     val_back = np.array([plan.holdout_steps + plan.horizon], np.int64)
     at_validation = naive_forecasts(fleet, plan, val_back)
     target = _actuals_at(fleet, val_back, plan.horizon)[:, 0]
@@ -321,8 +342,6 @@ def _actuals_at(fleet: FleetData, back: np.ndarray, horizon: int) -> np.ndarray:
 def _window_scales(fleet: FleetData, back: np.ndarray, lookback: int) -> np.ndarray:
     """``[series, len(back)]``: the models' interval scale (QuantileOutput.interval_scale) of the
     ``lookback`` steps (edge-padded) before each origin, in numpy."""
-    from onnxcast.pipeline.intervals import interval_lag, window_scale
-
     n, k = fleet.n_series, len(back)
     series = np.repeat(np.arange(n), k)
     ends = (fleet.lengths[:, None] - back[None, :]).reshape(-1)
@@ -333,8 +352,6 @@ def _window_scales(fleet: FleetData, back: np.ndarray, lookback: int) -> np.ndar
 def _moving(fleet: FleetData, back: int, lookback: int) -> np.ndarray:
     """Series whose ``lookback`` steps before the origin ``back`` from the end moved at the scale's lag
     (intervals.calibrate leaves out windows that did not: their scaled error means nothing)."""
-    from onnxcast.pipeline.intervals import interval_lag, moving_windows
-
     ends = np.maximum(fleet.lengths - back, 1)
     window = histories(fleet, np.arange(fleet.n_series), ends, lookback)[:, :, 0].astype(np.float64)
     return moving_windows(window, interval_lag(fleet.season, lookback))
@@ -416,8 +433,6 @@ def statsforecast_forecasts(fleet: FleetData, plan: Plan, threads: int,
     from statsforecast import StatsForecast
     from statsforecast.models import Naive, SeasonalNaive
 
-    from onnxcast.pipeline.intervals import quantiles_from_levels, reference_levels
-
     k_ref = plan.reference_origins
     lengths = fleet.lengths
     models = reference_models(fleet.freq, plan.season, plan.seasons,
@@ -462,8 +477,6 @@ def statsforecast_forecasts(fleet: FleetData, plan: Plan, threads: int,
 
 def evaluate_shard(cfg: PipelineConfig, shard: int, families: list[str] | None = None) -> list[Path]:
     """Every variant of every family on the shard's series at the evaluation's origins."""
-    from onnxcast.pipeline.sessions import onnx_session
-
     layout = cfg.layout
     fleet = _load_shard(cfg, shard)
     plan = plan_for(cfg, fleet)
@@ -508,13 +521,6 @@ def evaluate_shard(cfg: PipelineConfig, shard: int, families: list[str] | None =
 def session_levels(session) -> tuple[float, ...] | None:
     """The quantile levels of an ONNX session with a ``quantiles`` output (its metadata
     ``onnxcast.quantile_levels``), None for a model without one."""
-    from onnxcast.base.contract import (
-        METADATA_PREFIX,
-        QUANTILE_METADATA,
-        QUANTILES_NAME,
-        parse_quantile_levels,
-    )
-
     if QUANTILES_NAME not in [o.name for o in session.get_outputs()]:
         return None
     key = METADATA_PREFIX + QUANTILE_METADATA
@@ -525,17 +531,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     """Parity and latency as for one series (histories sampled across series), the merge of
     the family's shards, the aggregates per variant, the gates (``judge_variants``, on mean
     MASE) and paired tests across series; write and return ``validation.json``."""
-    from onnxcast.pipeline.checkpoint import load_model
-    from onnxcast.pipeline.evaluation import fleet_aggregate
     from onnxcast.pipeline.models import torch_threads
-    from onnxcast.pipeline.validate import (
-        figure_text,
-        interval_verdict,
-        judge_variants,
-        measure_latency,
-        parity_shapes,
-        torch_runner,
-    )
 
     layout = cfg.layout
     model, spec = load_model(cfg, family)
@@ -734,11 +730,6 @@ def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, lat
     """One variant's entry with the keys of the single-series one (``_validate_one``)."""
     import onnx
 
-    from onnxcast.base.contract import opset_of
-    from onnxcast.base.files import sha256_file
-    from onnxcast.pipeline.sessions import onnx_session
-    from onnxcast.pipeline.validate import FP32_VARIANTS, gate, measure_latency, parity_on
-
     name = spec["name"]
     entry = {"name": name, "onnx_path": str(path.relative_to(cfg.run_dir)), "sha256": sha256_file(path),
              "size_bytes": path.stat().st_size, "opset": None, "note": spec.get("note", ""),
@@ -769,8 +760,6 @@ def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, lat
 def _fleet_tests(table, reference) -> tuple[dict, dict]:
     """fp32 against the best naive (every series) and against each reference model (the
     sampled series, fp32 on the reference's origins only), paired across series."""
-    from onnxcast.pipeline.significance import paired_across_series
-
     def versus(a, b) -> dict:
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         both = np.isfinite(a) & np.isfinite(b)
@@ -794,8 +783,6 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
     per-series figures in each series' own unit, informational; ``mase`` is what the gates
     use), ``candidates``, ``origins``, ``reference`` (the best statsforecast model on the
     sample), plus ``fleet``: every aggregate with its interval and the sample's size."""
-    from onnxcast.pipeline.evaluation import fleet_aggregate
-
     layout = cfg.layout
     reference = _reference_shards(cfg)
     _write_table({c: reference[c].to_numpy() for c in reference.columns}, layout.reference_table)
@@ -846,8 +833,6 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
 def _legacy_metrics(aggregate: dict, table, name: str, seed: int) -> dict:
     """The single-series metric keys from a fleet aggregate: mae/rmse are means of per-series
     figures (unit-mixed, informational), smape and mase the means over series."""
-    from onnxcast.pipeline.significance import bootstrap_interval
-
     return {"mae": aggregate["mae_mean"], "rmse": aggregate["rmse_mean"], "smape": aggregate["smape_mean"],
             "mase": aggregate["mase_mean"], "mae_ci95": bootstrap_interval(table[f"{name}.mae"].to_numpy(), seed=seed),
             "mase_ci95": aggregate["mase_ci95"], "series": aggregate["series"]}
@@ -859,8 +844,6 @@ def fleet_report(cfg: PipelineConfig, models: list[dict]) -> dict:
     ``baselines`` (:func:`fleet_baselines`), ``family_choice`` (``compare_families`` on per-series
     fp32 MASE, aligned by series id) and the report's ``fleet`` object."""
     import pandas as pd
-
-    from onnxcast.pipeline.report import compare_families
 
     layout = cfg.layout
     baselines = fleet_baselines(cfg)
@@ -904,9 +887,6 @@ def _fleet_summary(cfg: PipelineConfig, fleet: FleetData) -> dict:
     """``dataset`` and ``split`` with the single-series report's required keys: rows over
     every series, the earliest start and latest end, and the split's latest boundaries."""
     import pandas as pd
-
-    from onnxcast.pipeline.data import utc_iso
-    from onnxcast.pipeline.fleet_data import split_fleet
 
     split = split_fleet(fleet.lengths, cfg)
     # every series lies on the fleet's one grid: place each start on it once

@@ -46,7 +46,26 @@ from typing import Any
 
 import numpy as np
 
+from onnxcast.base.batches import run_in_chunks
 from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import finite_or_none
+from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.data import parse_utc, utc_iso
+from onnxcast.pipeline.drift import pooled_drift
+from onnxcast.pipeline.evaluation import holdout_origins, series_metrics
+from onnxcast.pipeline.fleet_data import FleetData, min_train_steps, split_fleet
+from onnxcast.pipeline.fleet_eval import (
+    histories,
+    mase_scales,
+    plan_actuals,
+    plan_for,
+    predict_fleet,
+)
+from onnxcast.pipeline.fleet_quality import check_fleet_shard, check_fleet_table, merge_fleet_checks
+from onnxcast.pipeline.report import served_variant
+from onnxcast.pipeline.seasons import evaluation_seasons
+from onnxcast.pipeline.sessions import open_model
+from onnxcast.pipeline.significance import ALPHA, bootstrap_interval
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +77,6 @@ BATCH = 1024
 
 def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """The monitor result of a fleet model (the one-series keys, plus ``fleet``)."""
-    from onnxcast.base.files import finite_or_none
-    from onnxcast.pipeline.data import parse_utc, utc_iso
-    from onnxcast.pipeline.drift import pooled_drift
-    from onnxcast.pipeline.report import served_variant
-    from onnxcast.pipeline.seasons import evaluation_seasons
-    from onnxcast.pipeline.sessions import open_model
-
     started = time.monotonic()
     report = item.report
     entry, variant = served_variant(report, item.channel)
@@ -152,14 +164,6 @@ def read_fleet(report: dict, data_uri: str | None, work_dir: Path, s3_settings: 
     ``work_dir/gate``); the series the gate excluded, with its reasons."""
     import pandas as pd
 
-    from onnxcast.pipeline.config import PipelineConfig, data_source
-    from onnxcast.pipeline.fleet_data import FleetData
-    from onnxcast.pipeline.fleet_quality import (
-        check_fleet_shard,
-        check_fleet_table,
-        merge_fleet_checks,
-    )
-
     values = {**report["config"], "trained_until": None, "out_dir": str(work_dir / "gate")}
     if data_uri:
         values["data_uri"] = data_source(data_uri)
@@ -189,9 +193,6 @@ def holdout_per_series(cfg, fleet, first_new: np.ndarray, variant: str, run, loo
             raise ConfigError(f"{table_path}: no column {missing[0]!r} (a fleet family's per_series.parquet)")
         return ({str(s): {"mase": float(m), "scale": float(k)} for s, m, k in
                  zip(table["series"], table[column], table["mase_scale"], strict=True)}, str(table_path))
-    from onnxcast.pipeline.evaluation import series_metrics
-    from onnxcast.pipeline.fleet_data import min_train_steps, split_fleet
-    from onnxcast.pipeline.fleet_eval import mase_scales, plan_actuals, plan_for, predict_fleet
 
     split = split_fleet(first_new, cfg)
     seen = np.flatnonzero(split.train_end >= min_train_steps(cfg, fleet.season))
@@ -208,8 +209,6 @@ def holdout_per_series(cfg, fleet, first_new: np.ndarray, variant: str, run, loo
 
 def _truncated(fleet, index: np.ndarray, ends: np.ndarray):
     """The series at ``index``, each cut to its first ``ends`` rows."""
-    from onnxcast.pipeline.fleet_data import FleetData
-
     parts = [fleet.values[fleet.offsets[i]: fleet.offsets[i] + e] for i, e in zip(index, ends, strict=True)]
     offsets = np.zeros(len(index) + 1, np.int64)
     np.cumsum(ends, out=offsets[1:])
@@ -226,8 +225,6 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
     """Per judged series: the realised MASE (mean over its origins of the MAE over its scale)
     and the seasonal naive's on the same origins; per origin time, the mean scaled MAE over the
     series with an origin then (the fleet's error over time)."""
-    from onnxcast.pipeline.fleet_eval import histories
-
     if not index:
         return {"mase": np.zeros(0), "baseline": np.zeros(0), "origin_times": [], "per_origin_mase": []}
     series = np.concatenate([np.full(len(o), i, np.int64) for i, o in zip(index, origins, strict=True)])
@@ -255,8 +252,6 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
     stamps = np.concatenate([calendars[i][o] for i, o in zip(index, origins, strict=True)])
     times, where = np.unique(stamps, return_inverse=True)
     per_time = np.bincount(where, weights=error) / np.bincount(where)
-    from onnxcast.base.files import finite_or_none
-    from onnxcast.pipeline.data import utc_iso
 
     return {"mase": mase, "baseline": baseline, "per_origin_mase": [finite_or_none(v) for v in per_time],
             "origin_times": [utc_iso(np.datetime64(int(t), "s")) for t in times]}
@@ -264,16 +259,12 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
 
 def _runner(session):
     def run(histories: np.ndarray) -> np.ndarray:
-        from onnxcast.base.batches import run_in_chunks
-
         return run_in_chunks(session, ["forecast"], np.asarray(histories, np.float32))[0]
 
     return run
 
 
 def _origins(n_rows: int, first: int, horizon: int, seasons: tuple[int, ...]) -> np.ndarray:
-    from onnxcast.pipeline.evaluation import holdout_origins
-
     return holdout_origins(n_rows, first, horizon, seasons).index
 
 
@@ -292,8 +283,6 @@ def like_sized_back(cfg, fleet) -> np.ndarray:
     """Steps back from a series' end of its holdout origins as training laid them out
     (onnxcast.pipeline.fleet_eval.plan_for): the realised MASE the test compares is taken at
     the same count of origins from each series' latest rows."""
-    from onnxcast.pipeline.fleet_eval import plan_for
-
     return np.asarray(plan_for(cfg, fleet).back, np.int64)
 
 
@@ -319,8 +308,6 @@ def paired_degradation_test(realised: np.ndarray, holdout: np.ndarray, alpha: fl
     series had a non-finite forecast (``non_finite``: their ids), with the note
     "non-finite forecasts"."""
     from scipy import stats
-
-    from onnxcast.pipeline.significance import ALPHA
 
     alpha = ALPHA if alpha is None else alpha
     realised, holdout = np.asarray(realised, np.float64), np.asarray(holdout, np.float64)
@@ -383,8 +370,6 @@ def _holdout_aggregate(report: dict, entry: dict, variant: dict) -> dict:
 
 
 def _interval(values: np.ndarray) -> list[float] | None:
-    from onnxcast.pipeline.significance import bootstrap_interval
-
     return bootstrap_interval(values) if len(values) >= 2 else None
 
 

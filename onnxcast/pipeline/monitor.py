@@ -39,10 +39,15 @@ import numpy as np
 from onnxcast.base.batches import CHUNK_ROWS
 from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import finite_or_none
+from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.data import parse_utc, utc_iso
 from onnxcast.pipeline.drift import check_drift
 from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae
+from onnxcast.pipeline.fleet_monitor import monitor_fleet
 from onnxcast.pipeline.metrics import seasonal_naive
+from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import served_variant
+from onnxcast.pipeline.seasons import seasons_for_freq
 from onnxcast.pipeline.sessions import open_model
 from onnxcast.pipeline.significance import ALPHA, MIN_PAIRED_ORIGINS
 
@@ -77,14 +82,9 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     Raises ConfigError when the report does not describe the served model (no such channel
     or variant) and the data gate's errors when the data cannot be read or checked.
     """
-    from onnxcast.pipeline.data import parse_utc, utc_iso
-    from onnxcast.pipeline.seasons import seasons_for_freq
-
     started = time.monotonic()
     report = item.report
     if report.get("fleet") or (report.get("config") or {}).get("series_column"):
-        from onnxcast.pipeline.fleet_monitor import monitor_fleet
-
         return monitor_fleet(item, work_dir, s3_settings=s3_settings)
     entry, variant = served_variant(report, item.channel)
     session, meta = open_model(item.model_path)
@@ -246,9 +246,6 @@ def _batch_means(x: np.ndarray, size: int, block: int) -> np.ndarray:
 def read_series(report: dict, data_uri: str | None, work_dir: Path, s3_settings: Any = None):
     """The whole series under the deployed version's settings (no ``trained_until``), through
     the same data gate as training (its reports under ``work_dir/quality``)."""
-    from onnxcast.pipeline.config import PipelineConfig, data_source
-    from onnxcast.pipeline.quality import check_data
-
     values = {**report["config"], "trained_until": None, "out_dir": str(work_dir)}
     if data_uri:
         values["data_uri"] = data_source(data_uri)

@@ -42,6 +42,7 @@ from onnxcast.pipeline.expectations import (
     summary_html,
     write_reports,
 )
+from onnxcast.pipeline.reading import plausible_column_name, read_table
 from onnxcast.pipeline.seasons import season_for_freq
 
 SUITE_NAME = "onnxcast-data-quality"
@@ -75,8 +76,6 @@ def check_data(cfg: PipelineConfig, out_dir: str | Path, *, s3_settings: S3Setti
     DataQualityError listing every failed check after writing the JSON and HTML reports
     under ``out_dir``.
     """
-    from onnxcast.pipeline.reading import read_table
-
     raw = read_table(cfg.data_uri, s3_settings=s3_settings)
     prepared = prepare_frame(hide_unnamed_columns(raw.frame, cfg), cfg, raw.source)
     suite = build_suite(cfg, prepared)
@@ -101,8 +100,6 @@ def hide_unnamed_columns(frame, cfg: PipelineConfig):
     validation_result.json: a first line of data, a lone field that is no column the settings
     name (a token file passed by mistake), or any field unlike a column name must reach none
     of them. The columns the settings name are the user's own words and stay."""
-    from onnxcast.pipeline.reading import plausible_column_name
-
     names = [str(c) for c in frame.columns]
     wanted = {cfg.time_column, cfg.target_column, *cfg.feature_columns, cfg.series_column}
     shown = [n in wanted or (len(names) > 1 and plausible_column_name(n)) for n in names]

@@ -18,13 +18,17 @@ from onnxcast.base.contract import (
     OUTPUT_NAME,
     QUANTILE_METADATA,
     QUANTILES_NAME,
+    opset_of,
     parse_quantile_levels,
     read_metadata,
 )
 from onnxcast.base.files import sha256_file
+from onnxcast.pipeline.evaluation import evaluate_baselines, holdout_origins
+from onnxcast.pipeline.intervals import independent_windows, interval_metrics
 from onnxcast.pipeline.metrics import forecast_metrics
 from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.sessions import onnx_predict, onnx_predict_with_quantiles, onnx_session
+from onnxcast.pipeline.significance import paired_test
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +48,6 @@ class Holdout:
     @property
     def independent(self) -> int:
         """The non-overlapping windows among the origins' (intervals.independent_windows)."""
-        from onnxcast.pipeline.intervals import independent_windows
-
         return independent_windows(self.origins, self.actual.shape[1])
 
 
@@ -153,16 +155,12 @@ def gate(passed: bool, value: float, threshold: float | str) -> dict:
 
 def holdout_origins_for(cfg, series, split):
     """The run's holdout origins: every phase of the season, room for the longest look back."""
-    from onnxcast.pipeline.evaluation import holdout_origins
-
     return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(series.freq, series.season),
                            earliest=cfg.lookback)
 
 
 def baselines_for(cfg, series, split, reference: bool = False) -> dict:
     """Naive and seasonal-naive baselines (and the statistical reference) on the run's origins."""
-    from onnxcast.pipeline.evaluation import evaluate_baselines
-
     return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
                               evaluation_seasons(series.freq, series.season), split.train_end, reference=reference,
                               levels=cfg.levels, lookback=cfg.lookback, validation_end=split.validation_end)
@@ -253,8 +251,6 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
 def fp32_comparisons(fp32: dict | None, baselines: dict, block: int) -> dict:
     """fp32 against the best baseline and the reference: the MAE ratio and the paired test on
     per-origin MAEs, and the ratios of MSIS and pinball where both have intervals."""
-    from onnxcast.pipeline.significance import paired_test
-
     comparisons: dict = {}
     if not fp32 or not fp32.get("per_origin_mae"):
         return comparisons
@@ -286,8 +282,6 @@ def interval_ratios(mine: dict, theirs: dict) -> dict:
 def _torch_intervals(quantiles: np.ndarray | None, holdout: Holdout, fp32: dict | None,
                      default_levels: tuple[float, ...]) -> dict | None:
     """The eager model's interval figures, at fp32's levels (its metadata) or the run's."""
-    from onnxcast.pipeline.intervals import interval_metrics
-
     if quantiles is None:
         return None
     levels = tuple((((fp32 or {}).get("holdout") or {}).get("intervals") or {}).get("levels") or default_levels)
@@ -530,8 +524,6 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
     (:func:`torch_runner`; None under True when the eager model has no quantiles)."""
     import onnx
 
-    from onnxcast.base.contract import opset_of
-
     name = spec["name"]
     entry = {"name": name, "onnx_path": str(path.relative_to(run_root)), "sha256": sha256_file(path),
              "size_bytes": path.stat().st_size, "opset": None,
@@ -562,8 +554,6 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
         entry["holdout"]["intervals"] = None
         entry["intervals_note"] = note
     else:
-        from onnxcast.pipeline.intervals import interval_metrics
-
         forecast, quantiles = onnx_predict_with_quantiles(session, holdout.history)
         entry["holdout"], entry["per_origin_mae"] = judge_holdout(forecast, holdout)
         entry["holdout"]["intervals"] = {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale,

@@ -12,9 +12,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import read_json, write_json
+from onnxcast.pipeline.config import CHAMPION_METRICS, PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
-from onnxcast.registry.fleet_tracking import is_fleet_report
+from onnxcast.registry.fetch import FetchError, parse_source
+from onnxcast.registry.fleet_tracking import SERIES, is_fleet_report, read_per_series
+from onnxcast.registry.interval_figures import (
+    MSIS_KEY,
+    fleet_intervals,
+    per_origin_msis,
+    variant_intervals,
+)
 from onnxcast.registry.plan import CHAMPION_FAMILY, PlanError, champion_entry, read_plan
+from onnxcast.registry.tracking import FAMILY_TAG, TrackingError, client_for, resolve_version
 
 MSIS_TAG = "onnxcast.fp32_msis_95"  # a version's fp32 95% MSIS (tracking.interval_tags)
 FLEET_METRIC = "mase"
@@ -35,8 +46,6 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
     the fp32 95% interval's MSIS instead (:func:`_judge_on_msis`), recorded as ``metric``.
     Writes ``champion_challenger.json`` and returns the decision.
     """
-    from onnxcast.base.files import read_json, write_json
-
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
     metric = champion_metric(layout, metric)
@@ -138,8 +147,6 @@ def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_b
     as ``fp32_holdout_mae`` does in a fleet report; ``metric`` says ``mase``. With ``metric``
     ``msis`` the per-series ``fp32.msis_95`` are compared the same way (:func:`_judge_fleet_on_msis`).
     """
-    from onnxcast.base.files import read_json, write_json
-
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
     metric = champion_metric(layout, metric)
@@ -171,8 +178,6 @@ def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_b
 
 def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decision: dict, *,
                           min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
-    from onnxcast.base.files import read_json
-
     number = champion.get("version")
     version, note = _champion_version(champion, tracking_uri)
     if note:
@@ -229,8 +234,6 @@ def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict,
     was evaluated in it, else from its registry tags (mean MASE and interval of its own run)."""
     import json
 
-    from onnxcast.base.files import read_json
-
     path = layout.validation(CHAMPION_FAMILY)
     if path.exists():
         validation = read_json(path)
@@ -269,9 +272,6 @@ def _fleet_mase(report: dict, family: str) -> tuple[float, list | None]:
 
 def _champion_version(champion: dict, tracking_uri: str | None):
     """(the champion's ModelVersion, None), or (None, why it could not be read)."""
-    from onnxcast.registry.fetch import FetchError, parse_source
-    from onnxcast.registry.tracking import TrackingError, resolve_version
-
     try:
         source = parse_source(champion.get("source") or "")
     except FetchError as error:
@@ -290,8 +290,6 @@ def _paired_tables(layout: RunLayout, family: str, version, tracking_uri: str | 
     (None, why not). A table without ``column`` (``fp32.msis_95`` of a run from before forecast
     distributions) is a why-not for the interval columns, a DataError for MASE."""
     import tempfile
-
-    from onnxcast.registry.fleet_tracking import SERIES, read_per_series
 
     mine = layout.per_series(family)
     if not mine.is_file():
@@ -319,8 +317,6 @@ def _download_per_series(version, folder: Path, tracking_uri: str | None) -> Pat
     if version is None:
         return None
     from mlflow.exceptions import MlflowException
-
-    from onnxcast.registry.tracking import FAMILY_TAG, client_for
 
     family = version.tags.get(FAMILY_TAG)
     if not family:
@@ -372,12 +368,7 @@ def _p_text(test: dict) -> str:
 def champion_metric(layout: RunLayout, metric: str | None = None) -> str:
     """``metric`` when given, else the run's ``champion_metric`` setting (config.json), else
     ``mase`` (a run directory from before the setting); ConfigError for anything else."""
-    from onnxcast.base.errors import ConfigError
-    from onnxcast.pipeline.config import CHAMPION_METRICS
-
     if metric is None and layout.config.is_file():
-        from onnxcast.base.files import read_json
-
         metric = read_json(layout.config).get("champion_metric")
     metric = metric or FLEET_METRIC
     if metric not in CHAMPION_METRICS:
@@ -392,7 +383,6 @@ def _judge_on_msis(layout: RunLayout, report: dict, challenger: dict, champion: 
     import numpy as np
 
     from onnxcast.pipeline.significance import paired_test
-    from onnxcast.registry.interval_figures import MSIS_KEY, variant_intervals
 
     mine = variant_intervals(challenger).get(MSIS_KEY)
     theirs = variant_intervals(champion).get(MSIS_KEY)
@@ -416,8 +406,6 @@ def _judge_fleet_on_msis(layout: RunLayout, report: dict, validation: dict, judg
                          min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
     """A fleet: mean fp32 95% MSIS over series, paired across series on the per-series
     ``fp32.msis_95`` joined by series id, else the aggregates only."""
-    from onnxcast.registry.interval_figures import MSIS_KEY, fleet_intervals, variant_intervals
-
     number = decision["champion_version"]
     family = decision["challenger_family"]
     mine = fleet_intervals(report, family).get(MSIS_KEY)
@@ -444,8 +432,6 @@ def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion
     """((challenger's, champion's) 95% interval score per holdout origin, where from), or
     (None, why not): the variant entries' ``per_origin_msis_95`` when both have them, else both
     fp32 ONNX models' quantiles at this run's holdout origins (the origins validation used)."""
-    from onnxcast.registry.interval_figures import MSIS_KEY
-
     key = f"per_origin_{MSIS_KEY}"
     recorded = [next((v.get(key) for v in e.get("variants", []) if v.get("name") == "fp32"), None)
                 for e in (challenger, champion)]
@@ -455,10 +441,8 @@ def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion
     absent = [str(p) for p in (*paths, layout.config, layout.data) if not p.exists()]
     if absent:
         return None, f"no per-origin interval scores: {', '.join(absent)} not in the run directory"
-    from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.data import SeriesData, split_by_time
     from onnxcast.pipeline.validate import holdout_windows
-    from onnxcast.registry.interval_figures import per_origin_msis
 
     cfg = PipelineConfig.load(layout.config)
     series = SeriesData.load(layout.data)
@@ -497,8 +481,6 @@ def _aggregate_evidence(decision: dict, challenger: dict, champion: dict, why: s
     """Without per-origin or per-series scores: significant when both 95% intervals of the MSIS
     (``msis_95_ci95``) are given and do not overlap; without them nothing shows the difference
     is more than noise, so it is not significant (as a MAE without per-origin errors)."""
-    from onnxcast.registry.interval_figures import variant_intervals
-
     def interval(entry: dict):
         block = entry.get("intervals") or variant_intervals(entry)
         return block.get("msis_95_ci95")
