@@ -12,8 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = str(Path(sys.executable).with_name("lint-imports"))
 # the contracts that keep the files of a package free of cycles (issue 31): name -> container
-NO_CYCLES = {"pipeline: the run over the steps": "onnxcast.pipeline",
-             "registry: releases over decisions": "onnxcast.registry"}
+NO_CYCLES = {"pipeline: files layered from the run": "onnxcast.pipeline",
+             "registry: files layered from releases": "onnxcast.registry"}
 
 
 def test_the_import_contracts_are_kept():
