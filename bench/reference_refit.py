@@ -3,7 +3,8 @@ against once per horizon with ``forward`` in between (``evaluation.reference_for
 on the same origins of real and synthetic series, in the same run; prints seconds, the ratio
 and both MAEs.
 
-    .venv/bin/python bench/reference_refit.py
+    .venv/bin/python bench/reference_refit.py            # three series, about two minutes
+    .venv/bin/python bench/reference_refit.py --quick    # CO2 only (seconds): the smoke test
 """
 
 from __future__ import annotations
@@ -38,18 +39,25 @@ def compare(label: str, target: np.ndarray, holdout_start: int, horizon: int, se
           f"{np.mean(np.abs(after.mean - actual)):.4g} | {before_s / after.seconds:.1f}x faster")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
     import pandas as pd
     from statsmodels.datasets import co2
 
     from onnxcast.pipeline.config import example_data_path
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CO2 only: a smoke test of seconds")
+    quick = parser.parse_args(argv).quick
+    weekly = co2.load_pandas().data["co2"].interpolate().to_numpy(float)
+    compare("CO2 weekly, h 13", weekly, int(len(weekly) * 0.85), 13, (52,))
+    if quick:
+        return
     example = pd.read_csv(example_data_path())["y"].to_numpy(float)
     compare("example hourly, h 24", example, int(len(example) * 0.85), 24, (24, 168))
     periodic = np.tile(np.array([5.0, 9.0, 4.0, 7.0, 6.0, 8.0, 3.0, 2.0, 6.5, 7.5, 5.5, 4.5] * 2), 40)
     compare("periodic hourly, h 12", periodic, 816, 12, (24,))
-    weekly = co2.load_pandas().data["co2"].interpolate().to_numpy(float)
-    compare("CO2 weekly, h 13", weekly, int(len(weekly) * 0.85), 13, (52,))
 
 
 if __name__ == "__main__":

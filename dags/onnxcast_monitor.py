@@ -24,7 +24,7 @@ from datetime import timedelta
 from airflow.sdk import DAG, CronTriggerTimetable, Param
 
 from onnxcast.airflow.operators import RETRAIN, MonitorChannelsOperator, RetrainSignalOperator
-from onnxcast.airflow.params import pipeline_param
+from onnxcast.airflow.params import pipeline_param, retry_delay
 from onnxcast.pipeline.config import CHANNEL_LABELS, CHANNELS
 
 # Daily, 06:00 UTC. As for the training DAG: no start_date, so unpausing starts no run at once
@@ -40,7 +40,7 @@ with DAG(
     max_active_runs=1,
     tags=["onnxcast", "monitoring", "mlflow"],
     render_template_as_native_obj=True,
-    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=5)},
+    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": retry_delay(timedelta(minutes=5))},
     params={
         "model_name": pipeline_param("model_name", description="Registered model name (and rollout store model)"),
         "channels": Param(list(CHANNELS), type="array", minItems=1, uniqueItems=True,

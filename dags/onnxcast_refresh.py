@@ -9,12 +9,12 @@ Signs with the release key (`ONNXCAST_SIGNING_KEY`, e.g. `awskms:<key>`).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
 from onnxcast.airflow.operators import RefreshChannelsOperator
-from onnxcast.airflow.params import pipeline_param
+from onnxcast.airflow.params import pipeline_param, retry_delay
 from onnxcast.pipeline.config import CHANNELS
 
 with DAG(
@@ -26,7 +26,7 @@ with DAG(
     catchup=False,
     tags=["onnxcast", "rollout"],
     render_template_as_native_obj=True,
-    default_args={"owner": "onnxcast", "retries": 2},
+    default_args={"owner": "onnxcast", "retries": 2, "retry_delay": retry_delay(timedelta(minutes=5))},
     params={
         "model_name": pipeline_param("model_name", description="Model in the rollout store"),
         "channels": Param(list(CHANNELS), type="array", minItems=1,

@@ -15,12 +15,13 @@ this DAG to stop registry-driven rollout.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import DAG, task
 
 from onnxcast.airflow.operators import registry_alias_asset
+from onnxcast.airflow.params import retry_delay
 
 REGISTRY_ALIAS = registry_alias_asset()
 
@@ -34,7 +35,7 @@ with DAG(
     is_paused_upon_creation=False,
     max_active_runs=1,
     tags=["onnxcast", "rollout", "mlflow"],
-    default_args={"owner": "onnxcast", "retries": 2},
+    default_args={"owner": "onnxcast", "retries": 2, "retry_delay": retry_delay(timedelta(minutes=5))},
 ) as dag:
 
     @task

@@ -58,7 +58,7 @@ from onnxcast.airflow.operators import (
     ValidateModelOperator,
     end_mlflow_runs,
 )
-from onnxcast.airflow.params import pipeline_params, pipeline_templates
+from onnxcast.airflow.params import pipeline_params, pipeline_templates, retry_delay
 from onnxcast.pipeline.config import CHANNEL_LABELS, CHANNELS
 
 ROLLOUT = Asset(name="onnxcast_rollout", uri="x-onnxcast://rollout")
@@ -87,7 +87,7 @@ with DAG(
     render_template_as_native_obj=True,
     # end_mlflow_runs: also declared here so the mapped tasks carry it into the DAG processor,
     # which runs it when a worker died mid-task (heartbeat timeout): no MLflow run left RUNNING
-    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": timedelta(minutes=1),
+    default_args={"owner": "onnxcast", "retries": 1, "retry_delay": retry_delay(timedelta(minutes=1)),
                   "on_failure_callback": end_mlflow_runs, "on_retry_callback": end_mlflow_runs},
     params={
         **pipeline_params(),  # data_uri ... model_name: from their declaration in PipelineConfig

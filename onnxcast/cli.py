@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,37 @@ log = logging.getLogger("onnxcast")
 
 
 def main(argv: list[str] | None = None) -> int:
+    previous = _exit_on_sigterm()
     try:
         return _run(argv)
     except BrokenPipeError:  # the reader went away (`onnxcast edge predict ... | head`): not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm():
+    """On SIGTERM (``timeout``, Kubernetes, systemd) tidy the pipeline runs in progress as a
+    failure does (their ``.staging`` removed, the quality report kept), say so, and exit with
+    128 + 15. Python's default dies at once (a killed run left 151 MB of staging), and an
+    exception raised from the handler can be lost in C code (it was, inside ``compile``
+    importing a module), so the handler tidies and exits itself. Returns the handler it
+    replaced (None: not the main thread)."""
+    def terminated(signum, frame):
+        signal.signal(signum, signal.SIG_IGN)  # a second signal must not stop the tidying half-way
+        print("error: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        run = sys.modules.get("onnxcast.pipeline.run")
+        if run is not None:
+            run.abandon_runs()
+        os._exit(128 + signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread: leave signals to whoever owns it
+        return None
 
 
 def _run(argv: list[str] | None) -> int:
@@ -65,8 +91,19 @@ def _run(argv: list[str] | None) -> int:
         return 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that a failed write of --help or --version is not swallowed:
+    argparse ignores an OSError there, so a help text longer than stdout's buffer (8 KiB:
+    `onnxcast pipeline --help` is 8.4 KB) went out as a bare SystemExit past ``main``'s
+    BrokenPipeError handling (`onnxcast pipeline --help | head`)."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="onnxcast", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="onnxcast", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--redis-db", type=int, default=_int_env("ONNXCAST_STACK_REDIS_DB"),
                     help="Redis database number of the Celery broker (default 7; kept after first up)")
     up.add_argument("--keep-paused", action="store_true", help=f"do not unpause {TRAINING_DAG}")
+    up.add_argument("--heartbeat-timeout", type=int, default=_int_env("ONNXCAST_STACK_HEARTBEAT_TIMEOUT"),
+                    help="seconds without a heartbeat before a task of a dead worker is failed "
+                         "(default 75; kept after first up)")
+    up.add_argument("--retry-delay", type=int, default=_int_env("ONNXCAST_STACK_RETRY_DELAY"),
+                    help="seconds before a failed task is retried, for every onnxcast DAG "
+                         "(default: each DAG's own, 1-5 minutes; kept after first up)")
     down = commands.add_parser("down", help="stop every process of the stack (data stays)")
     down.add_argument("--wipe", action="store_true",
                       help="also drop the stack's databases, its Redis db and the whole stack folder")
@@ -72,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     layout = StackLayout.for_home()
     try:
         if args.command == "up":
-            return stack_up(layout, name=args.name, redis_db=args.redis_db, unpause=not args.keep_paused)
+            return stack_up(layout, name=args.name, redis_db=args.redis_db, unpause=not args.keep_paused,
+                            heartbeat_timeout=args.heartbeat_timeout, retry_delay=args.retry_delay)
         if args.command == "down":
             return stack_down(layout, wipe=args.wipe)
         if args.command in ("stop-service", "restart"):
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
 
 # --- up ----------------------------------------------------------------------------------------
 
-def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unpause: bool) -> int:
+def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unpause: bool,
+             heartbeat_timeout: int | None = None, retry_delay: int | None = None) -> int:
     started_at = time.monotonic()
     running = [s for s in processes.recorded(layout.run) if s.alive()]
     if running:
@@ -107,7 +115,8 @@ def stack_up(layout: StackLayout, *, name: str | None, redis_db: int | None, unp
     fresh = not (layout.secrets.is_dir() and any(layout.secrets.iterdir()))
     layout.create()
     vault = Secrets(layout.secrets)
-    settings = StackSettings.load(layout, name=name, redis_db=redis_db)
+    settings = StackSettings.load(layout, name=name, redis_db=redis_db, heartbeat_timeout=heartbeat_timeout,
+                                  retry_delay=retry_delay)
     _check_backing_services(settings)
     settings.assign_ports(["seaweedfs." + p for p in services.SEAWEED_PORTS]
                           + ["mlflow", "airflow-api", "airflow-trigger-logs"]

@@ -140,6 +140,12 @@ class StackSettings:
     postgres_host: str = "127.0.0.1"
     postgres_port: int = 5432
     postgres_admin_user: str = "postgres"
+    # A task whose worker host died is failed (and retried) after this many seconds without a
+    # heartbeat (Airflow's default: 5 minutes); a failed try is retried after retry_delay seconds
+    # (ONNXCAST_RETRY_DELAY_SECONDS; unset: each DAG's own, 1-5 minutes). The test stack shortens
+    # both (tests/stack/conftest.py): its fault drills wait on them.
+    heartbeat_timeout: int = 75
+    retry_delay: int | None = None
     ports: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -567,7 +573,8 @@ def airflow_env(base: dict[str, str], layout: StackLayout, vault: Secrets, setti
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         # a task whose worker host died is failed (and retried) after this many seconds without a
         # heartbeat, not after the default 5 minutes (tests/stack/test_fault_drills.py)
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "75",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(settings.heartbeat_timeout),
+        **({"ONNXCAST_RETRY_DELAY_SECONDS": str(settings.retry_delay)} if settings.retry_delay else {}),
         # what the onnxcast tasks read in a deployment: no local fallbacks, S3 for everything shared
         "ONNXCAST_MODE": "deployed",
         "ONNXCAST_RUN_ROOT": f"s3://{BUCKETS['runs']}/runs",

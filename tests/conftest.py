@@ -16,10 +16,22 @@ def pytest_configure(config) -> None:
     ONNXCAST_HOME of its own: what defaults to it (the embedded MLflow SQLite store, dev keys)
     must not be shared by two processes writing at once."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:
+    if worker and not _airflow_configured():
         import tempfile
 
         os.environ["ONNXCAST_HOME"] = tempfile.mkdtemp(prefix=f"onnxcast-home-{worker}-")
+
+
+def _airflow_configured() -> bool:
+    """Whether a conftest of the Airflow tests already gave this process its own home
+    (airflow_support.configure, a fresh temporary folder per process). pytest loads the conftests
+    of the folders named on the command line before this hook: replacing ONNXCAST_HOME then would
+    send the DAG runs' rollout store and MLflow registry to another folder than the one their
+    tests read (seen: every promotion of tests/dags "missing" under pytest-xdist)."""
+    import sys
+
+    support = sys.modules.get("airflow_support")
+    return bool(support and support._state.get("home"))
 
 
 def free_port() -> int:

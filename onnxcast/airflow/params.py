@@ -10,7 +10,10 @@ from typing import Any
 
 from airflow.sdk import Param
 
+from onnxcast.airflow.settings import retry_delay
 from onnxcast.pipeline.config import PipelineConfig, Setting, settings
+
+__all__ = ["pipeline_param", "pipeline_params", "pipeline_templates", "retry_delay", "setting_param"]
 
 _TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", tuple: "array"}
 

@@ -10,6 +10,7 @@ variable, the ``[onnxcast]`` section of airflow.cfg (``AIRFLOW__ONNXCAST__*`` wo
 | rollout    | ``ONNXCAST_STORE_URI``| ``[onnxcast] store_uri``| ``$ONNXCAST_HOME/rollout``  |
 | channel aliases | ``ONNXCAST_CHANNEL_ALIASES`` | ``[onnxcast] channel_aliases`` | ``edge=edge,cloud=cloud`` |
 | registry poll | ``ONNXCAST_REGISTRY_POLL_SECONDS`` | ``[onnxcast] registry_poll_seconds`` | ``15`` |
+| retry delay | ``ONNXCAST_RETRY_DELAY_SECONDS`` | ``[onnxcast] retry_delay_seconds`` | each DAG's own (1-5 min) |
 
 The channel aliases (``channel=alias``, comma-separated) are the MLflow registry aliases the
 alias watcher (onnxcast.airflow.triggers) reads as "deploy this version to that channel";
@@ -25,6 +26,7 @@ it, instead of silently writing to the disk of whichever worker ran the task.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -116,3 +118,20 @@ def registry_poll_seconds() -> float:
         raise AirflowFailException(f"ONNXCAST_REGISTRY_POLL_SECONDS: {text[:40]!r} is not a number of seconds "
                                    "from 1 to 3600")
     return value
+
+
+def retry_delay(default: timedelta) -> timedelta:
+    """How long a failed task waits before its retry: ``ONNXCAST_RETRY_DELAY_SECONDS`` (1 to
+    3600) for every onnxcast DAG, else the DAG's own ``default``. Read when the DAG file is parsed;
+    a bad value fails the parse with a line naming the variable. The test stack shortens it to a
+    few seconds so that its fault drills do not wait a minute per injected fault."""
+    text = _setting("ONNXCAST_RETRY_DELAY_SECONDS", "retry_delay_seconds")
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 3600:
+        raise ValueError(f"ONNXCAST_RETRY_DELAY_SECONDS: {text[:40]!r} is not a number of seconds from 1 to 3600")
+    return timedelta(seconds=value)

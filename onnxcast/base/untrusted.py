@@ -23,6 +23,9 @@ MAX_JSON_DEPTH = 64
 MAX_METADATA_BYTES = 8 * 1024 * 1024
 # Longest name quoted in an error message (column names, series ids, values).
 MAX_QUOTED = 60
+# A series id (a fleet's series column) is written back in outputs (report.json, shards.json,
+# the fleet file, the device's forecast CSV) and quoted in error lines: at most this long.
+MAX_SERIES_ID = 100
 
 
 class UntrustedInputError(ValueError):
@@ -203,6 +206,25 @@ def quote(value: object, limit: int = MAX_QUOTED) -> str:
     """``repr(value)`` capped at ``limit`` characters, for naming a value in an error line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def series_id_problem(value: str) -> str | None:
+    """Why ``value`` is not a series id, in words for an error line, or None when it is one.
+
+    ONE rule for the pipeline's data gate (onnxcast.pipeline.reading) and the device's fleet
+    input (onnxcast.rollout.edge): a non-empty printable name of at most MAX_SERIES_ID
+    characters without leading or trailing spaces. ``str.isprintable`` refuses line breaks,
+    control characters and the format characters (bidi overrides such as U+202E, zero-width
+    spaces) that make an id read differently from what it is."""
+    if not value:
+        return "empty"
+    if len(value) > MAX_SERIES_ID:
+        return f"{len(value):,} characters long, more than {MAX_SERIES_ID}"
+    if not value.isprintable():
+        return "not printable (a line break, control, format or bidi character)"
+    if value != value.strip():
+        return "not a name without leading or trailing spaces"
+    return None
 
 
 def file_kind(mode: int) -> str:

@@ -100,6 +100,12 @@ class QualitySettings:
     min_train_steps: int | None = setting(
         None, help="fleet data check: training steps a series needs at least (default: one season; a "
                    "series too short for a training window is still forecast and judged)", low=1, high=10_000_000)
+    # 1,000,000 series of 3 rows spent over 300 s in the per-series checks before they were
+    # vectorised (now: docs/fleet.md, "Scale"); 100,000 series of 117 rows run end to end in bench/fleet.py
+    max_series: int = setting(
+        200_000, help="fleet data check: most series the table may hold; a table with more is refused in one "
+                      "line before any per-series check", cli="--max-series", group=DATA, low=1,
+        high=100_000_000)
 
     def __post_init__(self) -> None:
         problems = check_ranges(self, ranges(type(self)), prefix="quality.")

@@ -39,6 +39,7 @@ from onnxcast.base.contract import (
 )
 from onnxcast.base.errors import DataError
 from onnxcast.base.files import json_safe, read_json, replacing, sha256_file, write_json
+from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.checkpoint import load_model
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import utc_iso
@@ -540,7 +541,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     reference = _reference_frame(cfg)
     missing = sorted(set(own["series"]) - set(reference["series"]))
     if missing:
-        raise DataError(f"{layout.reference}: no baselines for {len(missing)} series of {family} (e.g. {missing[0]!r})")
+        raise DataError(f"{layout.reference}: no baselines for {len(missing)} series of {family} (e.g. {quote(missing[0])})")
     wanted = ["series", BEST_NAIVE, *(f"{BEST_NAIVE}.{m}" for m in METRICS), *(f"{FLEET_NAIVE}.{m}" for m in METRICS),
               *(f"{n}.mase" for n in _reference_forecasters(reference)), "in_reference_sample",
               *(f"{FLEET_NAIVE}.{n}" for n in interval_names(reference.columns, FLEET_NAIVE))]

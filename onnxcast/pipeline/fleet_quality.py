@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ import numpy as np
 from onnxcast.base.errors import DataError, DataQualityError
 from onnxcast.base.files import read_json, write_json, write_text_atomic
 from onnxcast.base.s3 import S3Settings
+from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.fleet_data import (
     FleetData,
@@ -53,6 +55,8 @@ SHARE_SUITE = "onnxcast-fleet-excluded-share"
 SUMMARY_HTML = "summary.html"
 FREQ_SAMPLE = 500  # series whose own frequency is inferred to find the fleet's
 EXAMPLES = 50  # excluded series named per reason on the summary page
+SKIPPED_LISTED = 100  # entries of a folder data set skipped (links, FIFOs ...) listed in the report; the rest counted
+OFF_GRID_DESCRIBED = 5  # off-grid series whose own frequency is put in words (a pandas inference each)
 HELPER = "_qc_"
 SERIES_TABLE = "series.parquet"
 ZONE_SUFFIX = r"(?:\d:\d\d(?::\d\d(?:\.\d*)?)?\s*(?:Z|[+-]\d\d(?::?\d\d)?)|\b(?:UTC|GMT))$"
@@ -70,70 +74,98 @@ SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid",
 
 def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> list[int]:
     """Read and check the long table; write the shards; return the shard numbers ``[0, .., k-1]``."""
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from onnxcast.pipeline.quality import hide_unnamed_columns
     from onnxcast.pipeline.reading import read_long_table
-    from onnxcast.pipeline.seasons import season_for_freq
 
     layout, series_col = cfg.layout, cfg.series_column
     value_cols = [cfg.target_column, *cfg.feature_columns]
     raw = read_long_table(cfg.data_uri, columns=[series_col, cfg.time_column, *value_cols],
                           series_column=series_col, s3_settings=s3_settings)
+    _check_series_count(raw.frame, cfg, raw.source)
     frame = _with_table_helpers(hide_unnamed_columns(raw.frame, cfg), cfg)
+    raw = replace(raw, frame=None)  # the frame as read goes as soon as its helpers have what they need
     checks = _validate(frame, _table_suite(cfg, frame), layout.quality, raw.source, TABLE_SUITE)
 
     ids_cat = frame[series_col].cat.remove_unused_categories()
     ids = tuple(str(c) for c in ids_cat.cat.categories)
-    codes = ids_cat.cat.codes.to_numpy().astype(np.int64)
+    codes = ids_cat.cat.codes.to_numpy().astype(np.int32 if len(ids) < 2**31 else np.int64)
     times = frame[f"{HELPER}time"].to_numpy(dtype="datetime64[ns]").astype(np.int64)
     values = np.column_stack([frame[f"{HELPER}{c}_value"].to_numpy(dtype="float64") for c in value_cols])
-    del frame
-    order = np.lexsort((times, codes))
-    freq = cfg.freq or _infer_fleet_freq(codes[order], times[order], len(ids), cfg.seed, raw.source)
-    season = cfg.season or season_for_freq(freq)
-
-    # one frequency: when too many series are off its grid, the table mixes frequencies
-    sorted_codes, sorted_times = codes[order], times[order]
-    keep = _last_of_duplicates(sorted_codes, sorted_times)
-    position = grid_positions(sorted_codes[keep], sorted_times[keep], freq)
-    off = np.bincount(sorted_codes[keep][position < 0], minlength=len(ids))
-    grid_table = pd.DataFrame({series_col: list(ids), "off_grid_example": None})
-    grid_table["off_grid_example"] = grid_table["off_grid_example"].astype(object)
-    kept_codes, kept_times = sorted_codes[keep], sorted_times[keep]
-    bounds = np.searchsorted(kept_codes, np.arange(len(ids) + 1))
-    for i in np.flatnonzero(off):  # what the off-grid series look like, in words
-        grid_table.loc[i, "off_grid_example"] = _own_freq(kept_times[bounds[i]:bounds[i + 1]]) or "irregular"
+    del frame, ids_cat
+    freq, season, grid_table = _one_frequency(codes, times, ids, cfg, raw.source)
     checks += _validate(grid_table, _grid_suite(cfg, freq, len(ids)), layout.quality / "grid", raw.source,
                         GRID_SUITE, failure=lambda: _mixed_words(grid_table, series_col, freq, cfg))
 
     rows = np.bincount(codes, minlength=len(ids))
     shards = assign_shards(rows, min(cfg.fleet_shards, len(ids)))
-    shard_of = np.empty(len(ids), dtype=np.int64)
     for k, members in enumerate(shards):
-        shard_of[members] = k
-    row_shard = shard_of[codes]
-    id_array = pa.array(np.asarray(ids, dtype=object), type=pa.string())
-    for k in range(len(shards)):
-        picked = np.flatnonzero(row_shard == k)  # original row order: "not increasing" is a finding
-        columns = {series_col: id_array.take(pa.array(codes[picked])),
-                   cfg.time_column: pa.array(times[picked].astype("datetime64[ns]"))}
-        columns.update({c: pa.array(values[picked, j]) for j, c in enumerate(value_cols)})
-        path = layout.shard_rows(k)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(pa.table(columns), tmp, compression="zstd")
-        tmp.replace(path)
+        _write_shard_rows(layout.shard_rows(k), codes, times, values, members, ids, cfg)
     write_json(layout.shards, {
         "n_shards": len(shards), "shards": [[ids[i] for i in members] for members in shards],
         "rows": [int(rows[members].sum()) for members in shards], "freq": freq, "season": int(season),
         "series_column": series_col, "source": raw.source, "sha256": raw.sha256, "n_bytes": raw.n_bytes,
-        "n_series": len(ids), "table_rows": int(len(codes)), "table_checks": checks})
+        "n_series": len(ids), "table_rows": int(len(codes)), "table_checks": checks,
+        "skipped_entries": {"count": len(raw.skipped),
+                            "entries": [{"entry": name, "why": why} for name, why in raw.skipped[:SKIPPED_LISTED]]}})
     log.info("fleet table %s: %d rows, %d series, freq %s, %d shard(s)", raw.source, len(codes), len(ids),
              freq, len(shards))
     return list(range(len(shards)))
+
+
+def _check_series_count(frame, cfg: PipelineConfig, source: str) -> None:
+    """More series than ``quality.max_series``: refused in one line, before any check."""
+    column, limit = cfg.series_column, cfg.quality.max_series
+    if column not in frame.columns or len(frame[column].cat.categories) <= limit:
+        return
+    count = len(frame[column].cat.remove_unused_categories().cat.categories)
+    if count > limit:
+        raise DataError(f"{source}: {count:,} series in column {quote(column)}, more than max_series {limit:,} "
+                        "(--max-series); split the table or raise the limit")
+
+
+def _one_frequency(codes, times, ids: tuple[str, ...], cfg: PipelineConfig, source: str):
+    """(freq, season, grid table): the fleet's frequency (``cfg.freq``, else inferred) and one row
+    per series whose ``off_grid_example`` says, for a series off its grid, what it looks like."""
+    import pandas as pd
+
+    from onnxcast.pipeline.seasons import season_for_freq
+
+    order = series_time_order(codes, times)
+    sorted_codes, sorted_times = (codes, times) if order is None else (codes[order], times[order])
+    del order
+    freq = cfg.freq or _infer_fleet_freq(sorted_codes, sorted_times, len(ids), cfg.seed, source)
+    season = cfg.season or season_for_freq(freq)
+    keep = _last_of_duplicates(sorted_codes, sorted_times)
+    kept_codes, kept_times = sorted_codes[keep], sorted_times[keep]
+    del sorted_codes, sorted_times, keep
+    off = np.bincount(kept_codes[grid_positions(kept_codes, kept_times, freq) < 0], minlength=len(ids))
+    grid_table = pd.DataFrame({cfg.series_column: list(ids), "off_grid_example": None})
+    grid_table["off_grid_example"] = grid_table["off_grid_example"].astype(object)
+    off_ids = np.flatnonzero(off)
+    grid_table.loc[off_ids, "off_grid_example"] = "off the grid"
+    for i in off_ids[:OFF_GRID_DESCRIBED]:  # what the first off-grid series look like, in words
+        start, stop = np.searchsorted(kept_codes, [i, i + 1])
+        grid_table.loc[i, "off_grid_example"] = _own_freq(kept_times[start:stop]) or "irregular"
+    return freq, season, grid_table
+
+
+def _write_shard_rows(path: Path, codes, times, values, members, ids, cfg: PipelineConfig) -> None:
+    """The rows of the series ``members`` in their original order ("not increasing" is a
+    finding), the ids as a dictionary of the shard's series (read back as a categorical)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local = np.full(len(ids), -1, dtype=np.int32)
+    local[members] = np.arange(len(members), dtype=np.int32)
+    picked = np.flatnonzero(local[codes] >= 0)
+    columns = {cfg.series_column: pa.DictionaryArray.from_arrays(
+                   pa.array(local[codes[picked]]), pa.array([ids[i] for i in members], type=pa.string())),
+               cfg.time_column: pa.array(times[picked].astype("datetime64[ns]"))}
+    columns.update({c: pa.array(values[picked, j]) for j, c in enumerate([cfg.target_column, *cfg.feature_columns])})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.table(columns), tmp, compression="zstd")
+    tmp.replace(path)
 
 
 def _with_table_helpers(frame, cfg: PipelineConfig):
@@ -289,7 +321,8 @@ def _mixed_words(grid_table, series_col: str, freq: str, cfg: PipelineConfig) ->
     first = grid_table[off].iloc[0]
     return (f"mixed frequencies: {int(off.sum())} of {len(grid_table)} series ({off.mean():.1%}) are not on the "
             f"{freq!r} grid, more than max_excluded_share {cfg.quality.max_excluded_share:.0%} (e.g. "
-            f"{first[series_col]!r} looks {first['off_grid_example']!r}); set freq, or split the table by frequency")
+            f"{quote(first[series_col])} looks {quote(first['off_grid_example'])}); set freq, or split the table by "
+            "frequency")
 
 
 def _infer_fleet_freq(codes, times, n_series: int, seed: int, source: str) -> str:
@@ -384,9 +417,14 @@ def _fixed_step(offset) -> int | None:
 
 def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     """Check, exclude, repair and grid the series of ``shard``; return its counts
-    ``{"shard", "series", "kept", "excluded"}`` (and ``"padded"``)."""
+    ``{"shard", "series", "kept", "excluded"}`` (and ``"padded"``).
+
+    The verdict of every series comes from numpy over the series table (:class:`SeriesCheck`,
+    one declaration per check); GX validates the same table with the same declarations in its
+    SUMMARY format (counts and examples by id) for the report. GX's COMPLETE format, which
+    named every failing series, took 286 s for 100,000 series of 3 rows (indexing each failing
+    row, then deep-copying and serialising the lists); the whole verdict is series.parquet."""
     import pandas as pd
-    import pyarrow.parquet as pq
 
     from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
     from onnxcast.pipeline.expectations import run_suite, write_reports
@@ -394,29 +432,27 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     layout, series_col = cfg.layout, cfg.series_column
     plan = read_json(layout.shards)
     ids = plan["shards"][shard]
-    value_cols = [cfg.target_column, *cfg.feature_columns]
-    rows = pq.read_table(layout.shard_rows(shard)).to_pandas()
-    codes = pd.Categorical(rows[series_col], categories=ids).codes.astype(np.int64)
-    times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    values = np.column_stack([rows[c].to_numpy(dtype="float64") for c in value_cols])
-    del rows
-    stats, grid = series_stats(codes, times, values, len(ids), plan["freq"], cfg, int(plan["season"]))
+    season = int(plan["season"])
+    # passed straight on, so that series_stats drops the rows as read once it has sorted them
+    stats, grid = series_stats(*_shard_arrays(layout.shard_rows(shard), ids, cfg), len(ids), plan["freq"], cfg,
+                               season)
 
     table = pd.DataFrame({series_col: ids, **stats})
-    suite = _series_suite(cfg, int(plan["season"]))
+    table.index = table[series_col].to_numpy()  # GX names failing rows by their index: the series ids
+    declared = series_checks(cfg, season)
+    failing = {check.check: check.failing(table) for check in declared}
+    because = excluded_because(declared, failing)
+    table["excluded_because"] = because
     out = layout.quality_shard(shard)
     with _quiet_gx():
-        validation = run_suite(table, suite, result_format={"result_format": "COMPLETE",
-                                                           "unexpected_index_column_names": [series_col]})
-        checks = [_series_check(r, series_col) for r in validation.results]
-        failing = {r.expectation_config.meta["check"]: _failing_ids(r, series_col) for r in validation.results}
-        because = _excluded_because(ids, failing)
-        table["excluded_because"] = because
-        summary = _shard_summary_html(plan["source"], shard, table, series_col)
-        write_reports(validation, out, summary)
-    table["padded"] = [sid in failing.get("padded", set()) and b is None for sid, b in zip(ids, because,
-                                                                                             strict=True)]
-    kept = np.array([b is None for b in because], dtype=bool)
+        validation = run_suite(table.drop(columns=["excluded_because", "start"]), _series_suite(cfg, declared),
+                               result_format={"result_format": "SUMMARY", "partial_unexpected_count": 20})
+        _same_counts(validation, failing, plan["source"])
+        write_reports(validation, out, _shard_summary_html(plan["source"], shard, table, series_col))
+    checks = [_series_check(check, failing[check.check], ids) for check in declared]
+    kept = pd.isna(because)
+    table["padded"] = failing["padded"] & kept
+    table = table.reset_index(drop=True)
     fleet = regular_fleet(grid, np.flatnonzero(kept), ids, cfg, plan)
     fleet.save(layout.shard(shard))
     _write_parquet(table, out / SERIES_TABLE)
@@ -428,49 +464,76 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     return result
 
 
+def _shard_arrays(path: Path, ids: list[str], cfg: PipelineConfig):
+    """(codes, times in ns, values) of a shard's rows as written, in their order."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pandas()
+    codes = pd.Categorical(rows[cfg.series_column], categories=ids).codes.astype(np.int32)
+    times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    values = np.column_stack([rows[c].to_numpy(dtype="float64") for c in (cfg.target_column, *cfg.feature_columns)])
+    return codes, times, values
+
+
 def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineConfig, season: int):
     """One row of facts per series (the columns the series suite checks), and the rows laid
-    on the grid for the repair. Rows in any order; numpy segment operations throughout."""
-    q = cfg.quality
+    on the grid for the repair. Rows in any order; numpy segment operations throughout, no
+    Python loop over series or rows (100,000 series of 117 rows: 19 s of CPU, 2 GB)."""
     n_rows = np.bincount(codes, minlength=n_series)
     # rows out of time order within their series, as they came
-    original_first = np.ones(len(codes), dtype=bool)
-    original_first[1:] = codes[1:] != codes[:-1]
     back = np.zeros(len(codes), dtype=bool)
-    back[1:] = (times[1:] < times[:-1]) & ~original_first[1:]
+    back[1:] = (times[1:] < times[:-1]) & (codes[1:] == codes[:-1])
     unsorted = np.bincount(codes[back], minlength=n_series)
+    del back
 
-    order = np.lexsort((times, codes))
-    codes, times, values = codes[order], times[order], values[order]
+    order = series_time_order(codes, times)
+    if order is not None:  # the arguments' arrays are dropped as soon as they are replaced
+        codes, times, values = codes[order], times[order], values[order]
+        del order
     keep = _last_of_duplicates(codes, times)
-    duplicates = n_rows - np.bincount(codes[keep], minlength=n_series)
-    codes, times, values = codes[keep], times[keep], values[keep]
-
-    # the values, whatever the grid: empty, non-finite, constant, outliers (the series' own range)
-    distinct_rows = np.maximum(np.bincount(codes, minlength=n_series), 1)
-    empty = np.isnan(values).any(axis=1)
-    empty_rows = np.bincount(codes[empty], minlength=n_series)
-    target = values[:, 0]
-    in_range = np.isfinite(values).all(axis=1) & (np.abs(values) <= np.finfo(np.float32).max).all(axis=1)
-    non_finite = np.bincount(codes[~empty & ~in_range], minlength=n_series)
-    finite = np.isfinite(target) & (np.abs(target) <= np.finfo(np.float32).max)
-    distinct, outliers = _distinct_and_outliers(codes[finite], target[finite], n_series, q.outlier_mad_threshold)
-    finite_counts = np.bincount(codes[finite], minlength=n_series)
-
-    # the grid: a series off the fleet's grid has no gaps or length to speak of (NaN: GX skips it)
+    if len(keep) < len(codes):
+        codes, times, values = codes[keep], times[keep], values[keep]
+    del keep
+    facts = {"rows": n_rows, "duplicates": n_rows - np.bincount(codes, minlength=n_series), "unsorted": unsorted}
     position = grid_positions(codes, times, freq)
+    grid_facts, before = _grid_facts(codes, values, position, n_series, cfg)
+    facts.update(grid_facts)
+    facts.update(_value_facts(codes, values, before, n_series, cfg.quality.outlier_mad_threshold))
+    del before
+    on_grid = facts["off_grid"] == 0
+    for name in ("train_steps", "gap_share", "missing_steps", "longest_gap", "edge_missing",
+                 "distinct_before_holdout"):
+        facts[name] = np.where(on_grid, facts[name], np.nan)  # a series off the grid: not judged (GX skips NaN)
+    on = position >= 0
+    codes, times, values, position = codes[on], times[on], values[on], position[on]
+    facts["start"] = _first_times(codes, times, n_series)
+    grid = {"codes": codes, "times": times, "position": position, "values": values,
+            "grid_steps": facts["grid_steps"], "missing": facts["grid_steps"] - facts["filled"], "season": season}
+    return {name: facts[name] for name in SERIES_FACTS}, grid
+
+
+# The columns of the series table, in order (series_stats).
+SERIES_FACTS = ("rows", "grid_steps", "train_steps", "duplicates", "unsorted", "off_grid", "gap_share",
+                "missing_steps", "longest_gap", "missing_share", "edge_missing", "distinct_values",
+                "distinct_before_holdout", "non_finite", "outlier_share", "start")
+
+
+def _grid_facts(codes, values, position, n_series: int, cfg: PipelineConfig):
+    """The facts of the series on the fleet's grid (rows sorted by series and time, without
+    duplicates; ``position`` -1 off the grid), and which rows hold a value before their
+    series' holdout."""
     off = position < 0
     off_grid = np.bincount(codes[off], minlength=n_series)
     on = ~off
-    codes, times, values, position = codes[on], times[on], values[on], position[on]
-    on_rows = np.bincount(codes, minlength=n_series)
+    on_codes, on_pos = codes[on], position[on]
+    on_rows = np.bincount(on_codes, minlength=n_series)
     last_step = np.full(n_series, -1, dtype=np.int64)
-    np.maximum.at(last_step, codes, position)
+    np.maximum.at(last_step, on_codes, on_pos)
     grid_steps = np.where(on_rows > 0, last_step + 1, 0)
-    missing_times = grid_steps - on_rows
-
-    valued = ~np.isnan(values).any(axis=1)
-    v_codes, v_pos = codes[valued], position[valued]
+    valued_all = ~np.isnan(values).any(axis=1)
+    valued = valued_all[on]
+    v_codes, v_pos = on_codes[valued], on_pos[valued]
     filled = np.bincount(v_codes, minlength=n_series)
     first_filled = np.full(n_series, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_filled, v_codes, v_pos)
@@ -478,64 +541,98 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
     np.maximum.at(last_filled, v_codes, v_pos)
     gap = np.zeros(len(v_codes), dtype=np.int64)
     if len(v_codes) > 1:
-        same = v_codes[1:] == v_codes[:-1]
-        gap[1:] = np.where(same, v_pos[1:] - v_pos[:-1] - 1, 0)
+        gap[1:] = np.where(v_codes[1:] == v_codes[:-1], v_pos[1:] - v_pos[:-1] - 1, 0)
     longest_gap = np.zeros(n_series, dtype=np.int64)
     np.maximum.at(longest_gap, v_codes, gap)
-    # grid points before the first or after the last value cannot be interpolated
-    edge_missing = np.where(filled > 0, first_filled + (grid_steps - 1 - last_filled), grid_steps)
     holdout, validation = fleet_steps(cfg)
-    train_steps = grid_steps - holdout - validation
-    on_grid = off_grid == 0
     # A series flat before its holdout (a new meter at 0, then 5000) has no in-sample naive error
     # to scale its MASE by: its MASE would be in raw units (100 for a 2% error), enough to move
     # the fleet's mean and so the gates, and its training weight would own the loss.
-    before = valued & (position < (grid_steps - holdout)[codes])
-    before_target = values[before, 0]
-    kept_finite = np.isfinite(before_target)
-    distinct_before, _ = _distinct_and_outliers(codes[before][kept_finite], before_target[kept_finite], n_series,
-                                                q.outlier_mad_threshold)
-
-    def grid_fact(a):
-        return np.where(on_grid, a, np.nan)
-
-    stats = {
-        "rows": n_rows, "grid_steps": grid_steps, "train_steps": grid_fact(train_steps), "duplicates": duplicates,
-        "unsorted": unsorted, "off_grid": off_grid,
-        "gap_share": grid_fact(missing_times / np.maximum(grid_steps, 1)),
-        "missing_steps": grid_fact(grid_steps - filled),
-        "longest_gap": grid_fact(longest_gap), "missing_share": empty_rows / distinct_rows,
-        "edge_missing": grid_fact(edge_missing), "distinct_values": distinct,
-        "distinct_before_holdout": grid_fact(distinct_before), "non_finite": non_finite,
-        "outlier_share": outliers / np.maximum(finite_counts, 1),
-        "start": _first_times(codes, times, n_series),
-    }
-    grid = {"codes": codes, "times": times, "position": position, "values": values, "grid_steps": grid_steps,
-            "missing": grid_steps - filled, "season": season}
-    return stats, grid
+    before = valued_all & on & (position < (grid_steps - holdout)[codes])
+    return {"grid_steps": grid_steps, "train_steps": grid_steps - holdout - validation, "off_grid": off_grid,
+            "gap_share": (grid_steps - on_rows) / np.maximum(grid_steps, 1), "missing_steps": grid_steps - filled,
+            "filled": filled, "longest_gap": longest_gap,
+            # grid points before the first or after the last value cannot be interpolated
+            "edge_missing": np.where(filled > 0, first_filled + (grid_steps - 1 - last_filled), grid_steps)}, before
 
 
-def _distinct_and_outliers(codes, target, n_series: int, threshold: float):
-    """Distinct values per series, and values outside the series' own robust range
+def _value_facts(codes, values, before, n_series: int, threshold: float) -> dict:
+    """The facts of the values, whatever the grid: empty, non-finite, distinct (over the whole
+    series and over the rows ``before`` its holdout), outliers (the series' own range)."""
+    distinct_rows = np.maximum(np.bincount(codes, minlength=n_series), 1)
+    empty = np.isnan(values).any(axis=1)
+    f32 = np.finfo(np.float32).max
+    in_range = np.isfinite(values).all(axis=1) & (np.abs(values) <= f32).all(axis=1)
+    target = values[:, 0]
+    finite = np.isfinite(target) & (np.abs(target) <= f32)
+    distinct, outliers, distinct_before = _distinct_and_outliers(codes[finite], target[finite], n_series, threshold,
+                                                                 subset=before[finite])
+    return {"missing_share": np.bincount(codes[empty], minlength=n_series) / distinct_rows,
+            "non_finite": np.bincount(codes[~empty & ~in_range], minlength=n_series),
+            "distinct_values": distinct, "distinct_before_holdout": distinct_before,
+            "outlier_share": outliers / np.maximum(np.bincount(codes[finite], minlength=n_series), 1)}
+
+
+def _distinct_and_outliers(codes, target, n_series: int, threshold: float, *, subset=None):
+    """Distinct values per series, values outside the series' own robust range
     (quality.robust_range: median ± threshold x sigma, sigma from the MAD, else the mean
-    absolute deviation; none when both are 0)."""
+    absolute deviation; none when both are 0), and distinct values among the rows ``subset``
+    (the same sort: a subset of rows sorted by value stays sorted). ``codes`` sorted."""
     from onnxcast.pipeline.quality import ROBUST_SCALE_MAD, ROBUST_SCALE_MEAN_AD
 
-    order = np.lexsort((target, codes))
+    order = sort_within_series(codes, target)
     c, v = codes[order], target[order]
-    change = np.ones(len(c), dtype=bool)
-    change[1:] = (c[1:] != c[:-1]) | (v[1:] != v[:-1])
-    distinct = np.bincount(c[change], minlength=n_series)
+    distinct = _distinct_sorted(c, v, n_series)
+    distinct_subset = None if subset is None else _distinct_sorted(c[subset[order]], v[subset[order]], n_series)
+    del order
     counts = np.bincount(c, minlength=n_series)
     median = _segment_median(c, v, counts, n_series)
     deviation = np.abs(v - median[c])
-    order = np.lexsort((deviation, c))
-    mad = _segment_median(c[order], deviation[order], counts, n_series)
+    mad = _segment_median(c, deviation[sort_within_series(c, deviation)], counts, n_series)
     mean_ad = np.bincount(c, weights=deviation, minlength=n_series) / np.maximum(counts, 1)
     sigma = np.where(mad > 0, ROBUST_SCALE_MAD * mad, ROBUST_SCALE_MEAN_AD * mean_ad)
     limit = threshold * sigma
     outside = (sigma[c] > 0) & (deviation > limit[c])
-    return distinct, np.bincount(c[outside], minlength=n_series)
+    return distinct, np.bincount(c[outside], minlength=n_series), distinct_subset
+
+
+def _distinct_sorted(codes, values, n_series: int) -> np.ndarray:
+    """Distinct values per series, rows sorted by series then value."""
+    change = np.ones(len(codes), dtype=bool)
+    change[1:] = (codes[1:] != codes[:-1]) | (values[1:] != values[:-1])
+    return np.bincount(codes[change], minlength=n_series)
+
+
+def series_time_order(codes, times) -> np.ndarray | None:
+    """The order that sorts rows by (series, time), ties in their order; None when they already
+    are. Rows usually come grouped by series and in time order within it: a stable sort of the
+    codes alone (runs: nearly free) then does it, checked; np.lexsort is the fallback (5 s of
+    CPU on 11.7 M rows, and it ran five times per shard)."""
+    if len(codes) < 2:
+        return None
+    same = codes[1:] == codes[:-1]
+    if (codes[1:] >= codes[:-1]).all() and not ((times[1:] < times[:-1]) & same).any():
+        return None
+    order = np.argsort(codes, kind="stable")
+    sorted_times, sorted_codes = times[order], codes[order]
+    if not ((sorted_times[1:] < sorted_times[:-1]) & (sorted_codes[1:] == sorted_codes[:-1])).any():
+        return order
+    return np.lexsort((times, codes))
+
+
+def sort_within_series(codes, values) -> np.ndarray:
+    """The order that sorts ``values`` within each run of equal ``codes`` (sorted): the values'
+    ranks under an int64 key ``code x n + rank``, one sort of each (2 s of CPU on 11.7 M rows
+    where np.lexsort took 5)."""
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if int(codes[-1]) + 1 > (2**62) // n:  # the key would overflow: the general sort
+        return np.lexsort((values, codes))
+    key = np.empty(n, dtype=np.int64)
+    key[np.argsort(values, kind="stable")] = np.arange(n, dtype=np.int64)
+    key += codes.astype(np.int64) * n
+    return np.argsort(key)  # unique keys: any sort is stable
 
 
 def _segment_median(codes, sorted_values, counts, n_series: int) -> np.ndarray:
@@ -549,95 +646,136 @@ def _segment_median(codes, sorted_values, counts, n_series: int) -> np.ndarray:
     return median
 
 
-def _first_times(codes, times, n_series: int) -> list:
+def _first_times(codes, times, n_series: int):
+    """The first timestamp of each series (UTC), NaT for a series without one."""
     import pandas as pd
 
-    first = np.full(n_series, -1, dtype=np.int64)
+    first = np.full(n_series, np.datetime64("NaT"), dtype="datetime64[ns]")
     if len(codes):
         starts = np.flatnonzero(np.concatenate([[True], codes[1:] != codes[:-1]]))
-        first[codes[starts]] = times[starts]
-    return [pd.Timestamp(int(t), unit="ns", tz="UTC") if t >= 0 else pd.NaT for t in first]
+        first[codes[starts]] = times[starts].astype("datetime64[ns]")
+    return pd.DatetimeIndex(first).tz_localize("UTC")
 
 
-def _series_suite(cfg: PipelineConfig, season: int):
-    """One expectation per series check on the series table; ``severity`` critical = exclude."""
-    from onnxcast.pipeline.expectations import import_gx as _import_gx
-    from onnxcast.pipeline.expectations import named_check as _meta
+@dataclass(frozen=True)
+class SeriesCheck:
+    """One check of the series table: ``column`` within [``min_value``, ``max_value``] (either
+    may be None; a NaN fact is not judged, as GX skips nulls). ``critical`` excludes the
+    series; ``warning`` keeps and counts it. Declared once, read by numpy (the verdicts) and by
+    GX (the report)."""
+
+    check: str
+    column: str
+    description: str
+    severity: str = "critical"
+    min_value: float | None = None
+    max_value: float | None = None
+
+    def failing(self, table) -> np.ndarray:
+        """Which rows of the series table fail the check: one vectorised comparison."""
+        values = table[self.column].to_numpy(dtype="float64")
+        judged = ~np.isnan(values)
+        bad = np.zeros(len(values), dtype=bool)
+        if self.min_value is not None:
+            bad |= judged & (values < self.min_value)
+        if self.max_value is not None:
+            bad |= judged & (values > self.max_value)
+        return bad
+
+    def threshold(self) -> dict:
+        return {k: v for k, v in (("min_value", self.min_value), ("max_value", self.max_value)) if v is not None}
+
+
+def series_checks(cfg: PipelineConfig, season: int) -> list[SeriesCheck]:
+    """The series checks, in report order (SERIES_CHECKS orders the reasons of an exclusion)."""
     from onnxcast.pipeline.quality import FLOAT32_MAX
 
-    gx = _import_gx()
-    E, q = gx.expectations, cfg.quality
+    q = cfg.quality
     holdout, validation = fleet_steps(cfg)
     need_train = min_train_steps(cfg, season)
     need_rows = holdout + validation + need_train
     dup = "warning" if q.drop_duplicate_timestamps else "critical"
-
-    def between(check, column, description, severity="critical", **bounds):
-        return _meta(E.ExpectColumnValuesToBeBetween(column=column, severity=severity, **bounds), check,
-                     description, column=column)
-
     fill = q.fill_gaps_max_steps
-    expectations = [
-        between("too_short", "rows", f"at least {need_rows} rows (holdout {holdout} + validation {validation} + "
-                f"min_train_steps {need_train})", min_value=need_rows),
-        between("train_too_short", "train_steps", f"at least {need_train} training steps (min_train_steps)",
-                min_value=need_train),
-        between("duplicated_times", "duplicates", "no duplicated timestamps"
-                + (" (the last row of each is kept: drop_duplicate_timestamps)" if dup == "warning" else ""),
-                severity=dup, max_value=0),
-        between("not_increasing", "unsorted", "timestamps in increasing order (sorted by the gate)",
-                severity="warning", max_value=0),
-        between("off_grid", "off_grid", f"timestamps on the fleet's {cfg.freq or 'inferred'} grid", max_value=0),
-        between("gap_share", "gap_share", f"missing timestamps at most {q.max_gap_fraction:.2%} of the grid "
-                "(max_gap_fraction)", max_value=q.max_gap_fraction),
-        between("gaps_repairable", "longest_gap", f"gaps at most {fill} steps long (fill_gaps_max_steps)",
-                max_value=fill),
-        between("mostly_missing", "missing_share", f"empty values at most {q.max_missing_fraction:.2%} "
-                "(max_missing_fraction)", max_value=q.max_missing_fraction),
-        between("edges_present", "edge_missing", "values at the first and last timestamp", max_value=0),
-        between("constant", "distinct_values", "target not constant (2 or more distinct values)", min_value=2),
-        between("flat_before_holdout", "distinct_before_holdout", "target not constant before the holdout (its "
-                "MASE has no in-sample scale otherwise)", min_value=2),
-        between("non_finite", "non_finite", f"values finite and within float32 range (|x| <= {FLOAT32_MAX:.4g})",
-                max_value=0),
-        between("outlier_share", "outlier_share", f"outliers (robust z > {q.outlier_mad_threshold:g}, the "
-                f"series' own) at most {q.max_outlier_fraction:.2%} (max_outlier_fraction)",
-                severity="warning", max_value=q.max_outlier_fraction),
-        between("padded", "train_steps", f"at least lookback {cfg.lookback} + horizon {cfg.horizon} training "
-                "steps (shorter histories are padded)", severity="warning", min_value=cfg.lookback + cfg.horizon),
+    return [
+        SeriesCheck("too_short", "rows", f"at least {need_rows} rows (holdout {holdout} + validation {validation} + "
+                    f"min_train_steps {need_train})", min_value=need_rows),
+        SeriesCheck("train_too_short", "train_steps", f"at least {need_train} training steps (min_train_steps)",
+                    min_value=need_train),
+        SeriesCheck("duplicated_times", "duplicates", "no duplicated timestamps"
+                    + (" (the last row of each is kept: drop_duplicate_timestamps)" if dup == "warning" else ""),
+                    severity=dup, max_value=0),
+        SeriesCheck("not_increasing", "unsorted", "timestamps in increasing order (sorted by the gate)",
+                    severity="warning", max_value=0),
+        SeriesCheck("off_grid", "off_grid", f"timestamps on the fleet's {cfg.freq or 'inferred'} grid", max_value=0),
+        SeriesCheck("gap_share", "gap_share", f"missing timestamps at most {q.max_gap_fraction:.2%} of the grid "
+                    "(max_gap_fraction)", max_value=q.max_gap_fraction),
+        SeriesCheck("gaps_repairable", "longest_gap", f"gaps at most {fill} steps long (fill_gaps_max_steps)",
+                    max_value=fill),
+        SeriesCheck("mostly_missing", "missing_share", f"empty values at most {q.max_missing_fraction:.2%} "
+                    "(max_missing_fraction)", max_value=q.max_missing_fraction),
+        SeriesCheck("edges_present", "edge_missing", "values at the first and last timestamp", max_value=0),
+        SeriesCheck("constant", "distinct_values", "target not constant (2 or more distinct values)", min_value=2),
+        SeriesCheck("flat_before_holdout", "distinct_before_holdout", "target not constant before the holdout (its "
+                    "MASE has no in-sample scale otherwise)", min_value=2),
+        SeriesCheck("non_finite", "non_finite", f"values finite and within float32 range (|x| <= {FLOAT32_MAX:.4g})",
+                    max_value=0),
+        SeriesCheck("outlier_share", "outlier_share", f"outliers (robust z > {q.outlier_mad_threshold:g}, the "
+                    f"series' own) at most {q.max_outlier_fraction:.2%} (max_outlier_fraction)",
+                    severity="warning", max_value=q.max_outlier_fraction),
+        SeriesCheck("padded", "train_steps", f"at least lookback {cfg.lookback} + horizon {cfg.horizon} training "
+                    "steps (shorter histories are padded)", severity="warning", min_value=cfg.lookback + cfg.horizon),
     ]
+
+
+def _series_suite(cfg: PipelineConfig, declared: list[SeriesCheck]):
+    """The GX suite of the declared series checks, on the series table."""
+    from onnxcast.pipeline.expectations import import_gx, named_check
+
+    gx = import_gx()
+    between = gx.expectations.ExpectColumnValuesToBeBetween
+    expectations = [named_check(between(column=c.column, severity=c.severity, **c.threshold()),
+                                c.check, c.description, column=c.column) for c in declared]
     return gx.ExpectationSuite(name=SERIES_SUITE, expectations=expectations,
-                               meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(q)}})
+                               meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(cfg.quality)}})
 
 
-def _series_check(result, series_col: str) -> dict:
+def _same_counts(validation, failing: dict[str, np.ndarray], source: str) -> None:
+    """GX's count of failing series per check is numpy's, or the report would say otherwise
+    than the verdict."""
+    for result in validation.results:
+        check = result.expectation_config.meta["check"]
+        counted = int((result.result or {}).get("unexpected_count") or 0)
+        if counted != int(failing[check].sum()):
+            raise DataError(f"{source}: the series check {check!r} failed {int(failing[check].sum())} series by "
+                            f"numpy and {counted} by Great Expectations; please report this with the file")
+
+
+def _series_check(check: SeriesCheck, failing: np.ndarray, ids) -> dict:
     """One series check as plain JSON (quality._summarize's keys): how many series failed it,
     the first few by id."""
-    config = result.expectation_config
-    meta, kwargs, outcome = config.meta or {}, config.kwargs, result.result or {}
-    ids = [str(e[series_col]) for e in (outcome.get("unexpected_index_list") or [])]
-    severity = getattr(config.severity, "value", str(config.severity))
-    message = None
-    if not result.success:
-        message = f"{config.description}: {len(ids)} series, e.g. {', '.join(map(repr, ids[:3]))}"
-    return {"check": meta.get("check"), "column": meta.get("column"), "description": config.description,
-            "expectation": config.type, "severity": severity, "passed": bool(result.success),
-            "observed": {"unexpected_count": len(ids), "series": ids[:5]},
-            "threshold": {k: kwargs[k] for k in ("min_value", "max_value") if kwargs.get(k) is not None},
+    named = [ids[i] for i in np.flatnonzero(failing)[:5]]
+    count = int(failing.sum())
+    message = f"{check.description}: {count} series, e.g. {', '.join(map(quote, named[:3]))}" if count else None
+    return {"check": check.check, "column": check.column, "description": check.description,
+            "expectation": "expect_column_values_to_be_between", "severity": check.severity, "passed": count == 0,
+            "observed": {"unexpected_count": count, "series": named}, "threshold": check.threshold(),
             "message": message}
 
 
-def _failing_ids(result, series_col: str) -> set[str]:
-    return {str(entry[series_col]) for entry in (result.result or {}).get("unexpected_index_list") or []}
-
-
-def _excluded_because(ids, failing: dict[str, set[str]]) -> list[str | None]:
-    """Comma-joined exclude checks each series failed, in report order; None when kept."""
-    out = []
-    for sid in ids:
-        reasons = [check for check in SERIES_CHECKS if sid in failing.get(check, ())]
-        out.append(",".join(reasons) or None)
-    return out
+def excluded_because(declared: list[SeriesCheck], failing: dict[str, np.ndarray]) -> np.ndarray:
+    """Per series, the comma-joined CRITICAL checks it failed in SERIES_CHECKS order, or None
+    when kept (a warning, such as duplicated_times with drop_duplicate_timestamps, keeps it).
+    Vectorised: one bit per check, one label per distinct combination."""
+    critical = {c.check for c in declared if c.severity == "critical"}
+    order = [name for name in SERIES_CHECKS if name in critical and name in failing]
+    n = len(next(iter(failing.values()))) if failing else 0
+    bits = np.zeros(n, dtype=np.int64)
+    for i, name in enumerate(order):
+        bits |= failing[name].astype(np.int64) << i
+    combos, inverse = np.unique(bits, return_inverse=True)
+    labels = np.array([",".join(name for i, name in enumerate(order) if combo >> i & 1) or None
+                       for combo in combos.tolist()], dtype=object)
+    return labels[inverse.reshape(-1)] if n else np.array([], dtype=object)
 
 
 def _shard_summary_html(source: str, shard: int, table, series_col: str) -> str:
@@ -685,7 +823,7 @@ def regular_fleet(grid: dict, kept, ids, cfg: PipelineConfig, plan: dict) -> Fle
     values = out.astype(np.float32)
     if not np.isfinite(values).all():  # the series checks promise this never happens
         bad = int(np.searchsorted(offsets, int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0]), "right") - 1)
-        raise DataError(f"{plan['source']}: series {ids[kept[bad]]!r} has no finite value at a grid step after "
+        raise DataError(f"{plan['source']}: series {quote(ids[kept[bad]])} has no finite value at a grid step after "
                         "the data checks passed; please report this with the file")
     return FleetData(values=values, offsets=offsets, starts=starts, ids=tuple(ids[i] for i in kept),
                      columns=(cfg.target_column, *cfg.feature_columns), freq=freq, season=int(plan["season"]),
@@ -722,7 +860,7 @@ def merge_fleet_checks(cfg: PipelineConfig) -> dict:
                                           cfg))
     share_check = _excluded_share_check(cfg, table, plan["source"])
     if not share_check["passed"]:
-        examples = ", ".join(f"{sid!r} ({why})" for sid, why in
+        examples = ", ".join(f"{quote(sid)} ({why})" for sid, why in
                              zip(excluded[series_col].head(3), excluded["excluded_because"].head(3), strict=True))
         message = (f"{len(excluded)} of {total} series ({share:.1%}) were excluded, more than max_excluded_share "
                    f"{q.max_excluded_share:.0%}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -766,10 +904,10 @@ def _excluded_share_check(cfg: PipelineConfig, table, source: str) -> dict:
 def _reason_counts(excluded, *, first_only: bool = True) -> dict[str, int]:
     """Excluded series per reason, most first; ``first_only``: each series counted once, by
     its first reason in report order (the counts then add up to the excluded total)."""
-    counts = {check: 0 for check in SERIES_CHECKS}
-    for because in excluded["excluded_because"]:
-        for check in because.split(",")[: 1 if first_only else None]:
-            counts[check] += 1
+    counts = dict.fromkeys(SERIES_CHECKS, 0)
+    for label, count in excluded["excluded_because"].value_counts().items():  # a few distinct combinations
+        for check in str(label).split(",")[: 1 if first_only else None]:
+            counts[check] += int(count)
     return {k: v for k, v in sorted(counts.items(), key=lambda kv: -kv[1]) if v}
 
 
@@ -824,12 +962,21 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
                        "passed": failed == 0, "observed": {"series": failed}, "threshold": first["threshold"],
                        "message": None if failed == 0 else f"{first['description']}: {failed} series",
                        "suite": SERIES_SUITE})
+    repeated = table[table["excluded_because"].isna() & (table["duplicates"] > 0)]  # drop_duplicate_timestamps
+    if len(repeated):
+        warnings.append(f"{len(repeated)} series repeat timestamps: the last row of each was kept "
+                        f"(drop_duplicate_timestamps), {int(repeated['duplicates'].sum())} rows dropped")
     if len(padded):
         warnings.append(f"{len(padded)} series have fewer than lookback {cfg.lookback} + horizon {cfg.horizon} "
-                        f"training steps and are padded (e.g. {', '.join(map(repr, padded[series_col].head(3)))})")
+                        f"training steps and are padded (e.g. {', '.join(map(quote, padded[series_col].head(3)))})")
     if len(excluded):
         warnings.append(f"{len(excluded)} of {len(table)} series ({share:.1%}) excluded: "
                         + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    skipped = plan.get("skipped_entries") or {"count": 0, "entries": []}
+    if skipped["count"]:
+        shown = ", ".join(f"{e['entry']} ({e['why']})" for e in skipped["entries"][:3])
+        warnings.append(f"{skipped['count']} entries of the data folder were skipped, not read: {shown}"
+                        + (" ..." if skipped["count"] > 3 else ""))
     unsorted = int((table["unsorted"] > 0).sum())
     if unsorted:
         warnings.append(f"{unsorted} series had rows out of time order (not_increasing); sorted")
@@ -846,7 +993,7 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
                       "constant": "distinct_values", "flat_before_holdout": "distinct_before_holdout",
                       "non_finite": "non_finite", "outlier_share": "outlier_share"}
     excluded_list = []
-    for _, row in excluded.iterrows():
+    for row in excluded[[series_col, "excluded_because", *sorted(set(detail_columns.values()))]].to_dict("records"):
         because = row["excluded_because"].split(",")
         excluded_list.append({"series": str(row[series_col]), "because": because,
                               "details": {c: _plain(row[detail_columns[c]]) for c in because}})
@@ -854,7 +1001,7 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
             "json_path": str(layout.quality / "validation_result.json"), "html_path": html,
             "series": {"total": len(table), "kept": len(kept), "excluded": len(excluded), "padded": len(padded),
                        "excluded_share": share, "max_excluded_share": q.max_excluded_share},
-            "excluded": excluded_list, "padded": [str(s) for s in padded[series_col]]}
+            "excluded": excluded_list, "padded": [str(s) for s in padded[series_col]], "skipped_entries": skipped}
 
 
 def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: PipelineConfig) -> str:
@@ -875,14 +1022,22 @@ def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: Pipeli
              f"<p>{len(table)} series: {len(table) - len(excluded)} kept, {len(excluded)} excluded "
              f"({share:.1%}; at most {cfg.quality.max_excluded_share:.0%} may be: max_excluded_share), "
              f"{len(padded)} padded (shorter than lookback + horizon of training)</p></section>"]
+    labels = excluded["excluded_because"].astype(str)
     for reason, count in counts.items():
-        hit = excluded[excluded["excluded_because"].str.split(",").map(lambda b, r=reason: r in b)]
-        names = ", ".join(f"<code>{escape(str(s))}</code>" for s in hit[series_col].head(EXAMPLES))
+        having = [label for label in labels.unique() if reason in label.split(",")]
+        hit = excluded.loc[labels.isin(having).to_numpy(), series_col].head(EXAMPLES)
+        names = ", ".join(f"<code>{escape(str(s))}</code>" for s in hit)
         more = f" and {count - EXAMPLES} more" if count > EXAMPLES else ""
         parts.append(f"<h2>{escape(reason)}: {count} series</h2><p>{names}{more}</p>")
     if len(padded):
         names = ", ".join(f"<code>{escape(str(s))}</code>" for s in padded[series_col].head(EXAMPLES))
         parts.append(f"<h2>padded (kept): {len(padded)} series</h2><p>{names}</p>")
+    skipped = plan.get("skipped_entries") or {"count": 0, "entries": []}
+    if skipped["count"]:
+        items = "".join(f"<li><code>{escape(e['entry'])}</code>: {escape(e['why'])}</li>" for e in skipped["entries"])
+        more = f"<p>and {skipped['count'] - len(skipped['entries'])} more</p>" \
+            if skipped["count"] > len(skipped["entries"]) else ""
+        parts.append(f"<h2>Skipped entries of the data folder: {skipped['count']}</h2><ul>{items}</ul>{more}")
     links = "".join(f'<li><a href="shards/{k:03d}/{REPORT_HTML}">shard {k}</a>: {len(ids)} series</li>'
                     for k, ids in enumerate(plan["shards"]))
     parts.append(f"<h2>Per-shard checks (Great Expectations)</h2><ul>{links}</ul>"

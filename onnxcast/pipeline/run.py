@@ -415,6 +415,7 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
         log.info("removed %s left by an interrupted run", staging)
     owned = owned.claim({STAGING: FOLDER})
     staging.mkdir()
+    _IN_PROGRESS[staging] = (out, owned)
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
     try:
@@ -427,6 +428,8 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
         if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
             exc.report_path = str(out / Path(exc.report_path).relative_to(staging))
         raise
+    finally:
+        _IN_PROGRESS.pop(staging, None)
     _publish(staging, out, owned)
     log.info("pipeline finished in %.1fs: %s", time.monotonic() - started, cfg.layout.report)
     return report
@@ -462,6 +465,21 @@ def _run_fleet(work: PipelineConfig) -> dict:
     for family in work.models:
         _step(5, f"validate {family}", validate_family, work, family)
     return _step(6, "report", assemble_report, work)
+
+
+# The runs in progress in this process: staging folder -> (output folder, its ownership record).
+_IN_PROGRESS: dict[Path, tuple[Path, OwnedOutput]] = {}
+
+
+def abandon_runs() -> None:
+    """Tidy every run in progress as a failure does (quality report kept, staging removed): for
+    a process about to exit on SIGTERM (onnxcast.cli), which unwinds no stack."""
+    for staging, (out, owned) in list(_IN_PROGRESS.items()):
+        try:
+            _keep_diagnostics(staging, out, owned)
+        except (OSError, OnnxcastError) as error:  # tidied by the failure being handled, or not ours to touch
+            log.warning("could not tidy %s: %s", staging, error)
+        _IN_PROGRESS.pop(staging, None)
 
 
 @contextlib.contextmanager

@@ -67,7 +67,13 @@ from onnxcast.base.errors import (
 )
 from onnxcast.base.files import sha256_bytes
 from onnxcast.base.s3 import S3Settings
-from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, regular_file_size
+from onnxcast.base.untrusted import (
+    UntrustedInputError,
+    loads_json,
+    quote,
+    regular_file_size,
+    series_id_problem,
+)
 from onnxcast.rollout.command import device_command
 from onnxcast.rollout.device import (
     CURRENT,
@@ -93,10 +99,10 @@ MAX_INTERVAL_S = 86_400  # a watch polls at least once a day
 MAX_LINE_BYTES = 1 << 20  # a row of a forecast table is a few hundred bytes
 MAX_FIELDS = 10_000  # fields in a header or row
 MAX_COLUMNS_SHOWN = 20
-# A fleet input (--series-column): at most this many series, ids of at most this many
-# characters; ONNX Runtime gets ORT_CHUNK series a call (cache-sized: onnxcast.base.batches).
+# A fleet input (--series-column): at most this many series, ids by the pipeline's rule
+# (onnxcast.base.untrusted.series_id_problem, MAX_SERIES_ID characters at most); ONNX Runtime
+# gets ORT_CHUNK series a call (cache-sized: onnxcast.base.batches).
 MAX_SERIES = 100_000
-MAX_SERIES_ID = 100
 MAX_SHORT_SHOWN = 5
 MAX_PADDED_NAMED = 20  # padded series named one warning line each; the rest are counted in one
 ORT_CHUNK = CHUNK_ROWS
@@ -599,11 +605,10 @@ def _cell(row: list[str], at: int) -> str:
 
 
 def _check_series_id(path, series: str, line: int, series_column: str) -> None:
-    """A series id is a printable, non-empty name of at most MAX_SERIES_ID characters with
-    no leading or trailing space: it is written back in the output and in error lines."""
-    if not series or len(series) > MAX_SERIES_ID or not series.isprintable() or series != series.strip():
-        why = "empty" if not series else f"longer than {MAX_SERIES_ID} characters" \
-            if len(series) > MAX_SERIES_ID else "not a printable name without leading or trailing spaces"
+    """A series id by the pipeline's rule (onnxcast.base.untrusted.series_id_problem): it is
+    written back in the output and in error lines."""
+    why = series_id_problem(series)
+    if why:
         raise DataError(f"{path}: {series_column} value {quote(series)} at line {line} is {why}; "
                         "expected a series id")
 

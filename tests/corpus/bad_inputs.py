@@ -285,3 +285,197 @@ GOOD_INPUTS: list[Case] = [
     Case("utf16_bom", "Excel 'Unicode text': UTF-16 with a BOM", lambda b: b.decode().encode("utf-16"), ""),
     Case("spaces_in_header", "' ds , y ' with a UTF-8 BOM", lambda b: b"\xef\xbb\xbf" + b.replace(b"ds,y", b" ds , y ", 1), ""),
 ]
+
+
+# --- fleets: long tables of many series (`onnxcast pipeline --series-column unique_id`) ------
+# Bounded fleet input (issue 30, items 5 to 10): tables that decode far beyond their size,
+# series ids that are not ids, options a fleet ignored, folder entries skipped without a word.
+# Built in a folder by code, small; run through the real CLI by tests/cli/test_fleet_bad_inputs.py.
+
+FLEET_ARGS = ("--series-column", "unique_id", "--horizon", "6", "--lookback", "12", "--freq", "MS", "--season",
+              "12", "--models", "dlinear", "--max-epochs", "1", "--holdout-windows", "1", "--shards", "1")
+FLEET_SERIES = 20
+FLEET_LENGTH = 60  # months per series
+MEGA_ID = 1 << 20  # characters of the long ids (the report had 1 MB ids copied into report.json)
+
+
+@dataclass(frozen=True)
+class FleetCase:
+    name: str
+    description: str
+    build: Callable[[Path], Path]  # folder -> the --data it wrote there
+    expect: str  # a fragment of the one-line error
+    stage: str = "reading"  # "reading": DataError, nothing written; "quality": the gate failed, quality/ kept
+    args: tuple[str, ...] = ()  # more `onnxcast pipeline` options
+    env: dict = field(default_factory=dict)  # environment (the limits' variables)
+    warnings: tuple[str, ...] = ()  # fragments of warning lines the run must log too
+
+
+def fleet_frame(ids: list | None = None, length: int = FLEET_LENGTH):
+    """A clean monthly fleet: ``FLEET_SERIES`` series ``s000``... of ``length`` months."""
+    import numpy as np
+    import pandas as pd
+
+    ids = [f"s{i:03d}" for i in range(FLEET_SERIES)] if ids is None else ids
+    months = pd.date_range("2000-01-01", periods=length, freq="MS").strftime("%Y-%m-%d")
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({"unique_id": np.repeat(np.asarray(ids, dtype=object), length),
+                         "ds": np.tile(months, len(ids)),
+                         "y": (100 + rng.normal(0, 10, len(ids) * length)).round(3)})
+
+
+def _fleet_file(name: str, frame_of: Callable[[], object]):
+    def build(folder: Path) -> Path:
+        frame = frame_of()
+        path = folder / name
+        if name.endswith(".csv"):
+            frame.to_csv(path, index=False)
+        else:
+            frame.to_parquet(path, index=False)
+        return path
+    return build
+
+
+def _fleet_ids(bad: str, *, at: int = FLEET_SERIES - 1):
+    """The clean fleet with the series ``at`` renamed ``bad``."""
+    return lambda: fleet_frame([bad if i == at else f"s{i:03d}" for i in range(FLEET_SERIES)])
+
+
+def _typed_ids(make: Callable[[str], object]):
+    """The clean fleet with its ids turned into another Parquet type by ``make``."""
+    def build(folder: Path) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        frame = fleet_frame()
+        path = folder / "typed_ids.parquet"
+        pq.write_table(pa.table({"unique_id": pa.array([make(s) for s in frame["unique_id"]]),
+                                 "ds": frame["ds"], "y": frame["y"]}), path)
+        return path
+    return build
+
+
+def hundred_million_rows(folder: Path) -> Path:
+    """100 M rows in 20 row groups of 5 M, 218 KB (the report's 1.2 MB file took 12.9 GB to
+    decode): one column of nulls, so that building it costs 0.6 s; only the footer is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = folder / "hundred_million_rows.parquet"
+    group = pa.table({"y": pa.nulls(5_000_000, pa.float64())})
+    with pq.ParquetWriter(path, group.schema, compression="zstd") as writer:
+        for _ in range(20):
+            writer.write_table(group, row_group_size=len(group))
+    return path
+
+
+def _parts(folder: Path, frame, name: str = "parts") -> Path:
+    root = folder / name
+    root.mkdir()
+    half = len(frame) // 2
+    frame.iloc[:half].to_parquet(root / "part-0.parquet", index=False)
+    frame.iloc[half:].to_parquet(root / "part-1.parquet", index=False)
+    return root
+
+
+def _with_one_short_series(frame):
+    """``frame`` plus a series of 5 months: excluded (too_short), so with --max-excluded-share 0
+    the run fails right after the series checks, saying how many were excluded and why."""
+    import pandas as pd
+
+    return pd.concat([frame, fleet_frame(["short"], length=5)], ignore_index=True)
+
+
+def folder_with_odd_entries(folder: Path) -> Path:
+    """Two Parquet parts, and what a folder may also hold: a symlink to a part elsewhere, a
+    symlink to /dev/zero, a FIFO, a symlinked subfolder, a character device (where mknod is
+    allowed), a README: each skipped, with a warning line saying why."""
+    import os
+
+    root = _parts(folder, _with_one_short_series(fleet_frame()))
+    elsewhere = folder / "elsewhere"
+    elsewhere.mkdir()
+    fleet_frame(["other"]).to_parquet(elsewhere / "x.parquet", index=False)
+    os.symlink(elsewhere / "x.parquet", root / "linked.parquet")
+    os.symlink("/dev/zero", root / "zero.parquet")
+    os.symlink(elsewhere, root / "linked-folder")
+    os.mkfifo(root / "fifo.parquet")
+    try:
+        os.mknod(root / "null.parquet", 0o600 | 0o020000, os.makedev(1, 3))
+    except OSError:  # not root: the other entries make the point
+        pass
+    (root / "README.md").write_text("parts of the meter fleet\n")
+    return root
+
+
+def _megabyte_ids(folder: Path) -> Path:
+    import pandas as pd
+
+    path = folder / "megabyte_ids.parquet"
+    pd.concat([fleet_frame(), fleet_frame([k * MEGA_ID for k in "ABCDE"], length=2)]).to_parquet(path, index=False)
+    return path
+
+
+def _twice(folder: Path) -> Path:
+    import pandas as pd
+
+    frame = fleet_frame()
+    path = folder / "every_row_twice.csv"
+    _with_one_short_series(pd.concat([frame, frame], ignore_index=True)).to_csv(path, index=False)
+    return path
+
+
+FLEET_BAD_INPUTS: list[FleetCase] = [
+    # --- sizes, from the Parquet footer or the CSV's lines, before anything is decoded ---
+    FleetCase("parquet_100m_rows", "100 M rows of zstd in 218 KB", hundred_million_rows,
+              "Parquet file of 100,000,000 rows (by its metadata, 20 row group(s)), over the limit of 20,000,000 "
+              "rows (set ONNXCAST_MAX_DATA_ROWS to read more)"),
+    FleetCase("parquet_cells_over_limit", "3,600 cells against a limit of 1,000",
+              _fleet_file("fleet.parquet", fleet_frame), "Parquet file of 3,600 cells",
+              env={"ONNXCAST_MAX_DATA_CELLS": "1000"}),
+    FleetCase("csv_lines_over_limit", "1,200 lines against a limit of 1,000 rows",
+              _fleet_file("fleet.csv", fleet_frame), "1,200 lines, over the limit of 1,000 rows",
+              env={"ONNXCAST_MAX_DATA_ROWS": "1000"}),
+    FleetCase("parts_rows_over_limit", "two parts of 600 rows: 1,200 in all against 1,000",
+              lambda folder: _parts(folder, fleet_frame()),
+              "the Parquet files hold more than the limit of 1,000 rows in all (by their metadata, reached at part",
+              env={"ONNXCAST_MAX_DATA_ROWS": "1000"}),
+    FleetCase("too_many_series", "20 series against --max-series 10", _fleet_file("fleet.parquet", fleet_frame),
+              "20 series in column 'unique_id', more than max_series 10 (--max-series)", args=("--max-series", "10")),
+    # --- series ids: the one rule of the pipeline and the device, ids of other types ---
+    FleetCase("binary_ids_not_utf8", "ids as bytes that are not UTF-8", _typed_ids(lambda s: s.encode() + b"\xff"),
+              "column 'unique_id' holds bytes that are not UTF-8 text (first at row 1); series ids must be text"),
+    FleetCase("struct_ids", "ids as structs", _typed_ids(lambda s: {"site": s, "meter": 1}),
+              "column 'unique_id' holds struct<site: string, meter: int64> values; series ids must be text or "
+              "whole numbers"),
+    FleetCase("list_ids", "ids as lists", _typed_ids(lambda s: [s]),
+              "column 'unique_id' holds list<element: string> values; series ids must be text or whole numbers"),
+    FleetCase("float_ids", "ids as floats", _typed_ids(lambda s: float(s[1:]) + 0.5),
+              "column 'unique_id' holds double values; series ids must be text or whole numbers"),
+    FleetCase("megabyte_ids", "five ids of 1 MB each (two rows each: 10 MB of ids)", _megabyte_ids,
+              f"is {MEGA_ID:,} characters long, more than 100; expected a series id (5 such ids)"),
+    FleetCase("id_with_newline", "a quoted id holding a line break", _fleet_file("nl.csv", _fleet_ids("s\n019")),
+              "unique_id value 's\\n019' at row 1,141 is not printable"),
+    FleetCase("id_with_control", "an id holding BEL", _fleet_file("bel.csv", _fleet_ids("s\x07019")),
+              "unique_id value 's\\x07019' at row 1,141 is not printable"),
+    FleetCase("id_with_bidi_override", "an id holding U+202E (right-to-left override)",
+              _fleet_file("bidi.parquet", _fleet_ids("s\u202e910")),
+              "unique_id value 's\\u202e910' at row 1,141 is not printable"),
+    FleetCase("id_with_leading_space", "' s019' (CSV strips it; Parquet keeps it)",
+              _fleet_file("space.parquet", _fleet_ids(" s019")),
+              "unique_id value ' s019' at row 1,141 is not a name without leading or trailing spaces"),
+    FleetCase("empty_id", "an id that is the empty string", _fleet_file("empty.parquet", _fleet_ids("")),
+              "unique_id value '' at row 1,141 is empty; expected a series id"),
+    # --- options and folders ---
+    FleetCase("every_row_twice_dropped", "every row twice with --drop-duplicates: the last row is kept", _twice,
+              "1 of 21 series (4.8%) were excluded, more than max_excluded_share 0%: too_short 1", "quality",
+              args=("--drop-duplicates", "--max-excluded-share", "0")),
+    FleetCase("folder_with_odd_entries", "parts among symlinks, a FIFO, a device, a linked folder",
+              folder_with_odd_entries, "1 of 21 series (4.8%) were excluded", "quality",
+              args=("--max-excluded-share", "0"),
+              warnings=("skipped 'fifo.parquet': a FIFO, not a regular file",
+                        "skipped 'linked-folder': a symbolic link (to a folder): links are not followed",
+                        "skipped 'linked.parquet': a symbolic link (to a file): links are not followed",
+                        "skipped 'zero.parquet': a symbolic link (to a character device): links are not followed",
+                        "skipped 'README.md': not a *.parquet file")),
+]

@@ -212,3 +212,26 @@ class TestMonitorCommand:
         assert (summary["version"], summary["degraded"], summary["drift"], summary["run_id"]) == (deployed, False, [],
                                                                                                 None)
         assert summary["mase"] == pytest.approx(airflow_support.xcom(healthy_run, "monitor")[0]["mase"])
+
+    def test_console_script_refuses_a_table_past_the_row_limit_from_its_footer(self, deployed, release_key,
+                                                                                 tmp_path):
+        """`onnxcast monitor --data` reads through the same bounded reader as the pipeline: a
+        file whose Parquet footer declares 100 M rows is refused before a row is decoded (the
+        report's 1.2 MB file took 5.3 GB in `onnxcast monitor --data`)."""
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        from corpus.bad_inputs import hundred_million_rows
+
+        data = hundred_million_rows(tmp_path)
+        store = airflow_support.configure() / "rollout"
+        command = [str(Path(sys.executable).parent / "onnxcast"), "monitor", "--store", str(store), "--model", MODEL,
+                   "--channel", "edge", "--trust", str(release_key["root"]), "--no-log", "--data", str(data)]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and "Parquet file of 100,000,000 rows (by its metadata" in last, last
+

@@ -49,6 +49,9 @@ SKIPPED: dict[str, str] = {
                                                          "tests/bench/test_bench_smoke.py runs bench/run.py --quick",
     r"^\.venv/bin/python bench/training\.py\b": "times every family's training step for about a minute; "
                                                 "tests/bench/test_bench_training_smoke.py runs bench/training.py --quick",
+    r"^\.venv/bin/python bench/reference_refit\.py\b": "refits the statistical reference two ways on three series "
+                                                       "(about two minutes); tests/bench/test_bench_reference_smoke.py "
+                                                       "runs bench/reference_refit.py --quick",
     r"^\.venv/bin/mlflow ui\b": "starts the MLflow UI server and keeps running",
     r"^terraform (init|apply)\b": "Terraform is not installed here and applies to an AWS account; "
                                   "tests/infra/test_terraform.py checks infra/ with checkov and python-hcl2",

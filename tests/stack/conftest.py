@@ -20,6 +20,10 @@ from stack_support import AirflowApi
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.py"
 UP_TIMEOUT = 900
+HEARTBEAT_TIMEOUT = 40  # seconds; a 2-core CI machine under load still heartbeats every few seconds
+# above the time a drill takes to bring S3 or MLflow back after the try it broke ended (15-17 s
+# seen): with 5 s the retry of an export ran while S3 was still down and the drilled run failed
+RETRY_DELAY = 30
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -34,7 +38,11 @@ def _stack_env(home: Path) -> dict[str, str]:
     # the session's own settings (AIRFLOW_*, ONNXCAST_SIGNING_KEY, ...) must not reach the stack
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "ONNXCAST_", "MLFLOW_", "AWS_"))}
     env.update({"ONNXCAST_HOME": str(home), "ONNXCAST_STACK_NAME": f"onnxcast_test_{secrets.token_hex(3)}",
-                "ONNXCAST_STACK_REDIS_DB": os.environ.get("ONNXCAST_TEST_STACK_REDIS_DB") or str(_free_redis_db())})
+                "ONNXCAST_STACK_REDIS_DB": os.environ.get("ONNXCAST_TEST_STACK_REDIS_DB") or str(_free_redis_db()),
+                # the fault drills wait for a dead worker's task to be failed, then for each retry:
+                # 40 s and 30 s instead of the stack's 75 s and the DAG's minute (test_fault_drills.py)
+                "ONNXCAST_STACK_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+                "ONNXCAST_STACK_RETRY_DELAY": str(RETRY_DELAY)})
     return env
 
 

@@ -1,9 +1,10 @@
 """Fault drills on the two-worker stack, all in ONE onnxcast_training run, each fault hitting a
-different task so that the one retry every task has (retries=1, retry_delay 1 minute) suffices:
+different task so that the one retry every task has (retries=1; the test stack's retry delay is
+30 s, tests/stack/conftest.py) suffices:
 
 1. a worker host dies (its whole PID namespace, SIGKILL) while it runs ``train_or_fetch``; the
-   scheduler fails that try after ``[scheduler] task_instance_heartbeat_timeout`` (75 s on the
-   stack) and the retry runs on a worker (the restarted one or the other);
+   scheduler fails that try after ``[scheduler] task_instance_heartbeat_timeout`` (75 s on a
+   stack, 40 s on the test stack) and the retry runs on a worker (the restarted one or the other);
 2. S3 (SeaweedFS) stops as soon as a step after training (``export``/``optimize``/``validate``)
    is seen running, so that its run-store publish (or staging) fails; S3 comes back, the retry
    completes;
@@ -37,7 +38,7 @@ STACK = REPO / "scripts" / "stack.py"
 RUN_TIMEOUT = 2700
 MODEL = f"stack-drills-{uuid.uuid4().hex[:6]}"
 WORKER_DRILL_TIMEOUT = 900  # the first train_or_fetch try starts (the DAG run is queued behind nothing)
-FAIL_TIMEOUT = 300  # a try hit by a fault is failed (heartbeat timeout 75 s + detection + callbacks)
+FAIL_TIMEOUT = 300  # a try hit by a fault is failed (heartbeat timeout 40 s + detection + callbacks)
 
 
 def _label(ti: dict) -> str:

@@ -15,6 +15,7 @@ from onnxcast.base.untrusted import (
     read_json_file,
     read_regular_file,
     regular_file_size,
+    series_id_problem,
 )
 
 
@@ -86,6 +87,20 @@ def test_invalid_json_is_named_without_quoting_it():
     assert "root" not in str(caught.value)
     with pytest.raises(UntrustedInputError, match="not valid JSON"):
         loads_json(b"\xff\xfe", what="manifest")
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("N1402", None), ("meter 7/2", None), ("007", None), ("Zürich-Höngg", None), ("x" * 100, None),
+    ("", "empty"),
+    ("x" * 101, "101 characters long, more than 100"),
+    ("A" * (1 << 20), "1,048,576 characters long, more than 100"),
+    ("s\n001", "not printable"), ("s\r001", "not printable"), ("s\x07bell", "not printable"),
+    ("s\u202eevil", "not printable"), ("zero\u200bwidth", "not printable"), ("tab\there", "not printable"),
+    (" s001", "leading or trailing spaces"), ("s001 ", "leading or trailing spaces"),
+])
+def test_one_series_id_rule_for_the_pipeline_and_the_device(value, problem):
+    found = series_id_problem(value)
+    assert (found is None) if problem is None else (problem in found), found
 
 
 def test_quote_caps_long_values():

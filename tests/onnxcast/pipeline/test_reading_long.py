@@ -149,3 +149,59 @@ def test_an_s3_prefix_reads_as_the_folder_does(panel, tmp_path, s3_bucket, s3_en
     remote = read_long_table(f"s3://{s3_bucket}/fleets/m3/", columns=COLUMNS, series_column="unique_id")
     assert remote.sha256 == local.sha256 and remote.n_bytes == local.n_bytes
     pd.testing.assert_frame_equal(remote.frame, local.frame)
+
+
+# --- bounded reading (issue 30, items 5, 6, 8): counted from the footer, ids by one rule ----
+
+def _fleet(tmp_path, ids, name="fleet.parquet", **columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(ids)
+    table = {"unique_id": ids, "ds": columns.pop("ds", pa.array(np.full(n, "2000-01-01", dtype=object))),
+             "y": columns.pop("y", pa.array(np.ones(n)))}
+    pq.write_table(pa.table(table), tmp_path / name)
+    return str(tmp_path / name)
+
+
+def test_whole_number_ids_are_read_as_text(tmp_path):
+    import pyarrow as pa
+
+    path = _fleet(tmp_path, pa.array(np.repeat(np.arange(20, dtype=np.int64), 3)))
+    ids = read_long_table(path, columns=COLUMNS, series_column="unique_id").frame["unique_id"]
+    assert ids.dtype.name == "category" and sorted(ids.cat.categories, key=int) == [str(i) for i in range(20)]
+
+
+def test_text_repeated_on_every_row_is_counted_as_decoded(tmp_path, monkeypatch):
+    """A 1 KB value on 3,000 rows is 3 MB decoded from a few KB of dictionary-encoded Parquet:
+    read as a dictionary, its decoded size is counted before a row is materialised."""
+    import pyarrow as pa
+
+    from onnxcast.pipeline import reading
+
+    path = _fleet(tmp_path, pa.array(["a"] * 3000), ds=pa.array(["2000-01-01" + " " * 1000] * 3000))
+    monkeypatch.setattr(reading, "MAX_TABLE_BYTES", 1_000_000)
+    with pytest.raises(DataError, match=r"text columns decode to more than 1,000,000 bytes \(column 'ds'"):
+        read_long_table(path, columns=COLUMNS, series_column="unique_id")
+
+
+def test_list_values_count_as_cells(tmp_path, monkeypatch):
+    """Ten rows whose `y` holds 500 values each: 5,000 cells, whatever the row count says."""
+    import pyarrow as pa
+
+    path = _fleet(tmp_path, pa.array([f"s{i}" for i in range(10)]), y=pa.array([[1.0] * 500] * 10))
+    monkeypatch.setenv("ONNXCAST_MAX_DATA_CELLS", "2000")
+    with pytest.raises(DataError, match=r"Parquet file of 5,0\d\d cells \(by its metadata"):
+        read_long_table(path, columns=COLUMNS, series_column="unique_id")
+
+
+def test_the_first_bad_id_is_named_clipped_with_its_row_and_the_count(tmp_path):
+    import pyarrow as pa
+
+    ids = ["ok"] * 4 + ["B" * 5000] * 2 + ["C" * 300] * 2
+    path = _fleet(tmp_path, pa.array(ids))
+    with pytest.raises(DataError) as caught:
+        read_long_table(path, columns=COLUMNS, series_column="unique_id")
+    message = str(caught.value)
+    assert "value 'BBBB" in message and "at row 5 is 5,000 characters long, more than 100" in message
+    assert "(2 such ids)" in message and len(message) < 300

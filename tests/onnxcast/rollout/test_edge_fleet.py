@@ -197,6 +197,21 @@ class TestFleetPredict:
         assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'bad.csv'}: ")
         assert re.search(message, err[0]), err[0]
 
+    def test_the_device_refuses_the_ids_the_pipeline_refuses_in_the_same_words(self, device, panel_frame,
+                                                                              tmp_path, capsys):
+        """One rule (onnxcast.base.untrusted.series_id_problem) for `onnxcast pipeline` and the device."""
+        from onnxcast.base.untrusted import series_id_problem
+
+        dest, _ = device
+        frame, ids = panel_frame
+        for bad in ("s\u202eevil", "s\x07bell", "x" * 101, "tab\there"):
+            five = frame[frame["unique_id"].isin(ids[:5])].replace({"unique_id": {ids[4]: bad}})
+            path = _write(five, tmp_path / "ids.csv", shuffle=False)
+            assert cli.main(["edge", "predict", "--dir", str(dest), "--input", str(path),
+                             "--series-column", "unique_id"]) == 2
+            err = capsys.readouterr().err.splitlines()
+            assert len(err) == 1 and f"is {series_id_problem(bad)}; expected a series id" in err[0], err
+
     def test_input_limits_still_hold(self, device, tmp_path, capsys):
         dest, _ = device
         (tmp_path / "wide.csv").write_text("unique_id,ds,y\n" + ",".join(["1"] * 10_001) + "\n")
