@@ -44,7 +44,7 @@ class Dataset:
 def _victoria():
     import pandas as pd
 
-    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.config import example_data_path
 
     return pd.read_csv(example_data_path())
 

@@ -8,7 +8,7 @@ judged here on the same series, the same test period and the same MASE scale (th
 seasonal-naive MAE of ``x``, Hyndman's M3 scale): the pipeline's per-series MAE, sMAPE and MAPE
 come from ``models/<family>/per_series.parquet``. Table per panel: mean MASE with a 95 %
 bootstrap interval over series, mean sMAPE and MAPE, the share of series lost to that series'
-best naive, the paired p-value vs AutoETS (``evaluation.paired_test``, block 1: series are the
+best naive, the paired p-value vs AutoETS (``significance.paired_test``, block 1: series are the
 independent units), the edge choice and the two goals of issue 20.
 
 scale: ``resample_panel(m3-monthly, n)`` written as Parquet; every pipeline step runs in its
@@ -240,7 +240,7 @@ def mean_interval(values: np.ndarray, level: float = 0.95, seed: int = 0) -> lis
 def aggregate(table, forecaster: str, *, reference: str | None = REFERENCE) -> dict:
     """Mean MASE [95 % CI], median MASE, mean sMAPE [CI], mean MAPE, the share of series lost to
     their best naive (higher test MAE) and the paired test of per-series MASE vs ``reference``."""
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.significance import paired_test
 
     mase = table[f"{forecaster}.mase"].to_numpy(np.float64)
     finite = np.isfinite(mase)
@@ -272,7 +272,7 @@ def interval_aggregate(table, forecaster: str, *, reference: str | None = REFERE
     coverage: every series has its h test points), a bootstrap interval of the mean MSIS of the
     95% interval and the paired test of per-series MSIS (95%) vs ``reference``'s; None when the
     forecaster has no intervals."""
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.significance import paired_test
 
     if f"{forecaster}.msis_95" not in table:
         return None

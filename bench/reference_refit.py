@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     import pandas as pd
     from statsmodels.datasets import co2
 
-    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.config import example_data_path
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="CO2 only: a smoke test of seconds")

@@ -177,10 +177,10 @@ def peak_memory_mib(args: list[str]) -> dict[int, float] | None:
 def torch_candidate(run_dir: Path, cfg, family: str) -> Candidate:
     import torch
 
-    from onnxcast.pipeline.run import family_dir, load_model
+    from onnxcast.pipeline.checkpoint import load_model
 
     model, _ = load_model(cfg, family)
-    size = (family_dir(cfg, family) / "model.pt").stat().st_size
+    size = (cfg.layout.family(family) / "model.pt").stat().st_size
 
     def make(threads: int):
         torch.set_num_threads(threads)
@@ -221,15 +221,13 @@ def _seconds(fn: Callable[[np.ndarray], object], history: np.ndarray, repeats: i
 
 def onnx_candidates(cfg, family: str) -> list[Candidate]:
     from onnxcast.base.files import read_json
-    from onnxcast.pipeline.run import family_dir
-
-    onnx_dir = family_dir(cfg, family) / "onnx"
+    onnx_dir = cfg.layout.family(family) / "onnx"
     out = []
     for spec in read_json(onnx_dir / "variants.json"):
         path = onnx_dir / spec["path"]
 
         def make(threads: int, path: Path = path):
-            from onnxcast.pipeline.validate import onnx_session
+            from onnxcast.pipeline.sessions import onnx_session
 
             session = onnx_session(path, threads=threads, spinning=False)
             # as onnxcast runs a fleet: cache-sized chunks (onnxcast.base.batches)
@@ -269,12 +267,13 @@ def time_interleaved(candidates: list[Candidate], inputs: dict[int, np.ndarray],
 def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats: dict[int, int],
                  warmup: int, machine: dict) -> tuple[list[dict], dict]:
     """Rows of one family, and its entry in the shape select_variants reads."""
+    from onnxcast.pipeline.checkpoint import load_model
     from onnxcast.pipeline.metrics import forecast_metrics
-    from onnxcast.pipeline.run import _load_data, family_dir, load_model
+    from onnxcast.pipeline.run import _load_data
+    from onnxcast.pipeline.sessions import onnx_predict
     from onnxcast.pipeline.validate import (
         check_parity,
         holdout_windows,
-        onnx_predict,
         parity_shapes,
         sample_histories,
         torch_runner,
@@ -300,7 +299,7 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
 
     rng = np.random.default_rng(cfg.seed)
     inputs = {b: sample_histories(series.values, b, cfg.lookback, rng) for b in BATCHES}
-    fp32_path = family_dir(cfg, family) / "onnx" / "fp32.onnx"
+    fp32_path = cfg.layout.family(family) / "onnx" / "fp32.onnx"
     cost = {b: graph_cost(fp32_path, inputs[b]) for b in BATCHES}  # the family's work
     # each variant's own graph, for its roofline: quantized products at the int8 peak
     own = {(c.variant, b): cost[b] if c.path is None else graph_cost(c.path, inputs[b])
@@ -399,8 +398,7 @@ def prepare_run(out_dir: Path, epochs: int, max_minutes: float):
     this script measures everything itself, in one process)."""
     import torch
 
-    from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.config import PipelineConfig, example_data_path
     from onnxcast.pipeline.run import export_family, optimize_family, prepare_data, train_family
 
     cfg = PipelineConfig(data_uri=example_data_path(), out_dir=str(out_dir), max_epochs=epochs,

@@ -250,8 +250,9 @@ def false_refusals(windows: int, horizon: int, season: int, ar: float, trials: i
     80% interval on ``windows`` independent holdout windows (the pipeline's rolling origins over
     ``windows * horizon`` rows). Forecast errors: a shared AR(1) shock per target step (every
     origin's forecast of that step shares it) plus independent noise, variance 1 everywhere."""
-    from onnxcast.pipeline.evaluation import mae_interval, origin_stride
+    from onnxcast.pipeline.evaluation import origin_stride
     from onnxcast.pipeline.intervals import coverage_failures
+    from onnxcast.pipeline.significance import block_bootstrap_interval
 
     rng = np.random.default_rng(seed)
     rows = windows * horizon
@@ -269,7 +270,7 @@ def false_refusals(windows: int, horizon: int, season: int, ar: float, trials: i
         errors = math.sqrt(0.7) * latent[50:][index] + math.sqrt(0.3) * rng.standard_normal(index.shape)
         inside = np.abs(errors) <= limit
         figures = {"coverage_80": float(inside.mean()),
-                   "coverage_80_ci95": mae_interval(inside.mean(axis=1).astype(np.float64), block, seed=trial)}
+                   "coverage_80_ci95": block_bootstrap_interval(inside.mean(axis=1).astype(np.float64), block, seed=trial)}
         refused += bool(coverage_failures(figures, 0.05))
     return refused / trials
 

@@ -39,9 +39,10 @@ log = logging.getLogger("bench.training_accuracy")
 def holdout_mae(datasets, families, seeds, settings: dict, work: Path) -> list[dict]:
     """One row per dataset, family and seed: holdout MAE, epochs, best epoch, training seconds."""
     from onnxcast.base.files import read_json
+    from onnxcast.pipeline.checkpoint import load_model
     from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.data import SeriesData, split_by_time
-    from onnxcast.pipeline.run import load_model, prepare_data, train_family
+    from onnxcast.pipeline.run import prepare_data, train_family
     from onnxcast.pipeline.training import predict
     from onnxcast.pipeline.validate import holdout_windows, judge_holdout
 

@@ -17,7 +17,16 @@ from typing import Any
 from onnxcast import __version__
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
 from onnxcast.pipeline.config import PipelineConfig, Setting, data_source, settings
+from onnxcast.registry.monitoring import monitor_channel
+from onnxcast.registry.release import (
+    NO_REGISTRY,
+    promote,
+    refresh,
+    registry_from_environment,
+    rollback,
+)
 from onnxcast.rollout.cli import add_edge_commands, add_keys_commands, store_arguments
+from onnxcast.serving.cli import add_serve_command
 
 log = logging.getLogger("onnxcast")
 
@@ -107,7 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_release_commands(commands)
     add_monitor_command(commands)
-    from onnxcast.serving.cli import add_serve_command
 
     add_serve_command(commands)
     return parser
@@ -369,8 +377,6 @@ def add_monitor_command(subparsers: argparse._SubParsersAction) -> None:
 def run_monitor(args: argparse.Namespace) -> int:
     import json
 
-    from onnxcast.registry.monitoring import monitor_channel
-
     summary = monitor_channel(args.model, args.channel, args.store, trust=args.trust, data_uri=args.data,
                               tracking_uri=args.tracking_uri, log_to_mlflow=not args.no_log)
     shown = {k: v for k, v in summary.items() if k != "conf"}
@@ -422,8 +428,6 @@ def add_release_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_promote(args: argparse.Namespace) -> int:
-    from onnxcast.registry.release import promote
-
     registry, why = _release_registry(args)
     result = promote(args.report, args.store, args.model, args.channel, registry=registry, version=args.version,
                      move_champion=not args.keep_champion, actor=args.actor, reason=args.reason,
@@ -434,8 +438,6 @@ def run_promote(args: argparse.Namespace) -> int:
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    from onnxcast.registry.release import rollback
-
     registry, why = _release_registry(args)
     result = rollback(args.store, args.model, args.channel, registry=registry, to_version=args.to_version,
                       move_champion=not args.keep_champion, actor=args.actor, reason=args.reason,
@@ -445,8 +447,6 @@ def run_rollback(args: argparse.Namespace) -> int:
 
 
 def run_refresh(args: argparse.Namespace) -> int:
-    from onnxcast.registry.release import refresh
-
     print(refresh(args.store, args.model, args.channel, signers=args.signing_key,
                   expires_days=args.expires_days).line())
     return 0
@@ -454,8 +454,6 @@ def run_refresh(args: argparse.Namespace) -> int:
 
 def _release_registry(args: argparse.Namespace):
     """The registry a release keeps in step (None: pointer only) and what to say without one."""
-    from onnxcast.registry.release import NO_REGISTRY, registry_from_environment
-
     if args.pointer_only:
         return None, ("--pointer-only: the registry aliases were not moved; an alias watcher that reads them "
                       "will move the channel back unless they are moved too")

@@ -154,7 +154,7 @@ def s3_bucket(s3_env):
 
 @pytest.fixture(scope="session")
 def example_csv() -> str:
-    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.config import example_data_path
 
     return example_data_path()
 

@@ -43,7 +43,8 @@ def build_fleet_run(root: Path, *, skills: dict[str, float], n_series: int = 60,
 
     from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.fleet_data import FleetData
-    from onnxcast.registry.champion import paired_across_series, write_plan
+    from onnxcast.pipeline.significance import paired_across_series
+    from onnxcast.registry.plan import write_plan
 
     root.mkdir(parents=True, exist_ok=True)
     panel = load_panel("m3-monthly", limit=n_series + 2, seed=seed)

@@ -21,7 +21,7 @@ def tiny_lstm_run(tmp_path_factory) -> Path:
     data, model, ONNX variants, validation, report.json and plan.json. Copy before changing."""
     from onnxcast.pipeline import run as pipeline
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.registry.champion import write_plan
+    from onnxcast.registry.plan import write_plan
 
     out = tmp_path_factory.mktemp("tiny-run") / "run"
     from real_series import weekly_co2_csv

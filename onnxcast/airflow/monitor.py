@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from onnxcast.airflow.links import persist_mlflow_run_url
 from onnxcast.airflow.retraining import RETRAIN
-from onnxcast.airflow.steps import _TrackedOperator, readable
+from onnxcast.airflow.steps import TrackedOperator, readable
 from onnxcast.base.errors import OnnxcastError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["RETRAIN", "ChannelFailed", "MonitorChannelsOperator", "RetrainSignalOperator", "judge_channels"]
 
 
-class MonitorChannelsOperator(_TrackedOperator):
+class MonitorChannelsOperator(TrackedOperator):
     """Judge the model each of ``channels`` serves on the data since it was trained.
 
     A channel with no pointer in the rollout store is skipped (``skipped: "serves nothing"``),

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from onnxcast.airflow.links import persist_mlflow_run_url
-from onnxcast.airflow.steps import _TrackedOperator, load_config, run_key
+from onnxcast.airflow.steps import TrackedOperator, load_config, run_key
 from onnxcast.base.errors import GateError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class RegisterModelOperator(_TrackedOperator):
+class RegisterModelOperator(TrackedOperator):
     """Assemble report.json, log the run to MLflow and register the winning family.
 
     The registered version gets the alias ``challenger``; a retry finds the version it
@@ -37,7 +37,7 @@ class RegisterModelOperator(_TrackedOperator):
     def _register(self, context: Context, work) -> dict:
         from onnxcast.base.files import read_json, write_json
         from onnxcast.pipeline.run import assemble_report
-        from onnxcast.registry.champion import challengers, champion_entry
+        from onnxcast.registry.plan import challengers, champion_entry
         from onnxcast.registry.tracking import log_pipeline_run, register_model, run_url
 
         cfg = load_config(work)
@@ -72,7 +72,7 @@ class RegisterModelOperator(_TrackedOperator):
         return {**version.as_xcom(), "parent_run_id": tracked.parent_run_id}
 
 
-class ChampionChallengerOperator(_TrackedOperator):
+class ChampionChallengerOperator(TrackedOperator):
     """Decide whether the registered challenger replaces the champion (both measured in this run).
 
     Records the comparison as tags on the model version and metrics on the parent run.

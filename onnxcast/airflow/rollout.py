@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from onnxcast.airflow.steps import _TrackedOperator, as_bool, load_config, readable, run_key
+from onnxcast.airflow.steps import TrackedOperator, as_bool, load_config, readable, run_key
 from onnxcast.base.errors import ConfigError, GateError, OnnxcastError
 from onnxcast.base.files import onnxcast_home
 
@@ -46,7 +46,7 @@ def _actor(context: Context) -> str:
     return f"airflow:{run_key(context)}" + (f" ({user})" if user else "")
 
 
-class _StoreOperator(_TrackedOperator):
+class _StoreOperator(TrackedOperator):
     def __init__(self, *, store_uri: str | None = None, signing_key: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store_uri = store_uri
@@ -185,7 +185,7 @@ class PromoteModelOperator(_StoreOperator):
     def _assemble(self, cfg) -> None:
         from onnxcast.base.files import read_json, write_json
         from onnxcast.pipeline.run import assemble_report
-        from onnxcast.registry.champion import challengers
+        from onnxcast.registry.plan import challengers
 
         staged = read_json(cfg.layout.staged)
         try:
@@ -196,7 +196,7 @@ class PromoteModelOperator(_StoreOperator):
         write_json(cfg.layout.report, report)
 
 
-class StageRegisteredVersionOperator(_TrackedOperator):
+class StageRegisteredVersionOperator(TrackedOperator):
     """Download a registered version (number or alias) into a fresh run directory, laid out as
     the run that produced it, and prepare that run's data window again, so the validate step
     can re-check its gates before promotion. XCom: ``run_dir``, ``families``, ``version``."""

@@ -5,7 +5,7 @@ the run store (onnxcast.runstore): the run directory ``<run_root>/<dag_id>/<run_
 S3 (or a local folder in the embedded mode), which the data check creates and announces
 through XCom; the steps after it take it as the templated ``run_dir``. Each task stages
 the committed files it needs into local scratch, works there, and publishes its outputs
-with a commit marker last (:meth:`_TrackedOperator.workspace`), so a retry, or a second
+with a commit marker last (:meth:`TrackedOperator.workspace`), so a retry, or a second
 attempt on another host, never sees half a step. XComs stay small.
 
 A fleet run (``series_column`` set: many series) adds steps mapped over
@@ -111,7 +111,7 @@ def _log():
     return logging.getLogger(__name__)
 
 
-class _TrackedOperator(BaseOperator):
+class TrackedOperator(BaseOperator):
     """Shared: the MLflow hook, the link to the task's MLflow run, and the run store
     workspace (stage, work in local scratch, publish with a commit marker)."""
 
@@ -198,7 +198,7 @@ class _TrackedOperator(BaseOperator):
         return AirflowFailException(" ".join(str(exc).split()))
 
 
-class CheckDataOperator(_TrackedOperator):
+class CheckDataOperator(TrackedOperator):
     """Check the data into a fresh run directory; plan the families to evaluate.
 
     One series: check and split it (the whole data gate). A fleet (``series_column``): the
@@ -333,7 +333,7 @@ class CheckDataOperator(_TrackedOperator):
 
     def _plan(self, cfg: PipelineConfig, run_dir: Path) -> tuple[list[str], dict | None, list[str]]:
         """plan.json: the families to train or fetch, and the champion when it is comparable."""
-        from onnxcast.registry.champion import CHAMPION_FAMILY, write_plan
+        from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
 
         entries, notes, incomparable = self._challengers(cfg), [], {}
         compare = as_bool(self.compare_with_champion)
@@ -377,7 +377,7 @@ class CheckDataOperator(_TrackedOperator):
         return {"version": version, "source": source}
 
 
-class MergeDataOperator(_TrackedOperator):
+class MergeDataOperator(TrackedOperator):
     """The run's verdict on its data, once every shard is checked; returns the families.
 
     A fleet: every shard's excluded series merged; more than ``max_excluded_share`` of the
@@ -397,7 +397,7 @@ class MergeDataOperator(_TrackedOperator):
         self.shards = shards
 
     def execute(self, context: Context) -> list[str]:
-        from onnxcast.registry.champion import read_plan
+        from onnxcast.registry.plan import read_plan
 
         require = [shard_step("check_series", k) for k in _shard_numbers(self.shards)]
         with self.workspace(context, self.run_dir, require=require, paths=_config_only_unless_fleet) as work:
@@ -425,7 +425,7 @@ class MergeDataOperator(_TrackedOperator):
         self.log.info("Fleet data: %s", readable(series) if series else readable(dataset))
 
 
-class _ShardStepOperator(_TrackedOperator):
+class _ShardStepOperator(TrackedOperator):
     """A step for one shard of a fleet's series (mapped over the shards check_data returns).
 
     It stages only its own shard's files (plus the run's shared files), so that a task's
@@ -533,7 +533,7 @@ class EvaluateShardOperator(_ShardStepOperator):
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
         from onnxcast.pipeline.fleet_eval import evaluate_shard
-        from onnxcast.registry.champion import read_plan
+        from onnxcast.registry.plan import read_plan
 
         families = [entry["family"] for entry in read_plan(cfg.run_dir)["families"]]
         paths = [Path(p) for p in evaluate_shard(cfg, shard, families)]
@@ -541,7 +541,7 @@ class EvaluateShardOperator(_ShardStepOperator):
         return {"families": families, "files": [_relative(cfg, p) for p in paths]}
 
 
-class _FamilyStepOperator(_TrackedOperator):
+class _FamilyStepOperator(TrackedOperator):
     """A step for one model family in the run directory (mapped over the families)."""
 
     template_fields: Sequence[str] = ("run_dir", "family")
@@ -552,7 +552,7 @@ class _FamilyStepOperator(_TrackedOperator):
         self.family = family
 
     def execute(self, context: Context) -> dict:
-        from onnxcast.registry.champion import plan_entry
+        from onnxcast.registry.plan import plan_entry
 
         with self.workspace(context, self.run_dir, families=[self.family]) as work:
             cfg = load_config(work)
@@ -569,7 +569,7 @@ class TrainOrFetchModelOperator(_FamilyStepOperator):
     """Train the family, or fetch it (MLflow ``models:/`` or ``s3://``) when the plan names a source."""
 
     def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
-        from onnxcast.pipeline.run import family_dir, train_family
+        from onnxcast.pipeline.run import train_family
 
         if not entry.get("source"):
             result = train_family(cfg, self.family)
@@ -580,7 +580,7 @@ class TrainOrFetchModelOperator(_FamilyStepOperator):
         from onnxcast.registry.fetch import FetchError, fetch_model
 
         try:
-            fetched = fetch_model(entry["source"], family_dir(cfg, self.family),
+            fetched = fetch_model(entry["source"], cfg.layout.family(self.family),
                                   tracking_uri=self.mlflow_hook.tracking_uri,
                                   s3_settings=self.s3_hook.get_settings(),
                                   expect={"horizon": cfg.horizon, "n_features": cfg.n_features})

@@ -11,6 +11,8 @@ signature) and the edge client (before serving), so all three agree on what a va
 
 from __future__ import annotations
 
+from onnxcast.base.errors import ExportError
+
 INPUT_NAME = "history"
 OUTPUT_NAME = "forecast"
 QUANTILES_NAME = "quantiles"
@@ -145,8 +147,6 @@ def missing_metadata(metadata: dict[str, str]) -> list[str]:
 def set_metadata(proto, metadata: dict[str, str]) -> None:
     """Write ``metadata`` as ``onnxcast.*`` metadata_props, replacing existing keys;
     ExportError (nothing written) if a key the contract requires is missing."""
-    from onnxcast.base.errors import ExportError
-
     missing = missing_metadata(metadata)
     if missing:
         raise ExportError(f"missing ONNX metadata: {missing}")

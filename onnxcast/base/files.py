@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +57,26 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 def write_json(path: str | Path, value: Any) -> Path:
     """Write JSON atomically (indented, values JSON lacks written as strings)."""
     return write_text_atomic(path, json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (nested dicts, lists, tuples) with NaN and infinities as None and numpy scalars
+    as Python's: what JSON (strict readers, MLflow) takes."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        value = value.item()  # numpy scalars, without importing numpy (the device ships this module)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return value
+
+
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float, None for NaN or inf (JSON and MLflow take no NaN)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def read_json(path: str | Path) -> Any:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from onnxcast.base.contract import parse_quantile_levels
-from onnxcast.base.errors import ConfigError
+from onnxcast.base.errors import ConfigError, DataError
 from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.layout import RunLayout
 
@@ -35,8 +35,9 @@ VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
 # the trigger form's names of the rollout channels, in CHANNELS' order
 CHANNEL_LABELS = {"edge": "edge (devices)", "cloud": "cloud (onnxcast serve)"}
-# data_uri "example": the built-in example data (resolved by data_source)
+# data_uri "example": the built-in example data (resolved by data_source), a CSV in the statsmodels wheel
 EXAMPLE_DATA = "example"
+EXAMPLE_CSV = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
 # the rollout store's names (onnxcast.rollout.store.NAME_PATTERN): checked in the trigger form
 MODEL_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 # what champion/challenger compares (onnxcast.registry.champion): the point forecast or the 95% interval
@@ -422,10 +423,18 @@ def _kind(hint: Any) -> tuple[type, bool]:
 def data_source(uri: str) -> str:
     """Where the data of ``uri`` is: the built-in example data for ``example``, else ``uri``."""
     if uri == EXAMPLE_DATA:
-        from onnxcast.pipeline.data import example_data_path
-
         return example_data_path()
     return uri
+
+
+def example_data_path() -> str:
+    """Path of the Victoria electricity demand CSV shipped inside the statsmodels wheel."""
+    import statsmodels
+
+    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_CSV
+    if not path.exists():
+        raise DataError(f"example data not found at {path}; is statsmodels installed?")
+    return str(path)
 
 
 def check_choices(cfg: Any) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,6 @@ import numpy as np
 from onnxcast.base.errors import DataError
 from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.config import PipelineConfig
-
-EXAMPLE_CSV = "statsmodels/tsa/stl/tests/results/mstl_elec_vic.csv"
 
 
 @dataclass
@@ -82,16 +81,6 @@ class Split:
         }
 
 
-def example_data_path() -> str:
-    """Path of the Victoria electricity demand CSV shipped inside the statsmodels wheel."""
-    import statsmodels
-
-    path = Path(statsmodels.__file__).parent.parent / EXAMPLE_CSV
-    if not path.exists():
-        raise DataError(f"example data not found at {path}; is statsmodels installed?")
-    return str(path)
-
-
 def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gaps_max_steps: int = 0,
                         source: str, sha256: str) -> SeriesData:
     """The regular series of rows the data-quality gate (onnxcast.pipeline.quality) has passed.
@@ -110,7 +99,7 @@ def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gap
                          index=index)
     table = table[~table.index.duplicated(keep="last")].sort_index()
     grid = pd.date_range(table.index[0], table.index[-1], freq=freq)
-    table = _fill_short_gaps(table.reindex(grid), fill_gaps_max_steps)
+    table = fill_short_gaps(table.reindex(grid), fill_gaps_max_steps)
     array = table.to_numpy(dtype="float32")
     if not np.isfinite(array).all():  # the gate's checks promise this never happens
         first = table.index[~np.isfinite(array).all(axis=1)][0]
@@ -132,55 +121,6 @@ def infer_freq(index, source: str, name: str) -> str:
     if step <= pd.Timedelta(0):
         raise DataError(f"{source}: cannot infer a frequency from column {name!r}")
     return pd.tseries.frequencies.to_offset(step).freqstr
-
-
-def season_for_freq(freq: str) -> int:
-    """A sensible seasonal period for ``freq``: daily cycle below a day, weekly for days,
-    yearly for weeks, months and quarters."""
-    import pandas as pd
-
-    offset = pd.tseries.frequencies.to_offset(freq)
-    if isinstance(offset, pd.offsets.Tick):  # fixed-length steps: hours, minutes, days
-        step, day = pd.Timedelta(offset), pd.Timedelta(days=1)
-        if step < day and (day % step) == pd.Timedelta(0):
-            return int(day / step)
-        return 7 if step == day else 1
-    name = offset.name.upper()
-    if name == "D":  # a calendar day is not a Tick in pandas 3
-        return 7 if offset.n == 1 else 1
-    if name.startswith("W"):
-        return 52
-    if name.startswith(("M", "BM", "SM")):
-        return 12
-    if name.startswith(("Q", "BQ")):
-        return 4
-    if name.startswith("B"):  # business days
-        return 5
-    return 1
-
-
-def seasons_for_freq(freq: str) -> tuple[int, ...]:
-    """Every seasonal period ``freq`` implies, shortest first: daily and weekly cycles below a
-    day, weekly and yearly for days, yearly for weeks, months and quarters. ``(1,)`` when
-    none (yearly data: the naive forecast is the only seasonal one)."""
-    import pandas as pd
-
-    offset = pd.tseries.frequencies.to_offset(freq)
-    day, week = pd.Timedelta(days=1), pd.Timedelta(days=7)
-    if isinstance(offset, pd.offsets.Tick):
-        step = pd.Timedelta(offset)
-        if step < day and (day % step) == pd.Timedelta(0):
-            return (int(day / step), int(week / step))
-        if step == day:
-            return (7, 365)
-        return (1,)
-    name = offset.name.upper()
-    if name == "D":
-        return (7, 365) if offset.n == 1 else (1,)
-    if name.startswith("B") and not name.startswith(("BM", "BQ", "BY", "BA")):
-        return (5, 260)
-    first = season_for_freq(freq)
-    return (first,)
 
 
 def split_by_time(n_rows: int, cfg: PipelineConfig) -> Split:
@@ -215,7 +155,8 @@ def windows(values: np.ndarray, lookback: int, horizon: int, start: int, end: in
     return np.ascontiguousarray(history, np.float32), np.ascontiguousarray(target, np.float32), origins
 
 
-def _fill_short_gaps(table, max_steps: int):
+def fill_short_gaps(table, max_steps: int):
+    """``table`` (on its time grid) with runs of at most ``max_steps`` missing rows interpolated in time."""
     if max_steps <= 0:
         return table
     return table.interpolate(method="time", limit=max_steps, limit_area="inside")
@@ -225,6 +166,15 @@ def utc_iso(value) -> str:
     """A UTC timestamp (naive datetime64 values are UTC here) as ``YYYY-MM-DDTHH:MM:SSZ``:
     the one format of every timestamp in report.json and the ONNX metadata."""
     return str(np.datetime_as_string(np.datetime64(value, "s"))) + "Z"
+
+
+def parse_utc(text: str) -> np.datetime64:
+    """An ISO 8601 timestamp (``Z`` or an offset: converted; none: taken as UTC) as the naive
+    ``datetime64[ns]`` in UTC that series timestamps are."""
+    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return np.datetime64(moment, "ns")
 
 
 def _iso(value) -> str:

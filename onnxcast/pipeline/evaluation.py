@@ -6,7 +6,7 @@ a statistical reference, confidence intervals and paired tests.
   day and every day of the week instead of at one phase (twelve non-overlapping origins at
   the same time of day once flipped the family choice).
 - **Baselines.** The naive forecast and the seasonal-naive forecast for every seasonality the
-  frequency implies (``data.seasons_for_freq``); the most accurate on the holdout is THE
+  frequency implies (``seasons.seasons_for_freq``); the most accurate on the holdout is THE
   baseline: the gate a model must beat, and the scale of MASE.
 - **Reference.** A statistical model on the same origins (statsforecast: MSTL with an AutoETS
   trend for seasonal data, AutoETS otherwise) on a recent window: its parameters are
@@ -14,8 +14,8 @@ a statistical reference, confidence intervals and paired tests.
   between (statsforecast's ``forward``, as its ``cross_validation(refit=...)``).
 - **Uncertainty.** Each MAE has a moving-block bootstrap interval over origins (overlapping
   windows are correlated), and two forecasters are compared by a Diebold-Mariano test on
-  their per-origin errors (Newey-West variance, Harvey-Leybourne-Newbold correction). With
-  fewer than ``MIN_PAIRED_ORIGINS`` origins, or p >= ``ALPHA``, a difference is not significant.
+  their per-origin errors (onnxcast.pipeline.significance: the tests, intervals and their
+  minimums, for one series and across series).
 """
 
 from __future__ import annotations
@@ -28,14 +28,20 @@ from typing import NamedTuple
 
 import numpy as np
 
+from onnxcast.pipeline.intervals import (
+    conformal_quantiles,
+    independent_windows,
+    interval_lag,
+    interval_metrics,
+    quantiles_from_levels,
+    reference_levels,
+)
 from onnxcast.pipeline.metrics import forecast_metrics, mase_scale, seasonal_naive
+from onnxcast.pipeline.significance import block_bootstrap_interval, bootstrap_interval, paired_test
 
 log = logging.getLogger(__name__)
 
-ALPHA = 0.05  # two-sided significance level of paired comparisons
-MIN_PAIRED_ORIGINS = 20  # fewer origins: no difference is called significant
 MAX_ORIGINS = 150  # bounds the statistical reference's refits (0.02 s each on weekly data, 0.6 s half-hourly)
-BOOTSTRAP_SAMPLES = 1000
 REFERENCE_WINDOW_CYCLES = 4  # the reference is refitted on the last 4 cycles of the longest season
 
 
@@ -79,65 +85,12 @@ def per_origin_mae(actual: np.ndarray, predicted: np.ndarray) -> np.ndarray:
     return np.mean(np.abs(np.asarray(predicted, np.float64) - actual), axis=1)
 
 
-def mae_interval(errors: np.ndarray, block: int, level: float = 0.95, seed: int = 0) -> list[float]:
-    """Moving-block bootstrap percentile interval of the mean of ``errors`` (per-origin MAEs)."""
-    n = len(errors)
-    if n < 2:
-        return [float("nan"), float("nan")]
-    block = max(1, min(block, n))
-    rng = np.random.default_rng(seed)
-    blocks = math.ceil(n / block)
-    starts = rng.integers(0, n - block + 1, size=(BOOTSTRAP_SAMPLES, blocks))
-    picks = (starts[:, :, None] + np.arange(block)[None, None, :]).reshape(BOOTSTRAP_SAMPLES, -1)[:, :n]
-    means = errors[picks].mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    return [float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))]
-
-
-def paired_test(errors_a: np.ndarray, errors_b: np.ndarray, block: int) -> dict:
-    """Diebold-Mariano test of equal accuracy of A and B on the same origins.
-
-    ``mean_diff`` < 0 means A is more accurate. The variance of the mean difference is the
-    Newey-West estimate with ``block - 1`` lags (windows of neighbouring origins overlap);
-    the statistic gets the Harvey-Leybourne-Newbold small-sample correction and a t
-    distribution with n - 1 degrees of freedom.
-    """
-    from scipy import stats
-
-    d = np.asarray(errors_a, np.float64) - np.asarray(errors_b, np.float64)
-    n = len(d)
-    result = {"test": "Diebold-Mariano (Newey-West, HLN)", "origins": n, "mean_diff": float(d.mean()) if n else None,
-              "statistic": None, "p_value": None, "significant": False, "min_origins": MIN_PAIRED_ORIGINS,
-              "alpha": ALPHA}
-    if n < MIN_PAIRED_ORIGINS:
-        result["note"] = f"{n} paired origins, fewer than {MIN_PAIRED_ORIGINS}: not significant"
-        return result
-    lags = max(0, min(block - 1, n - 1))
-    centred = d - d.mean()
-    variance = float(centred @ centred) / n
-    for lag in range(1, lags + 1):
-        weight = 1.0 - lag / (lags + 1)
-        variance += 2.0 * weight * float(centred[lag:] @ centred[:-lag]) / n
-    if variance <= 0:
-        identical = bool(np.allclose(d, 0.0))
-        result.update(statistic=0.0 if identical else float("inf") * np.sign(d.mean()),
-                      p_value=1.0 if identical else 0.0, significant=not identical)
-        return result
-    dm = d.mean() / math.sqrt(variance / n)
-    h = lags + 1
-    correction = math.sqrt(max((n + 1 - 2 * h + h * (h - 1) / n) / n, 1e-12))
-    statistic = float(dm * correction)
-    p_value = float(2.0 * stats.t.sf(abs(statistic), df=n - 1))
-    result.update(statistic=statistic, p_value=p_value, significant=p_value < ALPHA)
-    return result
-
-
 def judged(actual: np.ndarray, predicted: np.ndarray, scale: float, origins: Origins,
            seed: int = 0) -> tuple[dict, np.ndarray]:
     """Holdout metrics of one forecaster, with the MAE's interval and its per-origin errors."""
     metrics = forecast_metrics(actual, predicted, scale)
     errors = per_origin_mae(actual, predicted)
-    metrics["mae_ci95"] = mae_interval(errors, origins.block, seed=seed)
+    metrics["mae_ci95"] = block_bootstrap_interval(errors, origins.block, seed=seed)
     metrics["origins"] = int(len(errors))
     return metrics, errors
 
@@ -223,8 +176,6 @@ def reference_forecasts(target: np.ndarray, origins: Origins, horizon: int, seas
     data past its origin."""
     import warnings
 
-    from onnxcast.pipeline.intervals import quantiles_from_levels, reference_levels
-
     started = time.monotonic()
     first = int(origins.index.min())
     name, model, window = reference_model(seasons, first)
@@ -305,13 +256,6 @@ def baseline_intervals(target: np.ndarray, origins: Origins, horizon: int, seaso
     scaled by the mean absolute seasonal change of the last ``lookback`` target steps
     (``intervals.window_scale`` at ``interval_lag(season, lookback)``, as the models'), give the offsets; judged by ``interval_metrics`` with the MASE
     ``scale``. None, with a log line, when the validation split holds no usable window."""
-    from onnxcast.pipeline.intervals import (
-        conformal_quantiles,
-        independent_windows,
-        interval_lag,
-        interval_metrics,
-    )
-
     lag = season * math.ceil(horizon / season)
     calibration = np.arange(max(train_end, lookback, lag), validation_end - horizon + 1, dtype=np.int64)
     if len(calibration) == 0 or int(origins.index.min()) < lookback:
@@ -338,8 +282,6 @@ def reference_intervals(actual: np.ndarray, ref: ReferenceForecasts, levels: tup
                         scale: float) -> dict | None:
     """The reference's own intervals judged like the models' (None when statsforecast gave no
     interval for some level)."""
-    from onnxcast.pipeline.intervals import interval_metrics, reference_levels
-
     if ref.quantiles is None:
         return None
     return {**interval_metrics(actual, ref.quantiles, levels, scale), "levels": list(levels),
@@ -347,9 +289,6 @@ def reference_intervals(actual: np.ndarray, ref: ReferenceForecasts, levels: tup
 
 
 # --- fleets: many series judged per series and in aggregate (docs/design/fleet.md section 4) -----
-
-MIN_PAIRED_SERIES = MIN_PAIRED_ORIGINS  # across series, the same bar: fewer series, never significant
-
 
 def fleet_origins(holdout_steps: int, horizon: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, int]:
     """Steps back from each series' END of every holdout origin (earliest first), and the stride.
@@ -365,22 +304,6 @@ def fleet_origins(holdout_steps: int, horizon: int, seasons: tuple[int, ...]) ->
     count = (holdout_steps - horizon) // stride + 1
     back = horizon + stride * np.arange(count - 1, -1, -1, dtype=np.int64)
     return back, stride
-
-
-def series_interval(values: np.ndarray, level: float = 0.95, seed: int = 0) -> list[float]:
-    """Percentile bootstrap interval of the mean over series (series are independent units,
-    so plain resampling, no blocks); NaNs (a forecaster that did not run there) are left out."""
-    values = np.asarray(values, np.float64)
-    values = values[np.isfinite(values)]
-    if len(values) < 2:
-        return [float("nan"), float("nan")]
-    rng = np.random.default_rng(seed)
-    means = np.empty(BOOTSTRAP_SAMPLES)
-    for start in range(0, BOOTSTRAP_SAMPLES, 100):  # 100 resamples at a time bound the memory
-        picks = rng.integers(0, len(values), size=(min(100, BOOTSTRAP_SAMPLES - start), len(values)))
-        means[start:start + len(picks)] = values[picks].mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    return [float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))]
 
 
 def series_metrics(actual: np.ndarray, predicted: np.ndarray, scale: np.ndarray) -> dict[str, np.ndarray]:
@@ -422,9 +345,9 @@ def fleet_aggregate(table, forecaster: str, *, losers: int = 20, seed: int = 0) 
                 "rmse_mean": None, "loses_share": None, "losers_count": 0, "losers": []}
     smape = table[f"{forecaster}.smape"].to_numpy(np.float64)[ran]
     mape = table[f"{forecaster}.mape"].to_numpy(np.float64)[ran]
-    out.update(mase_mean=float(mase[ran].mean()), mase_ci95=series_interval(mase[ran], seed=seed),
+    out.update(mase_mean=float(mase[ran].mean()), mase_ci95=bootstrap_interval(mase[ran], seed=seed),
                mase_median=float(np.median(mase[ran])), smape_mean=float(smape.mean()),
-               smape_ci95=series_interval(smape, seed=seed),
+               smape_ci95=bootstrap_interval(smape, seed=seed),
                mape_mean=float(np.nanmean(mape)) if np.isfinite(mape).any() else None,
                mape_series=int(np.isfinite(mape).sum()),
                mae_mean=float(table[f"{forecaster}.mae"].to_numpy(np.float64)[ran].mean()),
@@ -442,26 +365,3 @@ def fleet_aggregate(table, forecaster: str, *, losers: int = 20, seed: int = 0) 
                    losers=[{"series": str(ids[i]), "mase": float(mase[i]), "best_naive_mase": float(bar[i]),
                             "mase_ratio": float(ratio[i])} for i in order])
     return out
-
-
-def paired_across_series(a: np.ndarray, b: np.ndarray) -> dict:
-    """``paired_test`` of per-series MASE of A against B with block 1 (series are the
-    independent units: no Newey-West lags), plus the Wilcoxon signed-rank p as ``robust_p``
-    (MASE is heavy-tailed: both are reported, the verdict is the paired test's, as for one
-    series). Pairs where either is NaN are left out."""
-    from scipy import stats
-
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    both = np.isfinite(a) & np.isfinite(b)
-    a, b = a[both], b[both]
-    result = paired_test(a, b, block=1)
-    result["test"] = "Diebold-Mariano across series (block 1, HLN)"
-    result["series"] = result.pop("origins")
-    result["min_series"] = result.pop("min_origins")
-    if "note" in result:
-        result["note"] = f"{len(a)} paired series, fewer than {MIN_PAIRED_SERIES}: not significant"
-    robust = None
-    if len(a) >= MIN_PAIRED_SERIES and np.any(a != b):
-        robust = float(stats.wilcoxon(a, b).pvalue)
-    result["robust_p"] = robust
-    return result

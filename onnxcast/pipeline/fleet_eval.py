@@ -24,18 +24,54 @@ Design: docs/design/fleet.md section 4.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from onnxcast.base.contract import (
+    METADATA_PREFIX,
+    QUANTILE_METADATA,
+    QUANTILES_NAME,
+    opset_of,
+    parse_quantile_levels,
+)
 from onnxcast.base.errors import DataError
-from onnxcast.base.files import read_json, replacing, write_json
+from onnxcast.base.files import json_safe, read_json, replacing, sha256_file, write_json
 from onnxcast.base.untrusted import quote
+from onnxcast.pipeline.checkpoint import load_model
 from onnxcast.pipeline.config import PipelineConfig
-from onnxcast.pipeline.fleet_data import FleetData, fleet_steps
+from onnxcast.pipeline.data import utc_iso
+from onnxcast.pipeline.evaluation import fleet_aggregate, fleet_origins, series_metrics
+from onnxcast.pipeline.fleet_data import FleetData, fleet_steps, split_fleet
+from onnxcast.pipeline.intervals import (
+    independent_windows,
+    interval_lag,
+    judged,
+    moving_windows,
+    offsets_from_errors,
+    quantiles_from_levels,
+    reference_levels,
+    row_interval_metrics,
+    window_scale,
+)
+from onnxcast.pipeline.metrics import mase_scale
+from onnxcast.pipeline.report import compare_families
+from onnxcast.pipeline.seasons import evaluation_seasons
+from onnxcast.pipeline.sessions import onnx_session
+from onnxcast.pipeline.significance import bootstrap_interval, paired_across_series
+from onnxcast.pipeline.validate import (
+    FP32_VARIANTS,
+    figure_text,
+    gate,
+    interval_verdict,
+    judge_variants,
+    measure_latency,
+    parity_on,
+    parity_shapes,
+    torch_runner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +120,8 @@ class Plan:
 
 
 def plan_for(cfg: PipelineConfig, fleet: FleetData) -> Plan:
-    from onnxcast.pipeline.data import seasons_for_freq
-    from onnxcast.pipeline.evaluation import fleet_origins
-
     holdout, _ = fleet_steps(cfg)
-    seasons = tuple(sorted({*seasons_for_freq(fleet.freq), fleet.season}))
+    seasons = evaluation_seasons(fleet.freq, fleet.season)
     back, stride = fleet_origins(holdout, cfg.horizon, seasons)
     return Plan(cfg.horizon, holdout, back, stride, seasons, fleet.season,
                 min(len(back), cfg.reference_max_origins))
@@ -98,8 +131,6 @@ def mase_scales(fleet: FleetData, plan: Plan) -> np.ndarray:
     """Each series' MASE denominator: the in-sample MAE of the seasonal naive (lag = the
     fleet's season, 1 when the series is too short) on everything before its holdout, which
     with one holdout horizon is exactly M3's in-sample ``x`` (Hyndman and Koehler 2006)."""
-    from onnxcast.pipeline.metrics import mase_scale
-
     ends = fleet.lengths - plan.holdout_steps
     return np.array([mase_scale(np.asarray(fleet.target(i), np.float64)[: ends[i]], plan.season)
                      for i in range(fleet.n_series)], dtype=np.float64)
@@ -137,7 +168,7 @@ def _load_fleet(cfg: PipelineConfig) -> FleetData:
     return FleetData.concat([_load_shard(cfg, k) for k in range(len(read_shards(cfg)))])
 
 
-def _actuals(fleet: FleetData, plan: Plan) -> np.ndarray:
+def plan_actuals(fleet: FleetData, plan: Plan) -> np.ndarray:
     """``[series, origins, horizon]`` float64 actuals at every origin."""
     return _actuals_at(fleet, plan.back, plan.horizon)
 
@@ -195,8 +226,6 @@ def naive_forecasts(fleet: FleetData, plan: Plan, back: np.ndarray | None = None
 
 
 def _metric_columns(table: dict, name: str, actual: np.ndarray, forecast: np.ndarray, scale: np.ndarray) -> None:
-    from onnxcast.pipeline.evaluation import series_metrics
-
     for metric, values in series_metrics(actual, forecast, scale).items():
         table[f"{name}.{metric}"] = values
 
@@ -217,8 +246,6 @@ def _interval_columns(table: dict, name: str, actual: np.ndarray, quantiles: np.
     over the series' origins and steps, scaled by its MASE scale) from ``actual [series,
     origins, horizon]`` and ``quantiles [series, origins, horizon, Q]``; NaN for a series with
     a non-finite quantile (the forecaster did not run there)."""
-    from onnxcast.pipeline.intervals import row_interval_metrics
-
     n = actual.shape[0]
     flat_actual = actual.reshape(n, -1)
     flat = np.asarray(quantiles, np.float64).reshape(n, -1, quantiles.shape[-1])
@@ -247,9 +274,6 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0,
     :func:`plan_windows`), ``independent_windows`` is the series it ran on times that, and each
     coverage gets its bootstrap interval (``coverage_<p>_ci95``, what the gate allows for) only
     where they reach intervals.MIN_INDEPENDENT_WINDOWS: the same rule as one series'."""
-    from onnxcast.pipeline.evaluation import series_interval
-    from onnxcast.pipeline.intervals import judged
-
     names = interval_names(table.columns, forecaster)
     if not names:
         return None
@@ -262,18 +286,16 @@ def interval_aggregate(table, forecaster: str, levels, *, seed: int = 0,
     for name, column in values.items():
         out[name] = float(column[ran].mean()) if ran.any() else None
     if "msis_95" in values:
-        out["msis_95_ci95"] = series_interval(values["msis_95"][ran], seed=seed)
+        out["msis_95_ci95"] = bootstrap_interval(values["msis_95"][ran], seed=seed)
     if judged(independent):
         for name in [n for n in values if n.startswith("coverage_")]:  # the gate's sampling error
-            out[f"{name}_ci95"] = series_interval(values[name][ran], seed=seed)
+            out[f"{name}_ci95"] = bootstrap_interval(values[name][ran], seed=seed)
     return out
 
 
 def plan_windows(plan: Plan) -> int:
     """The non-overlapping holdout windows of one series under ``plan`` (its origins, ``back``
     steps from the end, and horizon): intervals.independent_windows."""
-    from onnxcast.pipeline.intervals import independent_windows
-
     return independent_windows(-np.asarray(plan.back, np.int64), plan.horizon)
 
 
@@ -292,8 +314,6 @@ def naive_quantiles(fleet: FleetData, plan: Plan, naive: dict, lookback: int, le
     share one error shape, as for a model with few validation windows. Chosen over
     statsforecast's SeasonalNaive(level=...) (normal errors from in-sample residuals) so the
     bar the models are held to is calibrated exactly as they are."""
-    from onnxcast.pipeline.intervals import offsets_from_errors
-
     val_back = np.array([plan.holdout_steps + plan.horizon], np.int64)
     at_validation = naive_forecasts(fleet, plan, val_back)
     target = _actuals_at(fleet, val_back, plan.horizon)[:, 0]
@@ -323,8 +343,6 @@ def _actuals_at(fleet: FleetData, back: np.ndarray, horizon: int) -> np.ndarray:
 def _window_scales(fleet: FleetData, back: np.ndarray, lookback: int) -> np.ndarray:
     """``[series, len(back)]``: the models' interval scale (QuantileOutput.interval_scale) of the
     ``lookback`` steps (edge-padded) before each origin, in numpy."""
-    from onnxcast.pipeline.intervals import interval_lag, window_scale
-
     n, k = fleet.n_series, len(back)
     series = np.repeat(np.arange(n), k)
     ends = (fleet.lengths[:, None] - back[None, :]).reshape(-1)
@@ -335,8 +353,6 @@ def _window_scales(fleet: FleetData, back: np.ndarray, lookback: int) -> np.ndar
 def _moving(fleet: FleetData, back: int, lookback: int) -> np.ndarray:
     """Series whose ``lookback`` steps before the origin ``back`` from the end moved at the scale's lag
     (intervals.calibrate leaves out windows that did not: their scaled error means nothing)."""
-    from onnxcast.pipeline.intervals import interval_lag, moving_windows
-
     ends = np.maximum(fleet.lengths - back, 1)
     window = histories(fleet, np.arange(fleet.n_series), ends, lookback)[:, :, 0].astype(np.float64)
     return moving_windows(window, interval_lag(fleet.season, lookback))
@@ -364,7 +380,7 @@ def reference_shard(cfg: PipelineConfig, shard: int) -> Path:
     fleet = _load_shard(cfg, shard)
     plan = plan_for(cfg, fleet)
     scale = mase_scales(fleet, plan)
-    actual = _actuals(fleet, plan)
+    actual = plan_actuals(fleet, plan)
     sample = reference_sample(_fleet_ids(cfg, fleet), cfg.reference_max_series, cfg.seed)
     table: dict = {"series": list(fleet.ids), "shard": np.full(fleet.n_series, shard, np.int16),
                    "rows": fleet.lengths.astype(np.int64), "origins": np.full(fleet.n_series, plan.origins)}
@@ -418,8 +434,6 @@ def statsforecast_forecasts(fleet: FleetData, plan: Plan, threads: int,
     from statsforecast import StatsForecast
     from statsforecast.models import Naive, SeasonalNaive
 
-    from onnxcast.pipeline.intervals import quantiles_from_levels, reference_levels
-
     k_ref = plan.reference_origins
     lengths = fleet.lengths
     models = reference_models(fleet.freq, plan.season, plan.seasons,
@@ -464,13 +478,11 @@ def statsforecast_forecasts(fleet: FleetData, plan: Plan, threads: int,
 
 def evaluate_shard(cfg: PipelineConfig, shard: int, families: list[str] | None = None) -> list[Path]:
     """Every variant of every family on the shard's series at the evaluation's origins."""
-    from onnxcast.pipeline.validate import onnx_session
-
     layout = cfg.layout
     fleet = _load_shard(cfg, shard)
     plan = plan_for(cfg, fleet)
     scale = mase_scales(fleet, plan)
-    actual = _actuals(fleet, plan)
+    actual = plan_actuals(fleet, plan)
     written = []
     for family in families or cfg.models:
         lookback = int(read_json(layout.model_json(family))["spec"]["lookback"])
@@ -510,13 +522,6 @@ def evaluate_shard(cfg: PipelineConfig, shard: int, families: list[str] | None =
 def session_levels(session) -> tuple[float, ...] | None:
     """The quantile levels of an ONNX session with a ``quantiles`` output (its metadata
     ``onnxcast.quantile_levels``), None for a model without one."""
-    from onnxcast.base.contract import (
-        METADATA_PREFIX,
-        QUANTILE_METADATA,
-        QUANTILES_NAME,
-        parse_quantile_levels,
-    )
-
     if QUANTILES_NAME not in [o.name for o in session.get_outputs()]:
         return None
     key = METADATA_PREFIX + QUANTILE_METADATA
@@ -527,17 +532,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     """Parity and latency as for one series (histories sampled across series), the merge of
     the family's shards, the aggregates per variant, the gates (``judge_variants``, on mean
     MASE) and paired tests across series; write and return ``validation.json``."""
-    from onnxcast.pipeline.evaluation import fleet_aggregate
     from onnxcast.pipeline.models import torch_threads
-    from onnxcast.pipeline.run import load_model
-    from onnxcast.pipeline.validate import (
-        _fmt,
-        interval_verdict,
-        judge_variants,
-        measure_latency,
-        parity_shapes,
-        torch_runner,
-    )
 
     layout = cfg.layout
     model, spec = load_model(cfg, family)
@@ -600,10 +595,10 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
         share = aggregates[v["name"]].get("loses_share")
         log.info("%s %-8s mean MASE %s (best naive in aggregate %s) on %d series, worse than each series' own "
                  "best naive on %s of them: %s",
-                 family, v["name"], _fmt((v.get("holdout") or {}).get("mase")), _fmt(baseline["mase_mean"]),
+                 family, v["name"], figure_text((v.get("holdout") or {}).get("mase")), figure_text(baseline["mase_mean"]),
                  aggregates[v["name"]]["series"], "n/a" if share is None else f"{100 * share:.0f}%",
                  "eligible" if v["eligible"] else "; ".join(v["reasons"]))
-    entry = _finite(entry)
+    entry = json_safe(entry)
     write_json(layout.validation(family), entry)
     return entry
 
@@ -710,7 +705,7 @@ def _torch_table(run_torch, fleet: FleetData, plan: Plan, lookback: int, table):
     forecast = predict_fleet(run_torch, fleet, plan, lookback)[order]
     scale = table["mase_scale"].to_numpy(np.float64)
     columns: dict = {"series": table["series"].to_numpy(), f"{BEST_NAIVE}.mase": table[f"{BEST_NAIVE}.mase"]}
-    _metric_columns(columns, "torch", _actuals(fleet, plan)[order], forecast, scale)
+    _metric_columns(columns, "torch", plan_actuals(fleet, plan)[order], forecast, scale)
     columns["mase_scale"] = scale
     return pd.DataFrame(columns)
 
@@ -735,16 +730,6 @@ def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, lat
                    table, plan: Plan) -> dict:
     """One variant's entry with the keys of the single-series one (``_validate_one``)."""
     import onnx
-
-    from onnxcast.base.contract import opset_of
-    from onnxcast.base.files import sha256_file
-    from onnxcast.pipeline.validate import (
-        FP32_VARIANTS,
-        gate,
-        measure_latency,
-        onnx_session,
-        parity_on,
-    )
 
     name = spec["name"]
     entry = {"name": name, "onnx_path": str(path.relative_to(cfg.run_dir)), "sha256": sha256_file(path),
@@ -776,8 +761,6 @@ def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, lat
 def _fleet_tests(table, reference) -> tuple[dict, dict]:
     """fp32 against the best naive (every series) and against each reference model (the
     sampled series, fp32 on the reference's origins only), paired across series."""
-    from onnxcast.pipeline.evaluation import paired_across_series
-
     def versus(a, b) -> dict:
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         both = np.isfinite(a) & np.isfinite(b)
@@ -794,23 +777,6 @@ def _fleet_tests(table, reference) -> tuple[dict, dict]:
     return vs_best, vs_reference
 
 
-def _finite(value):
-    """``value`` with NaN and infinities as None (JSON has neither)."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
-
-
-# --- the run's baselines and report ------------------------------------------------------------
-
 def fleet_baselines(cfg: PipelineConfig) -> dict:
     """The merged reference table (written to ``data/reference/per_series.parquet``) and its
     aggregates, in the shape of ``data/baselines.json`` where the report reads it: ``best``,
@@ -818,8 +784,6 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
     per-series figures in each series' own unit, informational; ``mase`` is what the gates
     use), ``candidates``, ``origins``, ``reference`` (the best statsforecast model on the
     sample), plus ``fleet``: every aggregate with its interval and the sample's size."""
-    from onnxcast.pipeline.evaluation import fleet_aggregate
-
     layout = cfg.layout
     reference = _reference_shards(cfg)
     _write_table({c: reference[c].to_numpy() for c in reference.columns}, layout.reference_table)
@@ -864,16 +828,14 @@ def fleet_baselines(cfg: PipelineConfig) -> dict:
                             "sample_size": int(sampled.sum()), "sampled": bool(sampled.sum() < len(reference))}
         if "intervals" in ran[name]:
             out["reference"]["intervals"] = ran[name]["intervals"]
-    return _finite(out)
+    return json_safe(out)
 
 
 def _legacy_metrics(aggregate: dict, table, name: str, seed: int) -> dict:
     """The single-series metric keys from a fleet aggregate: mae/rmse are means of per-series
     figures (unit-mixed, informational), smape and mase the means over series."""
-    from onnxcast.pipeline.evaluation import series_interval
-
     return {"mae": aggregate["mae_mean"], "rmse": aggregate["rmse_mean"], "smape": aggregate["smape_mean"],
-            "mase": aggregate["mase_mean"], "mae_ci95": series_interval(table[f"{name}.mae"].to_numpy(), seed=seed),
+            "mase": aggregate["mase_mean"], "mae_ci95": bootstrap_interval(table[f"{name}.mae"].to_numpy(), seed=seed),
             "mase_ci95": aggregate["mase_ci95"], "series": aggregate["series"]}
 
 
@@ -883,8 +845,6 @@ def fleet_report(cfg: PipelineConfig, models: list[dict]) -> dict:
     ``baselines`` (:func:`fleet_baselines`), ``family_choice`` (``compare_families`` on per-series
     fp32 MASE, aligned by series id) and the report's ``fleet`` object."""
     import pandas as pd
-
-    from onnxcast.pipeline.report import compare_families
 
     layout = cfg.layout
     baselines = fleet_baselines(cfg)
@@ -920,7 +880,7 @@ def fleet_report(cfg: PipelineConfig, models: list[dict]) -> dict:
                                 "vs_best_family": family_choice["tests"].get(m["family"])} for m in models},
     }
     baselines = {k: v for k, v in baselines.items() if k != "fleet"}  # the report's own ``fleet`` holds it
-    return _finite({"summary": summary, "baselines": baselines, "family_choice": family_choice,
+    return json_safe({"summary": summary, "baselines": baselines, "family_choice": family_choice,
                     "fleet": fleet_object})
 
 
@@ -928,9 +888,6 @@ def _fleet_summary(cfg: PipelineConfig, fleet: FleetData) -> dict:
     """``dataset`` and ``split`` with the single-series report's required keys: rows over
     every series, the earliest start and latest end, and the split's latest boundaries."""
     import pandas as pd
-
-    from onnxcast.pipeline.data import utc_iso
-    from onnxcast.pipeline.fleet_data import split_fleet
 
     split = split_fleet(fleet.lengths, cfg)
     # every series lies on the fleet's one grid: place each start on it once

@@ -23,7 +23,7 @@ the holdout's per-series figures (docs/airflow.md#monitoring-and-retraining).
   origins is reported) but not compared. Fewer than ``MIN_SERIES`` compared series: never
   degraded; a non-finite forecast in any series: always ("non-finite forecasts", the series
   named). The series that got worse most are named.
-- **Input drift**: the one-series suite (onnxcast.pipeline.monitor.drift_suite) on the
+- **Input drift**: the one-series suite (onnxcast.pipeline.drift.drift_suite) on the
   seasonal change of every column pooled over series, each series' change divided by its
   training's mean absolute seasonal change (so a series of any scale counts alike), rows in
   time order.
@@ -46,7 +46,26 @@ from typing import Any
 
 import numpy as np
 
+from onnxcast.base.batches import run_in_chunks
 from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import finite_or_none
+from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.data import parse_utc, utc_iso
+from onnxcast.pipeline.drift import pooled_drift
+from onnxcast.pipeline.evaluation import holdout_origins, series_metrics
+from onnxcast.pipeline.fleet_data import FleetData, min_train_steps, split_fleet
+from onnxcast.pipeline.fleet_eval import (
+    histories,
+    mase_scales,
+    plan_actuals,
+    plan_for,
+    predict_fleet,
+)
+from onnxcast.pipeline.fleet_quality import check_fleet_shard, check_fleet_table, merge_fleet_checks
+from onnxcast.pipeline.report import served_variant
+from onnxcast.pipeline.seasons import evaluation_seasons
+from onnxcast.pipeline.sessions import open_model
+from onnxcast.pipeline.significance import ALPHA, bootstrap_interval
 
 log = logging.getLogger(__name__)
 
@@ -58,27 +77,18 @@ BATCH = 1024
 
 def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """The monitor result of a fleet model (the one-series keys, plus ``fleet``)."""
-    from onnxcast.pipeline.data import seasons_for_freq
-    from onnxcast.pipeline.monitor import (
-        _as_datetime64,
-        _iso,
-        _open_session,
-        finite_or_none,
-        served_variant,
-    )
-
     started = time.monotonic()
     report = item.report
     entry, variant = served_variant(report, item.channel)
-    session, meta = _open_session(item.model_path)
+    session, meta = open_model(item.model_path)
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
     work = Path(work_dir)
     cfg, fleet, gate_left_out = read_fleet(report, item.data_uri, work, s3_settings)
     horizon = int(cfg.horizon)
     lookback = int(meta.get("onnxcast.lookback") or cfg.lookback)
     season = int(fleet.season)
-    seasons = tuple(sorted({*seasons_for_freq(fleet.freq), season}))
-    cut = _as_datetime64(trained_until)
+    seasons = evaluation_seasons(fleet.freq, season)
+    cut = parse_utc(trained_until)
     first_new = np.array([int(np.searchsorted(fleet.timestamps(i), cut, side="right")) for i in range(fleet.n_series)],
                          dtype=np.int64)
     run = _runner(session)
@@ -120,8 +130,8 @@ def monitor_fleet(item, work_dir: str | Path, *, s3_settings: Any = None) -> dic
     result: dict[str, Any] = {
         "channel": item.channel, "family": entry["family"], "variant": variant["name"],
         "trained_until": trained_until, "data_uri": fleet.source, "data_sha256": fleet.sha256,
-        "from": _iso(min(fleet.timestamps(i)[first_new[i]] for i in judged_index)) if judged_index else None,
-        "to": _iso(max(fleet.end(i) for i in range(fleet.n_series))) if fleet.n_series else None,
+        "from": utc_iso(min(fleet.timestamps(i)[first_new[i]] for i in judged_index)) if judged_index else None,
+        "to": utc_iso(max(fleet.end(i) for i in range(fleet.n_series))) if fleet.n_series else None,
         "new_rows": int(sum(int(fleet.lengths[i] - first_new[i]) for i in judged_index)),
         "origins": int(sum(len(o) for o in origin_lists)),
         "stride": int(Counter(_stride(o) for o in origin_lists).most_common(1)[0][0]) if origin_lists else None,
@@ -154,14 +164,6 @@ def read_fleet(report: dict, data_uri: str | None, work_dir: Path, s3_settings: 
     ``work_dir/gate``); the series the gate excluded, with its reasons."""
     import pandas as pd
 
-    from onnxcast.pipeline.config import PipelineConfig, data_source
-    from onnxcast.pipeline.fleet_data import FleetData
-    from onnxcast.pipeline.fleet_quality import (
-        check_fleet_shard,
-        check_fleet_table,
-        merge_fleet_checks,
-    )
-
     values = {**report["config"], "trained_until": None, "out_dir": str(work_dir / "gate")}
     if data_uri:
         values["data_uri"] = data_source(data_uri)
@@ -191,9 +193,6 @@ def holdout_per_series(cfg, fleet, first_new: np.ndarray, variant: str, run, loo
             raise ConfigError(f"{table_path}: no column {missing[0]!r} (a fleet family's per_series.parquet)")
         return ({str(s): {"mase": float(m), "scale": float(k)} for s, m, k in
                  zip(table["series"], table[column], table["mase_scale"], strict=True)}, str(table_path))
-    from onnxcast.pipeline.evaluation import series_metrics
-    from onnxcast.pipeline.fleet_data import min_train_steps, split_fleet
-    from onnxcast.pipeline.fleet_eval import _actuals, mase_scales, plan_for, predict_fleet
 
     split = split_fleet(first_new, cfg)
     seen = np.flatnonzero(split.train_end >= min_train_steps(cfg, fleet.season))
@@ -203,15 +202,13 @@ def holdout_per_series(cfg, fleet, first_new: np.ndarray, variant: str, run, loo
     plan = plan_for(cfg, before)
     scale = mase_scales(before, plan)
     forecast = predict_fleet(run, before, plan, lookback, BATCH)
-    mase = series_metrics(_actuals(before, plan), forecast, scale)["mase"]
+    mase = series_metrics(plan_actuals(before, plan), forecast, scale)["mase"]
     return ({sid: {"mase": float(m), "scale": float(k)} for sid, m, k in zip(before.ids, mase, scale, strict=True)},
             "recomputed")
 
 
 def _truncated(fleet, index: np.ndarray, ends: np.ndarray):
     """The series at ``index``, each cut to its first ``ends`` rows."""
-    from onnxcast.pipeline.fleet_data import FleetData
-
     parts = [fleet.values[fleet.offsets[i]: fleet.offsets[i] + e] for i, e in zip(index, ends, strict=True)]
     offsets = np.zeros(len(index) + 1, np.int64)
     np.cumsum(ends, out=offsets[1:])
@@ -228,8 +225,6 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
     """Per judged series: the realised MASE (mean over its origins of the MAE over its scale)
     and the seasonal naive's on the same origins; per origin time, the mean scaled MAE over the
     series with an origin then (the fleet's error over time)."""
-    from onnxcast.pipeline.fleet_eval import histories
-
     if not index:
         return {"mase": np.zeros(0), "baseline": np.zeros(0), "origin_times": [], "per_origin_mase": []}
     series = np.concatenate([np.full(len(o), i, np.int64) for i, o in zip(index, origins, strict=True)])
@@ -257,24 +252,19 @@ def realised_per_series(fleet, index: list[int], origins: list[np.ndarray], run,
     stamps = np.concatenate([calendars[i][o] for i, o in zip(index, origins, strict=True)])
     times, where = np.unique(stamps, return_inverse=True)
     per_time = np.bincount(where, weights=error) / np.bincount(where)
-    from onnxcast.pipeline.monitor import _iso, finite_or_none
 
     return {"mase": mase, "baseline": baseline, "per_origin_mase": [finite_or_none(v) for v in per_time],
-            "origin_times": [_iso(np.datetime64(int(t), "s")) for t in times]}
+            "origin_times": [utc_iso(np.datetime64(int(t), "s")) for t in times]}
 
 
 def _runner(session):
     def run(histories: np.ndarray) -> np.ndarray:
-        from onnxcast.base.batches import run_in_chunks
-
         return run_in_chunks(session, ["forecast"], np.asarray(histories, np.float32))[0]
 
     return run
 
 
 def _origins(n_rows: int, first: int, horizon: int, seasons: tuple[int, ...]) -> np.ndarray:
-    from onnxcast.pipeline.evaluation import holdout_origins
-
     return holdout_origins(n_rows, first, horizon, seasons).index
 
 
@@ -293,8 +283,6 @@ def like_sized_back(cfg, fleet) -> np.ndarray:
     """Steps back from a series' end of its holdout origins as training laid them out
     (onnxcast.pipeline.fleet_eval.plan_for): the realised MASE the test compares is taken at
     the same count of origins from each series' latest rows."""
-    from onnxcast.pipeline.fleet_eval import plan_for
-
     return np.asarray(plan_for(cfg, fleet).back, np.int64)
 
 
@@ -320,8 +308,6 @@ def paired_degradation_test(realised: np.ndarray, holdout: np.ndarray, alpha: fl
     series had a non-finite forecast (``non_finite``: their ids), with the note
     "non-finite forecasts"."""
     from scipy import stats
-
-    from onnxcast.pipeline.monitor import ALPHA
 
     alpha = ALPHA if alpha is None else alpha
     realised, holdout = np.asarray(realised, np.float64), np.asarray(holdout, np.float64)
@@ -384,55 +370,10 @@ def _holdout_aggregate(report: dict, entry: dict, variant: dict) -> dict:
 
 
 def _interval(values: np.ndarray) -> list[float] | None:
-    from onnxcast.pipeline.evaluation import series_interval
-
-    return series_interval(values) if len(values) >= 2 else None
+    return bootstrap_interval(values) if len(values) >= 2 else None
 
 
 # --- drift ------------------------------------------------------------------------------------
-
-def pooled_drift(fleet, index: list[int], first_new: np.ndarray, season: int) -> dict:
-    """The one-series drift suite on the seasonal change pooled over the judged series: each
-    series' change over its training's mean absolute change, training and new rows each in
-    time order."""
-    import pandas as pd
-
-    from onnxcast.pipeline.monitor import DRIFT_SUITE, change_column, run_drift_suite
-
-    columns = list(fleet.columns)
-    train_parts, new_parts = [], []
-    for i in index:
-        values = np.asarray(fleet.series(i), np.float64)
-        if len(values) <= season:
-            continue
-        change = np.full_like(values, np.nan)
-        change[season:] = values[season:] - values[:-season]
-        first = int(first_new[i])
-        train = change[season:first]
-        if len(train) < 2:
-            continue
-        scale = np.nanmean(np.abs(train), axis=0)
-        scale = np.where(scale > 0, scale, 1.0)
-        stamps = fleet.timestamps(i).astype(np.int64)
-        normalised = change / scale
-        train_parts.append((stamps[season:first], normalised[season:first]))
-        new_parts.append((stamps[max(first, season):], normalised[max(first, season):]))
-
-    def frame(parts):
-        if not parts:
-            return pd.DataFrame(columns=[change_column(c) for c in columns])
-        stamps = np.concatenate([p[0] for p in parts])
-        values = np.concatenate([p[1] for p in parts])
-        order = np.argsort(stamps, kind="stable")
-        return pd.DataFrame(values[order], columns=[change_column(c) for c in columns])
-
-    train, new = frame(train_parts), frame(new_parts)
-    if len(new) < 2 or len(train) < 4:
-        return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "drifted": [], "checks": [],
-                "pooled": True, "note": "too few rows of seasonal change: no drift check"}
-    out = run_drift_suite(train, new, columns)
-    return {"suite": DRIFT_SUITE, "season": season, "pooled": True, "series": len(new_parts), **out}
-
 
 def _float(value) -> float | None:
     return None if value is None else float(value)
@@ -442,5 +383,4 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-__all__ = ["MIN_SERIES", "holdout_per_series", "compared_mase", "like_sized_back", "monitor_fleet", "paired_degradation_test", "pooled_drift",
-           "read_fleet", "realised_per_series"]
+__all__ = ["MIN_SERIES", "holdout_per_series", "compared_mase", "like_sized_back", "monitor_fleet", "paired_degradation_test", "read_fleet", "realised_per_series"]

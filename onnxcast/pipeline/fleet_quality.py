@@ -128,7 +128,7 @@ def _one_frequency(codes, times, ids: tuple[str, ...], cfg: PipelineConfig, sour
     per series whose ``off_grid_example`` says, for a series off its grid, what it looks like."""
     import pandas as pd
 
-    from onnxcast.pipeline.data import season_for_freq
+    from onnxcast.pipeline.seasons import season_for_freq
 
     order = series_time_order(codes, times)
     sorted_codes, sorted_times = (codes, times) if order is None else (codes[order], times[order])
@@ -177,7 +177,8 @@ def _with_table_helpers(frame, cfg: PipelineConfig):
     (quality._numeric turns every row into a string: 4 s of 30 at 1.2 M rows)."""
     import pandas as pd
 
-    from onnxcast.pipeline.quality import _numeric, parse_times
+    from onnxcast.pipeline.quality import parse_numbers as _numeric
+    from onnxcast.pipeline.quality import parse_times
 
     frame = frame.reset_index(drop=True).copy(deep=False)
     if cfg.time_column in frame.columns:
@@ -224,7 +225,7 @@ def _nulls(index):
 
 def _bad_rows(mask, raw, *, empty: str):
     """The raw text (clipped) of the rows in ``mask``, None elsewhere: an object column GX reads as null."""
-    from onnxcast.pipeline.quality import _clip
+    from onnxcast.pipeline.expectations import clip as _clip
 
     out = _nulls(raw.index)
     if mask.any():
@@ -235,7 +236,7 @@ def _bad_rows(mask, raw, *, empty: str):
 def _zone_mismatch_of_labels(labels, codes, index):
     """quality._zone_mismatch over the distinct texts: the rows written with a UTC offset
     when most rows are not, or the reverse."""
-    from onnxcast.pipeline.quality import _clip
+    from onnxcast.pipeline.expectations import clip as _clip
 
     text = labels.astype("string").str.strip()
     # an offset follows a time of day: quality's pattern also reads the "-01" that ends a
@@ -254,7 +255,8 @@ def _zone_mismatch_of_labels(labels, codes, index):
 
 
 def _table_suite(cfg: PipelineConfig, frame):
-    from onnxcast.pipeline.quality import _import_gx, _meta
+    from onnxcast.pipeline.expectations import import_gx as _import_gx
+    from onnxcast.pipeline.expectations import named_check as _meta
 
     gx = _import_gx()
     E, h = gx.expectations, HELPER
@@ -281,7 +283,8 @@ def _table_suite(cfg: PipelineConfig, frame):
 
 
 def _grid_suite(cfg: PipelineConfig, freq: str, n_series: int):
-    from onnxcast.pipeline.quality import _import_gx, _meta
+    from onnxcast.pipeline.expectations import import_gx as _import_gx
+    from onnxcast.pipeline.expectations import named_check as _meta
 
     gx = _import_gx()
     E, share = gx.expectations, cfg.quality.max_excluded_share
@@ -296,13 +299,9 @@ def _validate(frame, suite, out_dir: Path, source: str, title: str, *, failure=N
               result_format: str | dict = "SUMMARY") -> list[dict]:
     """Run ``suite``, write its JSON and HTML under ``out_dir``; raise the one-line
     DataQualityError when a critical check failed (``failure()``: its words, else GX's)."""
-    from onnxcast.pipeline.quality import (
-        _quiet_gx,
-        _summarize,
-        run_suite,
-        summary_html,
-        write_reports,
-    )
+    from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
+    from onnxcast.pipeline.expectations import run_suite, summary_html, write_reports
+    from onnxcast.pipeline.expectations import summarize as _summarize
 
     with _quiet_gx():
         validation = run_suite(frame, suite, result_format=result_format)
@@ -371,7 +370,7 @@ def grid_positions(codes, times, freq: str) -> np.ndarray:
     calendar frequencies (month, quarter, year starts or ends, weeks), else per series."""
     import pandas as pd
 
-    from onnxcast.pipeline.quality import _grid_positions
+    from onnxcast.pipeline.quality import grid_positions as _grid_positions
 
     offset = pd.tseries.frequencies.to_offset(freq)
     n = len(codes)
@@ -427,7 +426,8 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     row, then deep-copying and serialising the lists); the whole verdict is series.parquet."""
     import pandas as pd
 
-    from onnxcast.pipeline.quality import _quiet_gx, run_suite, write_reports
+    from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
+    from onnxcast.pipeline.expectations import run_suite, write_reports
 
     layout, series_col = cfg.layout, cfg.series_column
     plan = read_json(layout.shards)
@@ -729,12 +729,12 @@ def series_checks(cfg: PipelineConfig, season: int) -> list[SeriesCheck]:
 
 def _series_suite(cfg: PipelineConfig, declared: list[SeriesCheck]):
     """The GX suite of the declared series checks, on the series table."""
-    from onnxcast.pipeline.quality import _import_gx, _meta
+    from onnxcast.pipeline.expectations import import_gx, named_check
 
-    gx = _import_gx()
-    expectations = [_meta(gx.expectations.ExpectColumnValuesToBeBetween(column=c.column, severity=c.severity,
-                                                                         **c.threshold()),
-                          c.check, c.description, column=c.column) for c in declared]
+    gx = import_gx()
+    between = gx.expectations.ExpectColumnValuesToBeBetween
+    expectations = [named_check(between(column=c.column, severity=c.severity, **c.threshold()),
+                                c.check, c.description, column=c.column) for c in declared]
     return gx.ExpectationSuite(name=SERIES_SUITE, expectations=expectations,
                                meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(cfg.quality)}})
 
@@ -797,7 +797,7 @@ def regular_fleet(grid: dict, kept, ids, cfg: PipelineConfig, plan: dict) -> Fle
     gaps interpolated in time as quality's single-series repair does (data._fill_short_gaps)."""
     import pandas as pd
 
-    from onnxcast.pipeline.data import _fill_short_gaps
+    from onnxcast.pipeline.data import fill_short_gaps as _fill_short_gaps
 
     steps = grid["grid_steps"][kept].astype(np.int64)
     offsets = np.zeros(len(kept) + 1, dtype=np.int64)
@@ -882,14 +882,11 @@ def merge_fleet_checks(cfg: PipelineConfig) -> dict:
 def _excluded_share_check(cfg: PipelineConfig, table, source: str) -> dict:
     """The max_excluded_share verdict as a GX result of its own (``quality/excluded_share/``),
     on the series table's ``excluded_because`` column."""
-    from onnxcast.pipeline.quality import (
-        _import_gx,
-        _meta,
-        _quiet_gx,
-        _summarize,
-        run_suite,
-        write_reports,
-    )
+    from onnxcast.pipeline.expectations import import_gx as _import_gx
+    from onnxcast.pipeline.expectations import named_check as _meta
+    from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
+    from onnxcast.pipeline.expectations import run_suite, write_reports
+    from onnxcast.pipeline.expectations import summarize as _summarize
 
     gx = _import_gx()
     share = cfg.quality.max_excluded_share
@@ -1011,7 +1008,7 @@ def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: Pipeli
     """The fleet's verdict: counts, the first EXAMPLES excluded series per reason, the shards' GX pages."""
     from html import escape
 
-    from onnxcast.pipeline.quality import OFFLINE_CSS, REPORT_HTML
+    from onnxcast.pipeline.expectations import OFFLINE_CSS, REPORT_HTML
 
     series_col = cfg.series_column
     share = len(excluded) / max(len(table), 1)

@@ -17,9 +17,11 @@ import logging
 import numpy as np
 
 from onnxcast.base.errors import DataError
+from onnxcast.pipeline.checkpoint import save_model
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
-from onnxcast.pipeline.fleet_data import FleetData, FleetSplit
+from onnxcast.pipeline.fleet_data import FleetData, FleetSplit, split_fleet
 from onnxcast.pipeline.metrics import mase_scale, seasonal_naive
+from onnxcast.pipeline.seasons import model_seasons, seasons_for_freq
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +145,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     """Train ``family`` on the fleet in ``data/fleet/``; save it as train_family does
     (model.pt, model.json with a spec whose ``global_model`` is true); return
     ``{"family", "epochs", "best_validation_loss"}``."""
-    from onnxcast.pipeline.data import seasons_for_freq
-    from onnxcast.pipeline.fleet_data import split_fleet
     from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
-    from onnxcast.pipeline.run import model_seasons, save_model
     from onnxcast.pipeline.training import BF16_FAMILIES, describe, seed_everything, train_sampled
 
     fleet = FleetData.load(cfg.layout.fleet)

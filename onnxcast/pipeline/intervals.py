@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from onnxcast.base.contract import central_intervals
+from onnxcast.pipeline.significance import block_bootstrap_interval
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[fl
 
     With ``block`` (rows are rolling origins whose windows overlap ``block`` neighbours), each
     coverage also gets ``coverage_<p>_ci95``: the moving-block bootstrap interval of the mean of
-    the per-origin coverages (evaluation.mae_interval), the sampling error the gate allows for,
+    the per-origin coverages (significance.block_bootstrap_interval), the sampling error the gate allows for,
     unless ``independent`` (the rows' non-overlapping windows, :func:`independent_windows`,
     recorded as ``independent_windows``) is below :data:`MIN_INDEPENDENT_WINDOWS`: a bootstrap of
     two blocks gave a 0.4-point interval, a certainty the sample does not have."""
@@ -267,9 +268,7 @@ def interval_metrics(actual: np.ndarray, quantiles: np.ndarray, levels: tuple[fl
         inside = (actual >= low) & (actual <= high)
         out[f"coverage_{key}"] = float(np.mean(inside))
         if block is not None and judged(independent):
-            from onnxcast.pipeline.evaluation import mae_interval
-
-            out[f"coverage_{key}_ci95"] = mae_interval(inside.mean(axis=1).astype(np.float64), block, seed=seed)
+            out[f"coverage_{key}_ci95"] = block_bootstrap_interval(inside.mean(axis=1).astype(np.float64), block, seed=seed)
         out[f"width_{key}"] = float(np.mean((high - low) / per_row))
         out[f"msis_{key}"] = float(np.mean(interval_score(actual, low, high, 1.0 - nominal) / per_row))
     out["pinball"] = float(np.mean(pinball(actual, q, levels) / np.asarray(per_row)[..., None]))

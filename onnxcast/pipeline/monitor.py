@@ -17,11 +17,7 @@ it was trained, beside the figures its holdout gave (docs/airflow.md#monitoring-
   new origins or ``MIN_BATCHES`` new batches nothing is called degraded; a non-finite
   forecast (NaN, inf) always is ("non-finite forecasts").
 - **Input drift** is a Great Expectations suite built from the training window's profile
-  (:func:`drift_suite`): for the target and every feature, the seasonal change
-  ``x[t] - x[t - season]`` (a trend does not drift it, a level shift or a change of scale
-  does); its mean and standard deviation must lie within the range that windows of the same
-  length had in training, and its values within the training's extreme quantiles but for a
-  small share.
+  (onnxcast.pipeline.drift).
 
 A fleet model is judged per series (onnxcast.pipeline.fleet_monitor): realised MASE per series
 on each series' own scale, a paired test across series, drift pooled over series.
@@ -41,20 +37,25 @@ from typing import Any
 import numpy as np
 
 from onnxcast.base.batches import CHUNK_ROWS
-from onnxcast.base.errors import ConfigError, VerificationError
-from onnxcast.pipeline.evaluation import MIN_PAIRED_ORIGINS, holdout_origins, per_origin_mae
+from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import finite_or_none
+from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.data import parse_utc, utc_iso
+from onnxcast.pipeline.drift import check_drift
+from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae
+from onnxcast.pipeline.fleet_monitor import monitor_fleet
 from onnxcast.pipeline.metrics import seasonal_naive
+from onnxcast.pipeline.quality import check_data
+from onnxcast.pipeline.report import served_variant
+from onnxcast.pipeline.seasons import seasons_for_freq
+from onnxcast.pipeline.sessions import open_model
+from onnxcast.pipeline.significance import ALPHA, MIN_PAIRED_ORIGINS
 
 log = logging.getLogger(__name__)
 
-ALPHA = 0.05  # one-sided level of the degradation test
 MIN_ORIGINS = MIN_PAIRED_ORIGINS  # fewer new origins: never called degraded (too little evidence)
 BATCH_BLOCKS = 2  # a batch of the degradation test: this many blocks of origins (each a horizon's span)
 MIN_BATCHES = 5  # fewer new (or holdout) batches: never called degraded
-DRIFT_SUITE = "onnxcast-drift"
-DRIFT_MARGIN = 0.25  # the training range of window means/stdevs, widened by this share of its span
-DRIFT_TAIL = 0.005  # values beyond the training's 0.5% / 99.5% quantiles of the change ...
-DRIFT_MOSTLY = 0.9  # ... may be at most 10% of the new rows
 ORT_BATCH = CHUNK_ROWS  # histories a call: cache-sized (onnxcast.base.batches)
 
 
@@ -81,28 +82,24 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     Raises ConfigError when the report does not describe the served model (no such channel
     or variant) and the data gate's errors when the data cannot be read or checked.
     """
-    from onnxcast.pipeline.data import seasons_for_freq
-
     started = time.monotonic()
     report = item.report
     if report.get("fleet") or (report.get("config") or {}).get("series_column"):
-        from onnxcast.pipeline.fleet_monitor import monitor_fleet
-
         return monitor_fleet(item, work_dir, s3_settings=s3_settings)
     entry, variant = served_variant(report, item.channel)
-    session, meta = _open_session(item.model_path)
+    session, meta = open_model(item.model_path)
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
     series = read_series(report, item.data_uri, Path(work_dir), s3_settings)
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
-    first = int(np.searchsorted(series.timestamps, _as_datetime64(trained_until), side="right"))
+    first = int(np.searchsorted(series.timestamps, parse_utc(trained_until), side="right"))
     origins = holdout_origins(len(series.values), first, horizon, seasons_for_freq(series.freq), earliest=lookback)
     holdout = holdout_figures(report, entry, variant)
     holdout_errors = np.asarray(holdout.pop("_holdout_errors"))
     result: dict[str, Any] = {
         "channel": item.channel, "family": entry["family"], "variant": variant["name"],
         "trained_until": trained_until, "data_uri": series.source, "data_sha256": series.sha256,
-        "from": _iso(series.timestamps[first]) if first < len(series.timestamps) else None,
-        "to": _iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
+        "from": utc_iso(series.timestamps[first]) if first < len(series.timestamps) else None,
+        "to": utc_iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
         "origins": int(len(origins.index)), "stride": origins.stride, "block": origins.block,
         "mase_scale": float(report["baselines"]["mase_scale"]), **holdout,
     }
@@ -114,7 +111,7 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     result["drift_check"] = check_drift(series, first, int(report["baselines"]["seasonal_naive"]["season"]))
     result["drift"] = result["drift_check"]["drifted"]
     result["per_origin_mase"] = [finite_or_none(v) for v in realised]
-    result["origin_times"] = [_iso(series.timestamps[o]) for o in origins.index]
+    result["origin_times"] = [utc_iso(series.timestamps[o]) for o in origins.index]
     result["seconds"] = round(time.monotonic() - started, 3)
     log.info("monitor %s %s/%s: realised MASE %s (holdout %.4g, 95%% [%.4g, %.4g]) over %d origins, p=%s%s; "
              "drift: %s", item.channel, entry["family"], variant["name"], _fmt(result["mase"]),
@@ -166,20 +163,6 @@ def reasons(result: dict) -> list[str]:
         failed = [c["check"] for c in result["drift_check"]["checks"] if c["column"] == column and not c["passed"]]
         out.append(f"{result['channel']}: input drift in {column!r} ({', '.join(failed)})")
     return out
-
-
-def served_variant(report: dict, channel: str) -> tuple[dict, dict]:
-    """The report's model entry and variant entry the channel was given."""
-    chosen = (report.get("selected") or {}).get(channel)
-    if not chosen:
-        raise ConfigError(f"report: no variant selected for channel {channel!r}")
-    for entry in report.get("models") or []:
-        if entry.get("family") == chosen["family"]:
-            for variant in entry.get("variants") or []:
-                if variant.get("name") == chosen["variant"]:
-                    return entry, variant
-    raise ConfigError(f"report: channel {channel!r} names {chosen['family']}/{chosen['variant']}, "
-                      "which the report's models do not hold")
 
 
 def holdout_figures(report: dict, entry: dict, variant: dict) -> dict:
@@ -260,93 +243,9 @@ def _batch_means(x: np.ndarray, size: int, block: int) -> np.ndarray:
     return x[len(x) - count * size:].reshape(count, size)[:, :size - block + 1].mean(axis=1)
 
 
-def check_drift(series, first: int, season: int) -> dict:
-    """The drift suite built from the rows up to ``first`` (training), run on the rows after."""
-    columns = list(series.columns)
-    changes = change_frame(series.values.astype(np.float64), columns, season)
-    train, new = changes.iloc[:first].dropna(), changes.iloc[first:].dropna()
-    if len(new) < 2:
-        return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "drifted": [], "checks": [],
-                "note": "fewer than 2 new rows: no drift check"}
-    return {"suite": DRIFT_SUITE, "season": season, **run_drift_suite(train, new, columns)}
-
-
-def run_drift_suite(train, new, columns: list[str]) -> dict:
-    """The drift suite of the ``train`` frame of seasonal changes, run on ``new``: the rows,
-    the drifted columns (in ``columns`` order), every check and the profile."""
-    import pandas as pd
-
-    suite, profile = drift_suite(train, len(new), columns)
-    from onnxcast.pipeline.quality import _quiet_gx, run_suite
-
-    with _quiet_gx():
-        validation = run_suite(pd.DataFrame(new), suite)
-    checks = []
-    for outcome in validation.results:
-        config = outcome.expectation_config
-        meta = config.meta or {}
-        checks.append({"column": meta["column"], "check": meta["check"], "passed": bool(outcome.success),
-                       "observed": _plain((outcome.result or {}).get("observed_value",
-                                                                      (outcome.result or {}).get("unexpected_percent"))),
-                       "expected": meta["expected"]})
-    drifted = sorted({c["column"] for c in checks if not c["passed"]}, key=columns.index)
-    return {"rows": int(len(new)), "training_rows": int(len(train)), "drifted": drifted, "checks": checks,
-            "profile": profile}
-
-
-def change_frame(values: np.ndarray, columns: list[str], season: int):
-    """The seasonal change ``x[t] - x[t - season]`` of every column (NaN for the first season)."""
-    import pandas as pd
-
-    lagged = np.full_like(values, np.nan)
-    lagged[season:] = values[season:] - values[:-season]
-    return pd.DataFrame(lagged, columns=[change_column(c) for c in columns])
-
-
-def change_column(column: str) -> str:
-    return f"{column}.change"
-
-
-def drift_suite(train, window: int, columns: list[str]):
-    """The GX suite of the training window's profile: per column, the mean and standard
-    deviation of its seasonal change within the range windows of ``window`` rows had in
-    training (widened by ``DRIFT_MARGIN`` of the span), and its values within the training's
-    ``DRIFT_TAIL`` quantiles for at least ``DRIFT_MOSTLY`` of the rows. Returns (suite, profile)."""
-    from onnxcast.pipeline.quality import _import_gx
-
-    gx = _import_gx()
-    E = gx.expectations
-    expectations, profile = [], {}
-    for column in columns:
-        values = train[change_column(column)]
-        if len(values) < 4:
-            raise ConfigError(f"{column!r}: {len(values)} training rows of seasonal change; no profile to check against")
-        size = max(2, min(window, len(values) // 2))
-        rolling = values.rolling(size)
-        means, stdevs = rolling.mean().dropna(), rolling.std().dropna()
-        mean_range = _widened(float(means.min()), float(means.max()))
-        std_range = _widened(float(stdevs.min()), float(stdevs.max()), floor=0.0)
-        tails = (float(values.quantile(DRIFT_TAIL)), float(values.quantile(1 - DRIFT_TAIL)))
-        profile[column] = {"window": size, "mean": mean_range, "stdev": std_range, "tails": tails}
-        name = change_column(column)
-        expectations += [
-            E.ExpectColumnMeanToBeBetween(column=name, min_value=mean_range[0], max_value=mean_range[1],
-                                          meta={"column": column, "check": "change_mean", "expected": mean_range}),
-            E.ExpectColumnStdevToBeBetween(column=name, min_value=std_range[0], max_value=std_range[1],
-                                           meta={"column": column, "check": "change_stdev", "expected": std_range}),
-            E.ExpectColumnValuesToBeBetween(column=name, min_value=tails[0], max_value=tails[1], mostly=DRIFT_MOSTLY,
-                                            meta={"column": column, "check": "change_tails",
-                                                  "expected": [*tails, DRIFT_MOSTLY]}),
-        ]
-    return gx.ExpectationSuite(name=DRIFT_SUITE, expectations=expectations), profile
-
-
 def read_series(report: dict, data_uri: str | None, work_dir: Path, s3_settings: Any = None):
     """The whole series under the deployed version's settings (no ``trained_until``), through
     the same data gate as training (its reports under ``work_dir/quality``)."""
-    from onnxcast.pipeline.config import PipelineConfig, data_source
-    from onnxcast.pipeline.quality import check_data
-
     values = {**report["config"], "trained_until": None, "out_dir": str(work_dir)}
     if data_uri:
         values["data_uri"] = data_source(data_uri)
@@ -364,52 +263,9 @@ def forecast_at(session, values: np.ndarray, origins: np.ndarray, lookback: int)
     return np.concatenate(out).astype(np.float64)
 
 
-def _open_session(path: Path):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    try:
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ORT raises its own types for a file it cannot load
-        raise VerificationError(f"{path}: ONNX Runtime cannot load it: {' '.join(str(exc).split())[:200]}") from None
-    return session, dict(session.get_modelmeta().custom_metadata_map)
-
-
-def _widened(low: float, high: float, floor: float | None = None) -> list[float]:
-    span = max(high - low, 1e-12 * max(abs(low), abs(high), 1.0))
-    low, high = low - DRIFT_MARGIN * span, high + DRIFT_MARGIN * span
-    return [max(low, floor) if floor is not None else low, high]
-
-
-def _as_datetime64(text: str) -> np.datetime64:
-    from datetime import UTC, datetime
-
-    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC).replace(tzinfo=None)
-    return np.datetime64(moment, "ns")
-
-
-def _iso(value) -> str:
-    return np.datetime_as_string(np.datetime64(value, "s")) + "Z"
-
-
-def finite_or_none(value) -> float | None:
-    """``value`` as a float, None for NaN or inf (JSON and MLflow take no NaN)."""
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-__all__ = ["ALPHA", "BATCH_BLOCKS", "MIN_BATCHES", "MIN_ORIGINS", "MonitorInput", "check_drift", "degradation_test", "drift_suite",
-           "finite_or_none", "holdout_figures", "monitor", "reasons", "run_drift_suite", "served_variant"]
+__all__ = ["ALPHA", "BATCH_BLOCKS", "MIN_BATCHES", "MIN_ORIGINS", "MonitorInput", "degradation_test", "holdout_figures",
+           "monitor", "reasons"]

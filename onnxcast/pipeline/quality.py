@@ -16,47 +16,39 @@ module when a DAG file is parsed.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError
-from onnxcast.base.files import write_text_atomic
 from onnxcast.base.s3 import S3Settings
-from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import (
     SeriesData,
     infer_freq,
-    season_for_freq,
     series_from_checked,
     split_by_time,
 )
+from onnxcast.pipeline.expectations import (
+    HELPER,
+    HIDDEN,
+    clip,
+    import_gx,
+    named_check,
+    quiet_gx,
+    run_suite,
+    summarize,
+    summary_html,
+    write_reports,
+)
+from onnxcast.pipeline.reading import plausible_column_name, read_table
+from onnxcast.pipeline.seasons import season_for_freq
 
 SUITE_NAME = "onnxcast-data-quality"
-RESULT_JSON = "validation_result.json"
-REPORT_HTML = "quality_report.html"
 FLOAT32_MAX = 3.4028234663852886e38
 ROBUST_SCALE_MAD = 1.4826  # MAD -> standard deviation for normal data
 ROBUST_SCALE_MEAN_AD = 1.2533  # mean absolute deviation -> standard deviation, when MAD is 0
-HELPER = "_qc_"
-HIDDEN = "<field "  # a header field not shown: "<field 2>" (see hide_unnamed_columns)
-OFFLINE_CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1rem 2rem;max-width:1400px}
-table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top;text-align:left}
-.fa-check-circle::before{content:"\\2714  passed";color:#1a7f37}
-.fa-times::before{content:"\\2718  FAILED";color:#cf222e;font-weight:700}
-.fa-exclamation-triangle::before{content:"\\26A0  error";color:#9a6700;font-weight:700}
-.fa-check-circle::before,.fa-times::before,.fa-exclamation-triangle::before{font-family:system-ui,sans-serif!important;font-style:normal}
-tr:has(.fa-times){background:#fff0f0}
-#onnxcast-summary{border:3px solid #cf222e;background:#fff5f5;padding:.5rem 1.5rem;margin:1rem 0 2rem}
-#onnxcast-summary.passed{border-color:#1a7f37;background:#f3fff5}
-#onnxcast-summary h1{font-size:1.6rem}#onnxcast-summary h2{font-size:1.2rem}
-footer,.navbar-brand{display:none}
-"""
 
 
 @dataclass
@@ -84,14 +76,12 @@ def check_data(cfg: PipelineConfig, out_dir: str | Path, *, s3_settings: S3Setti
     DataQualityError listing every failed check after writing the JSON and HTML reports
     under ``out_dir``.
     """
-    from onnxcast.pipeline.reading import read_table
-
     raw = read_table(cfg.data_uri, s3_settings=s3_settings)
     prepared = prepare_frame(hide_unnamed_columns(raw.frame, cfg), cfg, raw.source)
     suite = build_suite(cfg, prepared)
-    with _quiet_gx():
+    with quiet_gx():
         validation = run_suite(prepared.frame, suite)
-        checks = [_summarize(r) for r in validation.results]
+        checks = [summarize(r) for r in validation.results]
         json_path, html_path = write_reports(validation, Path(out_dir), summary_html(raw.source, checks))
     failures = [c["message"] for c in checks if not c["passed"] and c["severity"] == "critical"]
     if failures:
@@ -110,8 +100,6 @@ def hide_unnamed_columns(frame, cfg: PipelineConfig):
     validation_result.json: a first line of data, a lone field that is no column the settings
     name (a token file passed by mistake), or any field unlike a column name must reach none
     of them. The columns the settings name are the user's own words and stay."""
-    from onnxcast.pipeline.reading import plausible_column_name
-
     names = [str(c) for c in frame.columns]
     wanted = {cfg.time_column, cfg.target_column, *cfg.feature_columns, cfg.series_column}
     shown = [n in wanted or (len(names) > 1 and plausible_column_name(n)) for n in names]
@@ -158,7 +146,7 @@ def prepare_frame(frame, cfg: PipelineConfig, source: str) -> PreparedFrame:
     if prepared.time_ok:
         _add_time_helpers(prepared, cfg)
     for column in prepared.value_columns:
-        numeric, not_numeric = _numeric(prepared.frame[column])
+        numeric, not_numeric = parse_numbers(prepared.frame[column])
         prepared.frame[f"{HELPER}{column}_value"] = numeric
         prepared.frame[f"{HELPER}{column}_not_numeric"] = not_numeric
         prepared.numeric_counts[column] = int(numeric.notna().sum())
@@ -170,7 +158,7 @@ def prepare_frame(frame, cfg: PipelineConfig, source: str) -> PreparedFrame:
 
 def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
     """The expectation suite for this run's settings and this file's columns."""
-    gx = _import_gx()
+    gx = import_gx()
 
     E = gx.expectations
     q = cfg.quality
@@ -178,11 +166,11 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
     required = [cfg.time_column, cfg.target_column, *cfg.feature_columns]
     need = min_rows(cfg)
     expectations = [
-        _meta(E.ExpectTableColumnsToMatchSet(column_set=required, exact_match=False),
-              "required_columns", f"required columns {required} present"),
-        _meta(E.ExpectTableRowCountToBeBetween(min_value=need),
-              "enough_rows", f"at least {need} rows for lookback {cfg.lookback}, horizon {cfg.horizon}, "
-              "validation and holdout", observed="{} rows"),
+        named_check(E.ExpectTableColumnsToMatchSet(column_set=required, exact_match=False),
+                    "required_columns", f"required columns {required} present"),
+        named_check(E.ExpectTableRowCountToBeBetween(min_value=need),
+                    "enough_rows", f"at least {need} rows for lookback {cfg.lookback}, horizon {cfg.horizon}, "
+                    "validation and holdout", observed="{} rows"),
     ]
     if prepared.time_ok:
         hint = "; numbers are not read as timestamps, write ISO 8601" if prepared.time_is_numeric else ""
@@ -190,14 +178,14 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
         dup_hint = ("; kept the last row of each (drop_duplicate_timestamps)" if q.drop_duplicate_timestamps
                     else "; set drop_duplicate_timestamps to keep the last row of each")
         expectations += [
-            _meta(E.ExpectColumnValuesToBeNull(column=f"{h}time_unparseable"),
-                  "timestamps_parse", f"{time!r} timestamps parse as dates", hint),
-            _meta(E.ExpectColumnValuesToBeNull(column=f"{h}time_zone_mismatch"),
-                  "timestamps_one_zone_style", f"{time!r} timestamps all with or all without a UTC offset"),
-            _meta(E.ExpectColumnValuesToBeUnique(column=f"{h}time", severity=dup_severity),
-                  "timestamps_unique", f"{time!r} timestamps unique", dup_hint),
-            _meta(E.ExpectColumnValuesToBeIncreasing(column=f"{h}time"),
-                  "timestamps_increasing", f"{time!r} timestamps in increasing order"),
+            named_check(E.ExpectColumnValuesToBeNull(column=f"{h}time_unparseable"),
+                        "timestamps_parse", f"{time!r} timestamps parse as dates", hint),
+            named_check(E.ExpectColumnValuesToBeNull(column=f"{h}time_zone_mismatch"),
+                        "timestamps_one_zone_style", f"{time!r} timestamps all with or all without a UTC offset"),
+            named_check(E.ExpectColumnValuesToBeUnique(column=f"{h}time", severity=dup_severity),
+                        "timestamps_unique", f"{time!r} timestamps unique", dup_hint),
+            named_check(E.ExpectColumnValuesToBeIncreasing(column=f"{h}time"),
+                        "timestamps_increasing", f"{time!r} timestamps in increasing order"),
         ]
     if prepared.freq:
         allowed = int(math.floor(q.max_gap_fraction * prepared.grid_steps))
@@ -205,19 +193,19 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
         fill_hint = (f"; fill_gaps_max_steps={fill} interpolates shorter runs" if fill
                      else "; set fill_gaps_max_steps to interpolate short gaps")
         expectations += [
-            _meta(E.ExpectColumnValuesToBeNull(column=f"{h}off_grid"),
-                  "timestamps_on_grid", f"{time!r} timestamps on the regular {prepared.freq!r} grid"),
-            _meta(E.ExpectColumnSumToBeBetween(column=f"{h}missing_before", max_value=allowed),
-                  "gap_share", f"missing timestamps at most {q.max_gap_fraction:.2%} of the "
-                  f"{prepared.grid_steps} on the grid (max_gap_fraction)", observed="{} missing"),
-            _meta(E.ExpectColumnMaxToBeBetween(column=f"{h}missing_run", max_value=fill),
-                  "gaps_repairable", f"gaps (missing timestamps or empty values) at most {fill} steps long "
-                  "(fill_gaps_max_steps)", fill_hint, observed="longest {} steps"),
-            _meta(E.ExpectColumnValuesToBeNull(column=f"{h}edge_missing"),
-                  "edges_present", "values present at the first and last timestamp (ends cannot be interpolated)"),
+            named_check(E.ExpectColumnValuesToBeNull(column=f"{h}off_grid"),
+                        "timestamps_on_grid", f"{time!r} timestamps on the regular {prepared.freq!r} grid"),
+            named_check(E.ExpectColumnSumToBeBetween(column=f"{h}missing_before", max_value=allowed),
+                        "gap_share", f"missing timestamps at most {q.max_gap_fraction:.2%} of the "
+                        f"{prepared.grid_steps} on the grid (max_gap_fraction)", observed="{} missing"),
+            named_check(E.ExpectColumnMaxToBeBetween(column=f"{h}missing_run", max_value=fill),
+                        "gaps_repairable", f"gaps (missing timestamps or empty values) at most {fill} steps long "
+                        "(fill_gaps_max_steps)", fill_hint, observed="longest {} steps"),
+            named_check(E.ExpectColumnValuesToBeNull(column=f"{h}edge_missing"),
+                        "edges_present", "values present at the first and last timestamp (ends cannot be interpolated)"),
         ]
         if fill:  # without the repair, any gap already fails gaps_repairable
-            expectations.append(_meta(
+            expectations.append(named_check(
                 E.ExpectColumnSumToBeBetween(column=f"{h}missing_before", max_value=0, severity="warning"),
                 "no_gaps", "no missing timestamps", f"; interpolated (fill_gaps_max_steps={fill})",
                 observed="{} missing"))
@@ -225,74 +213,6 @@ def build_suite(cfg: PipelineConfig, prepared: PreparedFrame):
         expectations += _value_expectations(E, cfg, prepared, column)
     return gx.ExpectationSuite(name=SUITE_NAME, expectations=expectations,
                                meta={"onnxcast": {"data_uri": cfg.data_uri, "quality": vars(q)}})
-
-
-def run_suite(frame, suite, result_format: str | dict = "SUMMARY"):
-    """Validate ``frame`` as one whole-dataframe batch in an ephemeral GX context.
-    ``result_format``: GX's; the fleet gate asks for COMPLETE with the series column as the
-    index column, so every failing series is named."""
-    gx = _import_gx()
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
-        analytics_enabled=False,
-    )
-    context = gx.get_context(project_config=config, mode="ephemeral")
-    batch = (context.data_sources.add_pandas("onnxcast")
-             .add_dataframe_asset("input")
-             .add_batch_definition_whole_dataframe("whole"))
-    suite = context.suites.add(suite)
-    definition = gx.ValidationDefinition(name="onnxcast-data", data=batch, suite=suite)
-    return definition.run(batch_parameters={"dataframe": frame}, result_format=result_format)
-
-
-def write_reports(validation, out_dir: Path, summary: str = "") -> tuple[Path, Path]:
-    """Write the GX validation result (JSON) and its data-docs page (HTML), each atomically.
-
-    The page is GX's validation page (the renderer its data-docs site builder uses) with
-    ``summary`` on top and a small inline stylesheet: GX styles come from CDNs, and an
-    offline browser (an Airflow worker, MLflow's artifact view behind a firewall) would
-    otherwise show no pass/fail marks at all.
-    """
-    import json
-
-    from great_expectations.render.renderer import ValidationResultsPageRenderer
-    from great_expectations.render.view import DefaultJinjaPageView
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out_dir / RESULT_JSON, out_dir / REPORT_HTML
-    for result in validation.results:  # GX's renderer fails on numpy 2 scalars (repr "np.float64(1.0)")
-        result.result = _python_scalars(result.result)
-    page = DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(validation))
-    page = page.replace("</head>", f"<style>{OFFLINE_CSS}</style></head>", 1)
-    page = page.replace("<body>", f"<body>{summary}", 1)
-    write_text_atomic(html_path, page)
-    write_text_atomic(json_path, json.dumps(validation.to_json_dict(), indent=2, default=str))
-    return json_path, html_path
-
-
-def summary_html(source: str, checks: list[dict]) -> str:
-    """The verdict first: failed checks, then tolerated warnings, in the words of the error."""
-    from html import escape
-
-    failed = [c["message"] for c in checks if not c["passed"] and c["severity"] == "critical"]
-    warned = [c["message"] for c in checks if not c["passed"] and c["severity"] != "critical"]
-    verdict = f"FAILED: {len(failed)} check(s) failed" if failed else "PASSED"
-    parts = [f'<section id="onnxcast-summary" class="{"failed" if failed else "passed"}">',
-             f"<h1>onnxcast data quality: {escape(verdict)}</h1>", f"<p>File: <code>{escape(source)}</code></p>"]
-    for title, items in (("Failed checks", failed), ("Warnings (tolerated)", warned)):
-        if items:
-            parts.append(f"<h2>{title}</h2><ol>" + "".join(f"<li>{escape(m)}</li>" for m in items) + "</ol>")
-    parts.append("<p>Checks of severity <em>warning</em> are tolerated: the table below marks them failed "
-                 "when they found something. Columns named <code>_qc_*</code> are helpers computed from "
-                 "the file (see docs/data-quality.md).</p></section>")
-    return "".join(parts)
 
 
 def parse_times(raw):
@@ -391,7 +311,7 @@ def _add_grid_helpers(prepared: PreparedFrame, cfg: PipelineConfig, source: str)
     except ValueError:
         raise DataError(f"{source}: unknown frequency {freq!r}") from None
     prepared.freq = freq
-    position = _grid_positions(index, offset)
+    position = grid_positions(index, offset)
     off_grid = np.isnan(position)
     frame[f"{HELPER}off_grid"] = _where(pd.Series(frame.index.isin(distinct.index[off_grid]), index=frame.index), raw)
     rows, steps = distinct.index[~off_grid], position[~off_grid].astype("int64")
@@ -419,117 +339,38 @@ def _value_expectations(E, cfg: PipelineConfig, prepared: PreparedFrame, column:
     is_target = column == cfg.target_column
     low, high = prepared.robust_range.get(column, (-math.inf, math.inf))
     expectations = [
-        _meta(E.ExpectColumnValuesToBeNull(column=f"{h}{column}_not_numeric"),
-              "values_numeric", f"{column!r} values numeric", column=column),
-        _meta(E.ExpectColumnValuesToNotBeNull(column=column, mostly=1 - q.max_missing_fraction),
-              "missing_share", f"{column!r} empty values at most {q.max_missing_fraction:.2%} "
-              "(max_missing_fraction)", column=column),
+        named_check(E.ExpectColumnValuesToBeNull(column=f"{h}{column}_not_numeric"),
+                    "values_numeric", f"{column!r} values numeric", column=column),
+        named_check(E.ExpectColumnValuesToNotBeNull(column=column, mostly=1 - q.max_missing_fraction),
+                    "missing_share", f"{column!r} empty values at most {q.max_missing_fraction:.2%} "
+                    "(max_missing_fraction)", column=column),
     ]
     if q.fill_gaps_max_steps:  # without the repair, any empty value already fails gaps_repairable
-        expectations.append(_meta(
+        expectations.append(named_check(
             E.ExpectColumnValuesToNotBeNull(column=column, severity="warning"), "no_missing",
             f"{column!r} has no empty values", f"; interpolated (fill_gaps_max_steps={q.fill_gaps_max_steps})",
             column=column))
     if not prepared.numeric_counts.get(column):
         return expectations  # nothing numeric to describe: the checks above say why
     expectations += [
-        _meta(E.ExpectColumnValuesToBeBetween(column=value, min_value=-FLOAT32_MAX, max_value=FLOAT32_MAX),
-              "values_finite", f"{column!r} values finite and within float32 range", column=column),
-        _meta(E.ExpectColumnUniqueValueCountToBeBetween(column=value, min_value=2,
+        named_check(E.ExpectColumnValuesToBeBetween(column=value, min_value=-FLOAT32_MAX, max_value=FLOAT32_MAX),
+                    "values_finite", f"{column!r} values finite and within float32 range", column=column),
+        named_check(E.ExpectColumnUniqueValueCountToBeBetween(column=value, min_value=2,
                                                         severity="critical" if is_target else "warning"),
               "not_constant", f"{column!r} not constant", column=column, observed="{} distinct value(s)"),
     ]
     if math.isfinite(low):
         where = f"robust z > {q.outlier_mad_threshold:g}: outside [{low:.6g}, {high:.6g}]"
         expectations += [
-            _meta(E.ExpectColumnValuesToBeBetween(column=value, min_value=low, max_value=high,
+            named_check(E.ExpectColumnValuesToBeBetween(column=value, min_value=low, max_value=high,
                                                   mostly=1 - q.max_outlier_fraction),
                   "outlier_share", f"{column!r} outliers at most {q.max_outlier_fraction:.2%} ({where}; "
                   "max_outlier_fraction)", column=column),
-            _meta(E.ExpectColumnValuesToBeBetween(column=value, min_value=low, max_value=high,
+            named_check(E.ExpectColumnValuesToBeBetween(column=value, min_value=low, max_value=high,
                                                   severity="warning"),
                   "no_outliers", f"{column!r} has no outliers ({where})", "; kept as they are", column=column),
         ]
     return expectations
-
-
-def _meta(expectation, check: str, description: str, hint: str = "", column: str | None = None,
-          observed: str | None = None):
-    """Name a check. ``observed`` words an aggregate's observed value, e.g. "longest {} steps"."""
-    expectation.description = description
-    expectation.meta = {"check": check, "column": column, "hint": hint, "observed": observed}
-    return expectation
-
-
-def _summarize(result) -> dict:
-    """One check as plain JSON: what was expected, what was observed, and a one-line message."""
-    config = result.expectation_config
-    meta = config.meta or {}
-    kwargs = config.kwargs
-    severity = getattr(config.severity, "value", str(config.severity))
-    observed = _observed(result.result, kwargs)
-    message = None
-    if not result.success:
-        if result.exception_info and result.exception_info.get("raised_exception"):
-            detail = "could not be evaluated: " + str(result.exception_info.get("exception_message"))[:200]
-        else:
-            detail = _describe(result.result, kwargs, config.type, meta.get("observed"))
-        message = f"{config.description}: {detail}{meta.get('hint', '')}"
-    threshold = {k: _plain(kwargs[k]) for k in ("min_value", "max_value", "mostly") if kwargs.get(k) is not None}
-    return {"check": meta.get("check", config.type), "column": meta.get("column"),
-            "description": config.description, "expectation": config.type, "severity": severity,
-            "passed": bool(result.success), "observed": observed, "threshold": threshold,
-            "message": message}
-
-
-def _observed(result: dict, kwargs: dict) -> Any:
-    if "observed_value" in result:
-        value = result["observed_value"]
-        if isinstance(value, list):
-            return [v for v in value if not str(v).startswith(HELPER)]
-        return _plain(value)
-    if "unexpected_count" in result:
-        return {"unexpected_count": int(result["unexpected_count"]),
-                "unexpected_percent": _plain(result.get("unexpected_percent")),
-                "examples": [_show(v) for v in result.get("partial_unexpected_list", [])[:5]],
-                "rows": [int(i) + 1 for i in result.get("partial_unexpected_index_list", [])[:5]]}
-    return None
-
-
-def _describe(result: dict, kwargs: dict, kind: str, observed: str | None = None) -> str:
-    """The observation behind a failure, in words."""
-    if kind == "expect_table_columns_to_match_set":
-        observed = [str(c) for c in result.get("observed_value", []) if not str(c).startswith(HELPER)]
-        missing = result.get("details", {}).get("mismatched", {}).get("missing", [])
-        found = [c for c in observed if not c.startswith(HIDDEN)]
-        hidden = len(observed) - len(found)
-        listed = "[" + ", ".join(quote(c) for c in found[:12]) + (f", ... {len(found) - 12} more" if len(found) > 12 else "") + "]"
-        text = f"missing {missing}; found {listed}" if found else f"missing {missing}"
-        if hidden == len(observed):
-            text += (f"; the first line is not a header of column names ({hidden} field(s) that look like data "
-                     "or other text, not shown): is the header row missing, or is this not the data file?")
-        elif hidden:
-            text += f" and {hidden} field(s) that do not look like column names (not shown)"
-        return text
-    if "unexpected_count" in result:
-        count, total = int(result["unexpected_count"]), int(result.get("element_count", 0))
-        text = f"{count} of {total} rows"
-        if kwargs.get("mostly") is not None:
-            text += f" ({result.get('unexpected_percent') or 0:.2f}%)"
-        examples = list(dict.fromkeys(_show(v) for v in result.get("partial_unexpected_list", []) if not _is_nan(v)))
-        if examples:
-            text += ", e.g. " + ", ".join(map(str, examples[:3]))
-        rows = [int(i) + 1 for i in result.get("partial_unexpected_index_list", [])[:3]]
-        if rows:
-            text += f" (row {', '.join(map(str, rows))}{', ...' if count > len(rows) else ''})"
-        return text
-    if result.get("observed_value") is None:
-        return "nothing to measure (no complete rows)"
-    if observed:
-        return observed.format(_plain(result["observed_value"]))
-    bounds = [f"{word} {_plain(kwargs[key])}" for key, word in (("min_value", ">="), ("max_value", "<="))
-              if kwargs.get(key) is not None]
-    return f"observed {_plain(result.get('observed_value'))}, expected {' and '.join(bounds)}"
 
 
 def _repairs(cfg: PipelineConfig, prepared: PreparedFrame) -> dict:
@@ -542,7 +383,7 @@ def _repairs(cfg: PipelineConfig, prepared: PreparedFrame) -> dict:
     return repairs
 
 
-def _numeric(raw):
+def parse_numbers(raw):
     """(values as float64 with NaN where empty or not a number, the raw text where not a number)."""
     import pandas as pd
 
@@ -573,7 +414,7 @@ def _steps_between(steps):
     return np.concatenate([[0], np.diff(steps) - 1])
 
 
-def _grid_positions(times, offset):
+def grid_positions(times, offset):
     """Step number of each timestamp on the grid that starts at the first one (NaN: off grid)."""
     import numpy as np
     import pandas as pd
@@ -593,72 +434,7 @@ def _where(mask, values):
 
     out = pd.Series(None, index=values.index, dtype="object")
     mask = mask.fillna(False).astype(bool) if hasattr(mask, "fillna") else mask
-    out[mask] = values[mask].astype(object).map(_clip)
+    out[mask] = values[mask].astype(object).map(clip)
     return out
 
 
-def _clip(value: Any, limit: int = 60) -> Any:
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(_clip(value))
-    value = _plain(value)
-    return format(value, ".6g") if isinstance(value, float) else _clip(value)
-
-
-def _plain(value: Any) -> Any:
-    """Numbers and timestamps as JSON-safe Python values."""
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return int(value) if value.is_integer() and abs(value) < 2**53 else value
-    return value
-
-
-def _python_scalars(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _python_scalars(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_python_scalars(v) for v in value]
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        return value.item()
-    return value
-
-
-def _is_nan(value: Any) -> bool:
-    return isinstance(value, float) and math.isnan(value)
-
-
-def _import_gx():
-    # GX logs an INFO line per decorated closure on first import ("Skipping registering
-    # function ..."): dozens of lines in every Airflow task log.
-    logging.getLogger("great_expectations._docs_decorators").setLevel(logging.WARNING)
-    import great_expectations
-
-    return great_expectations
-
-
-@contextlib.contextmanager
-def _quiet_gx():
-    """No GX progress bars (set in the context config) and no GX log lines, restored afterwards.
-
-    GX logs renderer trouble as errors with a traceback; the CLI promises none on stderr.
-    """
-    import warnings
-
-    logger = logging.getLogger("great_expectations")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)

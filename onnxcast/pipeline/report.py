@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from onnxcast.base.errors import ConfigError
 from onnxcast.pipeline.config import CHANNELS
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "report.schema.json"
@@ -33,12 +34,12 @@ def compare_families(models: list[dict], block: int = 1, *, per_series: dict | N
 
     A fleet (``per_series``: ``{family: fp32 MASE per series}``, arrays aligned by series id,
     loaded from each family's per_series.parquet by the caller, NaN where a series is missing)
-    is compared across series instead (``evaluation.paired_across_series``, block 1); its
+    is compared across series instead (``significance.paired_across_series``, block 1); its
     ``fp32_holdout_mae`` is the mean MASE.
     """
     import numpy as np
 
-    from onnxcast.pipeline.evaluation import paired_across_series, paired_test
+    from onnxcast.pipeline.significance import paired_across_series, paired_test
 
     def errors(m: dict):
         if per_series is not None:
@@ -141,3 +142,17 @@ def select_variants(models: list[dict], family_choice: dict | None = None) -> tu
         selected[channel] = {"family": choice["family"], "variant": choice["variant"]}
     assert not selected or set(selected) == set(CHANNELS)
     return selected, ranking
+
+
+def served_variant(report: dict, channel: str) -> tuple[dict, dict]:
+    """The report's model entry and variant entry the channel was given."""
+    chosen = (report.get("selected") or {}).get(channel)
+    if not chosen:
+        raise ConfigError(f"report: no variant selected for channel {channel!r}")
+    for entry in report.get("models") or []:
+        if entry.get("family") == chosen["family"]:
+            for variant in entry.get("variants") or []:
+                if variant.get("name") == chosen["variant"]:
+                    return entry, variant
+    raise ConfigError(f"report: channel {channel!r} names {chosen['family']}/{chosen['variant']}, "
+                      "which the report's models do not hold")

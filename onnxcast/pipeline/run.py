@@ -25,13 +25,30 @@ from dataclasses import replace
 from pathlib import Path
 
 from onnxcast import __version__
+from onnxcast.base.contract import format_quantile_levels
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
-from onnxcast.base.files import read_json, replacing, write_json
+from onnxcast.base.files import read_json, write_json
 from onnxcast.base.s3 import S3Settings
+from onnxcast.pipeline import fleet_quality
+from onnxcast.pipeline.checkpoint import load_model, save_model
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
+from onnxcast.pipeline.data import SeriesData, split_by_time, utc_iso, windows
+from onnxcast.pipeline.evaluation import best_anchor_season, reference_model
+from onnxcast.pipeline.fleet_data import FleetData, split_fleet
+from onnxcast.pipeline.fleet_eval import (
+    evaluate_shard,
+    fleet_report,
+    reference_shard,
+    validate_fleet_family,
+)
+from onnxcast.pipeline.fleet_train import train_global, validation_windows
+from onnxcast.pipeline.intervals import calibrate
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
-from onnxcast.pipeline.report import select_variants
+from onnxcast.pipeline.quality import check_data
+from onnxcast.pipeline.report import compare_families, select_variants
+from onnxcast.pipeline.seasons import evaluation_seasons, model_seasons, seasons_for_freq
+from onnxcast.pipeline.validate import baselines_for, holdout_origins_for, validate_variants
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +66,9 @@ class RunDirBusyError(OnnxcastError):
     """Another pipeline run holds the output folder."""
 
 
-def family_dir(cfg: PipelineConfig, family: str) -> Path:
-    return cfg.layout.family(family)
-
-
-# --- steps -------------------------------------------------------------------------------
-
 def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> dict:
     """Check the data (read from S3 with ``s3_settings``, None: boto3's chain), save the
     regular series and the split; return the dataset summary."""
-    from onnxcast.pipeline.data import split_by_time
-    from onnxcast.pipeline.quality import check_data
-    from onnxcast.pipeline.validate import baselines_for
-
     layout = cfg.layout
     started = time.monotonic()
     result = check_data(cfg, layout.quality, s3_settings=s3_settings)
@@ -87,7 +94,7 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
              baselines["reference"]["model"], baselines["reference"]["mae"])
     dataset = {
         "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
-        "start": _iso(series.timestamps[0]), "end": _iso(series.timestamps[-1]),
+        "start": utc_iso(series.timestamps[0]), "end": utc_iso(series.timestamps[-1]),
         "freq": series.freq, "season": series.season,
         "target": cfg.target_column, "features": list(cfg.feature_columns),
     }
@@ -102,11 +109,8 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
 
 def _reference_plan(cfg: PipelineConfig, series, split) -> str:
     """What the reference step will fit, in words: the model, how many origins, how much history."""
-    from onnxcast.pipeline.evaluation import reference_model
-    from onnxcast.pipeline.validate import evaluation_seasons, holdout_origins_for
-
     origins = holdout_origins_for(cfg, series, split)
-    name, _, window = reference_model(evaluation_seasons(cfg, series), int(origins.index.min()))
+    name, _, window = reference_model(evaluation_seasons(series.freq, series.season), int(origins.index.min()))
     return (f"{name} on the last {window} rows at each of {len(origins.index)} holdout origins "
             f"(parameters estimated once per horizon)")
 
@@ -136,11 +140,7 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     """Train one model family on the saved series (one global model on a fleet); save its
     state dict and config."""
     if cfg.is_fleet:
-        from onnxcast.pipeline.fleet_train import train_global
-
         return train_global(cfg, family)
-    from onnxcast.pipeline.data import seasons_for_freq
-    from onnxcast.pipeline.evaluation import best_anchor_season
     from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
     from onnxcast.pipeline.training import (
         BF16_FAMILIES,
@@ -185,59 +185,27 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
 
 
-def model_seasons(season: int, implied: tuple[int, ...], lookback: int) -> tuple[int, ...]:
-    """The seasonal periods a model anchors on: the run's ``season`` first, then every other
-    period the frequency implies that fits in the lookback (hourly, lookback 168: 24, 168)."""
-    return (season, *(s for s in dict.fromkeys(implied) if s != season and 1 < s <= lookback))
-
-
-def save_model(cfg: PipelineConfig, family: str, model, spec, extra: dict) -> None:
-    """Write ``model.pt`` (state dict, loadable with weights_only=True) and ``model.json``."""
-    import torch
-
-    directory = family_dir(cfg, family)
-    directory.mkdir(parents=True, exist_ok=True)
-    with replacing(cfg.layout.model_pt(family)) as tmp:
-        torch.save(model.state_dict(), tmp)
-    write_json(cfg.layout.model_json(family), {"spec": spec.to_dict(), "onnxcast_version": __version__, **extra})
-
-
-def load_model(cfg: PipelineConfig, family: str):
-    """The trained model of ``family`` from the run directory, loaded with weights_only=True."""
-    import torch
-
-    from onnxcast.pipeline.models import ModelSpec, build_model
-
-    spec = ModelSpec(**read_json(cfg.layout.model_json(family))["spec"])
-    model = build_model(spec)
-    model.load_state_dict(torch.load(cfg.layout.model_pt(family), weights_only=True))
-    return model.eval(), spec
-
-
 def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str:
     """Calibrate the model's quantiles on this run's validation windows (``recent``: on the most
     recent windows, :func:`calibrate_family`), then export it to ``onnx/fp32.onnx`` with the
     contract's metadata (``intervals_calibrated_on`` says which); a global
     model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
     trained until the latest end over its series."""
-    from onnxcast.base.contract import format_quantile_levels
     from onnxcast.pipeline.export import export_onnx
 
     model, spec = calibrate_family(cfg, family, recent=recent)
     if cfg.is_fleet:
-        from onnxcast.pipeline.fleet_data import FleetData
-
         fleet = FleetData.load(cfg.layout.fleet, mmap=True)
         # one calendar per distinct (start, length): few on a real fleet, whatever its size
         firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
                           strict=True))
         latest = max(fleet.end(i) for i in firsts.values())
-        data = {"freq": fleet.freq, "trained_until": _iso(latest), "dataset_sha256": fleet.sha256,
+        data = {"freq": fleet.freq, "trained_until": utc_iso(latest), "dataset_sha256": fleet.sha256,
                 "season": fleet.season}
         fleet_keys = {"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
     else:
         series, _ = _load_data(cfg)
-        data = {"freq": series.freq, "trained_until": _iso(series.timestamps[-1]),
+        data = {"freq": series.freq, "trained_until": utc_iso(series.timestamps[-1]),
                 "dataset_sha256": series.sha256, "season": series.season}
         fleet_keys = {}
     metadata = {
@@ -264,19 +232,12 @@ def calibrate_family(cfg: PipelineConfig, family: str, recent: bool = False):
     windows give the same offsets, so a retried export writes the same files."""
     from dataclasses import replace as replace_spec
 
-    from onnxcast.pipeline.intervals import calibrate
-
     model, spec = load_model(cfg, family)
     if cfg.is_fleet:
-        from onnxcast.pipeline.fleet_data import FleetData, split_fleet
-        from onnxcast.pipeline.fleet_train import validation_windows
-
         fleet = FleetData.load(cfg.layout.fleet, mmap=True)
         x, y, _ = validation_windows(fleet, split_fleet(fleet.lengths, cfg), spec.lookback, spec.horizon,
                                      season=spec.season, max_series=cfg.fleet_validation_series, seed=cfg.seed)
     else:
-        from onnxcast.pipeline.data import windows
-
         series, split = _load_data(cfg)
         start, end = (split.validation_end, len(series.values)) if recent else (split.train_end, split.validation_end)
         x, y = windows(series.values, spec.lookback, spec.horizon, start, end)[:2]
@@ -308,10 +269,7 @@ def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
 def validate_family(cfg: PipelineConfig, family: str) -> dict:
     """Validate every variant of ``family``; write and return its report entry."""
     if cfg.is_fleet:
-        from onnxcast.pipeline.fleet_eval import validate_fleet_family
-
         return validate_fleet_family(cfg, family)
-    from onnxcast.pipeline.validate import validate_variants
 
     series, split = _load_data(cfg)
     model, spec = load_model(cfg, family)
@@ -346,8 +304,6 @@ def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines:
     is the latest data, the nearest to what the model will forecast. Its coverage is then
     in-sample: reported, never judged (validate.coverage_gate). Costs one more export, optimize
     and validation of the family, on this path only."""
-    from onnxcast.pipeline.validate import validate_variants
-
     before = first["intervals"]
     log.info("%s: intervals missed their coverage (%s) while the forecasts passed: recalibrating them on the most "
              "recent windows", family, "; ".join(before.get("missed", [])))
@@ -371,8 +327,6 @@ def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines:
 def load_baselines(cfg: PipelineConfig) -> dict:
     """The baselines prepare_data measured (computed again, without the reference, for a run
     directory from before they were saved)."""
-    from onnxcast.pipeline.validate import baselines_for
-
     path = cfg.layout.baselines
     if path.exists():
         return read_json(path)
@@ -392,13 +346,9 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     compared on per-series fp32 MASE, and an extra ``fleet`` object holds the aggregates,
     intervals and paired tests (docs/design/fleet.md 4.3).
     """
-    from onnxcast.pipeline.report import compare_families
-
     fleet = None
     models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
     if cfg.is_fleet:
-        from onnxcast.pipeline.fleet_eval import fleet_report
-
         parts = fleet_report(cfg, models)
         summary, baselines, family_choice, fleet = (parts["summary"], parts["baselines"], parts["family_choice"],
                                                     parts["fleet"])
@@ -499,9 +449,6 @@ def _run_series(work: PipelineConfig) -> dict:
 def _run_fleet(work: PipelineConfig) -> dict:
     """Every step of a fleet run, in order: the per-shard steps one shard after another
     (Airflow maps them over the workers, onnxcast.airflow.steps)."""
-    from onnxcast.pipeline import fleet_quality
-    from onnxcast.pipeline.fleet_eval import evaluate_shard, reference_shard
-
     shards = _step(1, "check the table of series", fleet_quality.check_fleet_table, work)
     for shard in shards:
         fleet_quality.check_fleet_shard(work, shard)
@@ -630,13 +577,5 @@ def _move_in(source: Path, target: Path) -> None:
 
 
 def _load_data(cfg: PipelineConfig):
-    from onnxcast.pipeline.data import SeriesData, split_by_time
-
     series = SeriesData.load(cfg.layout.data)
     return series, split_by_time(len(series.values), cfg)
-
-
-def _iso(value) -> str:
-    from onnxcast.pipeline.data import utc_iso
-
-    return utc_iso(value)

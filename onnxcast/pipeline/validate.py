@@ -13,17 +13,22 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxcast.base.batches import run_in_chunks
 from onnxcast.base.contract import (
     METADATA_PREFIX,
     OUTPUT_NAME,
     QUANTILE_METADATA,
     QUANTILES_NAME,
+    opset_of,
     parse_quantile_levels,
     read_metadata,
 )
 from onnxcast.base.files import sha256_file
+from onnxcast.pipeline.evaluation import evaluate_baselines, holdout_origins
+from onnxcast.pipeline.intervals import independent_windows, interval_metrics
 from onnxcast.pipeline.metrics import forecast_metrics
+from onnxcast.pipeline.seasons import evaluation_seasons
+from onnxcast.pipeline.sessions import onnx_predict, onnx_predict_with_quantiles, onnx_session
+from onnxcast.pipeline.significance import paired_test
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +48,7 @@ class Holdout:
     @property
     def independent(self) -> int:
         """The non-overlapping windows among the origins' (intervals.independent_windows)."""
-        from onnxcast.pipeline.intervals import independent_windows
-
         return independent_windows(self.origins, self.actual.shape[1])
-
-
-def onnx_session(path: str | Path, threads: int = 1, spinning: bool = False):
-    """An ORT CPU session with explicit threading: parallel workers must not oversubscribe."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def onnx_predict(session, history: np.ndarray) -> np.ndarray:
-    """Forecasts for ``history [N, time, F]`` with an ORT session, in cache-sized chunks."""
-    if len(history) == 0:
-        return np.zeros((0, 0), np.float32)
-    return run_in_chunks(session, [OUTPUT_NAME], history)[0].astype(np.float32)
-
-
-def onnx_predict_with_quantiles(session, history: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(forecast [N, horizon], quantiles [N, horizon, Q])`` for ``history [N, time, F]`` with an
-    ORT session of a model that has the ``quantiles`` output, in cache-sized chunks."""
-    forecast, quantiles = run_in_chunks(session, [OUTPUT_NAME, QUANTILES_NAME], history)
-    return forecast.astype(np.float32), quantiles.astype(np.float32)
 
 
 def parity_shapes(lookback: int, season: int) -> list[tuple[int, int]]:
@@ -176,27 +153,16 @@ def gate(passed: bool, value: float, threshold: float | str) -> dict:
 
 # --- validating every variant of one family -------------------------------------------------
 
-def evaluation_seasons(cfg, series) -> tuple[int, ...]:
-    """Every seasonality the frequency implies, plus the configured season."""
-    from onnxcast.pipeline.data import seasons_for_freq
-
-    return tuple(sorted({*seasons_for_freq(series.freq), series.season}))
-
-
 def holdout_origins_for(cfg, series, split):
     """The run's holdout origins: every phase of the season, room for the longest look back."""
-    from onnxcast.pipeline.evaluation import holdout_origins
-
-    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(cfg, series),
+    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(series.freq, series.season),
                            earliest=cfg.lookback)
 
 
 def baselines_for(cfg, series, split, reference: bool = False) -> dict:
     """Naive and seasonal-naive baselines (and the statistical reference) on the run's origins."""
-    from onnxcast.pipeline.evaluation import evaluate_baselines
-
     return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
-                              evaluation_seasons(cfg, series), split.train_end, reference=reference,
+                              evaluation_seasons(series.freq, series.season), split.train_end, reference=reference,
                               levels=cfg.levels, lookback=cfg.lookback, validation_end=split.validation_end)
 
 
@@ -273,9 +239,9 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
         status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
         shown = ((entry.get("holdout") or {}).get("intervals") or {})
         log.info("%s %-8s MAE %s  80%%/95%% coverage %s/%s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s", family,
-                 entry["name"], _fmt((entry.get("holdout") or {}).get("mae")), _fmt(shown.get("coverage_80"), ".3f"),
-                 _fmt(shown.get("coverage_95"), ".3f"), _fmt(entry["parity_max_abs_diff"], ".3g"),
-                 _fmt(entry["latency_ms"].get("batch1_p50"), ".3f"), _fmt(entry["latency_ms"].get("batch64_p50"), ".3f"),
+                 entry["name"], figure_text((entry.get("holdout") or {}).get("mae")), figure_text(shown.get("coverage_80"), ".3f"),
+                 figure_text(shown.get("coverage_95"), ".3f"), figure_text(entry["parity_max_abs_diff"], ".3g"),
+                 figure_text(entry["latency_ms"].get("batch1_p50"), ".3f"), figure_text(entry["latency_ms"].get("batch64_p50"), ".3f"),
                  entry["size_bytes"], status)
     return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
             "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures,
@@ -285,8 +251,6 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
 def fp32_comparisons(fp32: dict | None, baselines: dict, block: int) -> dict:
     """fp32 against the best baseline and the reference: the MAE ratio and the paired test on
     per-origin MAEs, and the ratios of MSIS and pinball where both have intervals."""
-    from onnxcast.pipeline.evaluation import paired_test
-
     comparisons: dict = {}
     if not fp32 or not fp32.get("per_origin_mae"):
         return comparisons
@@ -318,8 +282,6 @@ def interval_ratios(mine: dict, theirs: dict) -> dict:
 def _torch_intervals(quantiles: np.ndarray | None, holdout: Holdout, fp32: dict | None,
                      default_levels: tuple[float, ...]) -> dict | None:
     """The eager model's interval figures, at fp32's levels (its metadata) or the run's."""
-    from onnxcast.pipeline.intervals import interval_metrics
-
     if quantiles is None:
         return None
     levels = tuple((((fp32 or {}).get("holdout") or {}).get("intervals") or {}).get("levels") or default_levels)
@@ -422,11 +384,11 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
         if "parity" in gates and not gates["parity"]["passed"]:
             diff = entry.get("parity_max_abs_diff")
             failures.append(f"{name} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
-                            f"{_fmt(gates['parity']['value'], '.3g')} > 1 (max abs diff {_fmt(diff, '.3g')})")
+                            f"{figure_text(gates['parity']['value'], '.3g')} > 1 (max abs diff {figure_text(diff, '.3g')})")
         if name == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
-            failures.append(f"fp32 {metric} {_fmt(holdout['mae'])} does not beat the best baseline "
-                            f"({baseline_name}) {_fmt(baseline_mae)} by the {_fmt(100 * baseline_margin, '.3g')}% "
-                            f"margin (needs below {_fmt(verdict['threshold'])})")
+            failures.append(f"fp32 {metric} {figure_text(holdout['mae'])} does not beat the best baseline "
+                            f"({baseline_name}) {figure_text(baseline_mae)} by the {figure_text(100 * baseline_margin, '.3g')}% "
+                            f"margin (needs below {figure_text(verdict['threshold'])})")
         coverage = gates.get("interval_coverage")
         if coverage and not coverage["passed"] and strict_intervals:
             failures += [f"{name} {phrase}" for phrase in coverage["failures"]]
@@ -546,10 +508,10 @@ def _reason(name: str, g: dict) -> str:
     if g.get("failures"):  # interval_coverage: the phrases say which interval missed, and by how much
         return f"{name}: " + "; ".join(g["failures"])
     via = " (fp32's verdict: one per family)" if name == "beats_seasonal_naive" and g.get("judged_on") else ""
-    return f"{name}: {_fmt(g['value'])} vs threshold {_fmt(g['threshold'])}{via}"
+    return f"{name}: {figure_text(g['value'])} vs threshold {figure_text(g['threshold'])}{via}"
 
 
-def _fmt(value, spec: str = ".4g") -> str:
+def figure_text(value, spec: str = ".4g") -> str:
     """A figure for a log line; 'n/a' where nothing was measured."""
     if value is None:
         return "n/a"
@@ -561,8 +523,6 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
     """One variant's entry: ``references`` maps "with quantiles" to the torch callable
     (:func:`torch_runner`; None under True when the eager model has no quantiles)."""
     import onnx
-
-    from onnxcast.base.contract import opset_of
 
     name = spec["name"]
     entry = {"name": name, "onnx_path": str(path.relative_to(run_root)), "sha256": sha256_file(path),
@@ -594,8 +554,6 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
         entry["holdout"]["intervals"] = None
         entry["intervals_note"] = note
     else:
-        from onnxcast.pipeline.intervals import interval_metrics
-
         forecast, quantiles = onnx_predict_with_quantiles(session, holdout.history)
         entry["holdout"], entry["per_origin_mae"] = judge_holdout(forecast, holdout)
         entry["holdout"]["intervals"] = {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale,

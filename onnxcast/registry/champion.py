@@ -5,69 +5,31 @@ exists, the champion itself: it is fetched into the run as the family ``champion
 goes through the same export, optimize and validate steps on the same holdout window.
 The decision then compares numbers measured in this run, never numbers from the past.
 
-The plan (``plan.json`` in the run directory) pins what each family is and where it comes
-from, so retried tasks see the same champion version even if the alias moved meanwhile.
+Which families a run has, and which is the champion, is the run's plan (onnxcast.registry.plan).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from onnxcast.base.errors import OnnxcastError
+from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import read_json, write_json
+from onnxcast.pipeline.config import CHAMPION_METRICS, PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
-from onnxcast.registry.fleet_tracking import is_fleet_report
+from onnxcast.registry.fetch import FetchError, parse_source
+from onnxcast.registry.fleet_tracking import SERIES, is_fleet_report, read_per_series
+from onnxcast.registry.interval_figures import (
+    MSIS_KEY,
+    fleet_intervals,
+    per_origin_msis,
+    variant_intervals,
+)
+from onnxcast.registry.plan import CHAMPION_FAMILY, PlanError, champion_entry, read_plan
+from onnxcast.registry.tracking import FAMILY_TAG, TrackingError, client_for, resolve_version
 
-CHAMPION_FAMILY = "champion"
 MSIS_TAG = "onnxcast.fp32_msis_95"  # a version's fp32 95% MSIS (tracking.interval_tags)
 FLEET_METRIC = "mase"
 MSIS = "msis"  # champion_metric: the 95% interval's MSIS (onnxcast.pipeline.config.CHAMPION_METRICS)
-
-
-class PlanError(OnnxcastError):
-    """The run directory has no plan, or the plan does not name the family asked for."""
-
-
-def write_plan(run_dir: str | Path, entries: list[dict], notes: list[str] = (),
-               incomparable_champion: dict | None = None) -> dict:
-    """Record the families of the run: ``[{"family", "source", "role"}]``, role challenger|champion.
-
-    ``incomparable_champion`` (``{"version", "differences"}``) records a champion that this
-    run cannot evaluate (another horizon or other features): decide() then refuses to
-    replace it automatically, since its consumers expect its input and output shapes."""
-    from onnxcast.base.files import write_json
-
-    names = [e["family"] for e in entries]
-    if len(set(names)) != len(names):
-        raise PlanError(f"duplicate family names in the plan: {names}")
-    plan = {"families": entries, "notes": list(notes), "incomparable_champion": incomparable_champion}
-    write_json(RunLayout(run_dir).plan, plan)
-    return plan
-
-
-def read_plan(run_dir: str | Path) -> dict:
-    from onnxcast.base.files import read_json
-
-    path = RunLayout(run_dir).plan
-    if not path.exists():
-        raise PlanError(f"{path}: no plan; run the data check step first")
-    return read_json(path)
-
-
-def plan_entry(run_dir: str | Path, family: str) -> dict:
-    plan = read_plan(run_dir)
-    for entry in plan["families"]:
-        if entry["family"] == family:
-            return entry
-    raise PlanError(f"{RunLayout(run_dir).plan}: no family {family!r}; the plan has "
-                    f"{[e['family'] for e in plan['families']]}")
-
-
-def challengers(run_dir: str | Path) -> list[str]:
-    return [e["family"] for e in read_plan(run_dir)["families"] if e.get("role", "challenger") == "challenger"]
-
-
-def champion_entry(run_dir: str | Path) -> dict | None:
-    return next((e for e in read_plan(run_dir)["families"] if e.get("role") == "champion"), None)
 
 
 def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,
@@ -76,7 +38,7 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
 
     The challenger wins when its fp32 holdout MAE is lower than the champion's by more than
     ``min_improvement`` (relative; 0.0: any improvement, a tie loses) and a paired test on the
-    same origins (onnxcast.pipeline.evaluation.paired_test) finds the difference significant; otherwise
+    same origins (onnxcast.pipeline.significance.paired_test) finds the difference significant; otherwise
     the champion stays. No champion: the challenger wins.
     A fleet run compares mean MASE across series instead (:func:`decide_fleet`; it reads
     the champion version's tags from the registry at ``tracking_uri``).
@@ -84,8 +46,6 @@ def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_c
     the fp32 95% interval's MSIS instead (:func:`_judge_on_msis`), recorded as ``metric``.
     Writes ``champion_challenger.json`` and returns the decision.
     """
-    from onnxcast.base.files import read_json, write_json
-
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
     metric = champion_metric(layout, metric)
@@ -187,8 +147,6 @@ def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_b
     as ``fp32_holdout_mae`` does in a fleet report; ``metric`` says ``mase``. With ``metric``
     ``msis`` the per-series ``fp32.msis_95`` are compared the same way (:func:`_judge_fleet_on_msis`).
     """
-    from onnxcast.base.files import read_json, write_json
-
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
     metric = champion_metric(layout, metric)
@@ -220,8 +178,6 @@ def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_b
 
 def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decision: dict, *,
                           min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
-    from onnxcast.base.files import read_json
-
     number = champion.get("version")
     version, note = _champion_version(champion, tracking_uri)
     if note:
@@ -257,8 +213,8 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
         return
     pairs, source = _paired_tables(layout, decision["challenger_family"], version, tracking_uri)
     if pairs is not None:
-        test = paired_across_series(*pairs)
-        decision.update(paired_test=test, comparison=f"paired across {test['origins']} series ({source})")
+        test = _across_series(*pairs)
+        decision.update(paired_test=test, comparison=f"paired across {test['series']} series ({source})")
         significant = bool(test["significant"])
         evidence = _fleet_p_text(test)
     else:
@@ -278,8 +234,6 @@ def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict,
     was evaluated in it, else from its registry tags (mean MASE and interval of its own run)."""
     import json
 
-    from onnxcast.base.files import read_json
-
     path = layout.validation(CHAMPION_FAMILY)
     if path.exists():
         validation = read_json(path)
@@ -297,20 +251,15 @@ def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict,
     return {"fp32_holdout_mase": mase}, {"metric": tags.get("onnxcast.metric"), "variants": {"fp32": fp32}}
 
 
-def paired_across_series(a, b) -> dict:
-    """The paired test of two forecasters' per-series MASE (series are the independent units:
-    block 1), with Wilcoxon's signed-rank p as ``robust_p`` (mean MASE is heavy-tailed)."""
-    import numpy as np
-    from scipy import stats
+def _across_series(a, b) -> dict:
+    """The pipeline's paired test across series (significance.paired_across_series: pairs that
+    are not finite left out, the minimum counted on the rest), with ``origins`` beside
+    ``series``: the decision's tag ``onnxcast.decision.paired_test.origins`` keeps its name for
+    a release (docs/changes-31.md)."""
+    from onnxcast.pipeline.significance import paired_across_series
 
-    from onnxcast.pipeline.evaluation import paired_test
-
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    test = paired_test(a, b, 1)
-    test["robust_p"] = None
-    if test["p_value"] is not None and np.any(a != b):
-        test["robust_p"] = float(stats.wilcoxon(a, b).pvalue)
-    return test
+    test = paired_across_series(a, b)
+    return {**test, "origins": test["series"]}
 
 
 def _fleet_mase(report: dict, family: str) -> tuple[float, list | None]:
@@ -323,9 +272,6 @@ def _fleet_mase(report: dict, family: str) -> tuple[float, list | None]:
 
 def _champion_version(champion: dict, tracking_uri: str | None):
     """(the champion's ModelVersion, None), or (None, why it could not be read)."""
-    from onnxcast.registry.fetch import FetchError, parse_source
-    from onnxcast.registry.tracking import TrackingError, resolve_version
-
     try:
         source = parse_source(champion.get("source") or "")
     except FetchError as error:
@@ -344,8 +290,6 @@ def _paired_tables(layout: RunLayout, family: str, version, tracking_uri: str | 
     (None, why not). A table without ``column`` (``fp32.msis_95`` of a run from before forecast
     distributions) is a why-not for the interval columns, a DataError for MASE."""
     import tempfile
-
-    from onnxcast.registry.fleet_tracking import SERIES, read_per_series
 
     mine = layout.per_series(family)
     if not mine.is_file():
@@ -374,8 +318,6 @@ def _download_per_series(version, folder: Path, tracking_uri: str | None) -> Pat
         return None
     from mlflow.exceptions import MlflowException
 
-    from onnxcast.registry.tracking import FAMILY_TAG, client_for
-
     family = version.tags.get(FAMILY_TAG)
     if not family:
         return None
@@ -393,16 +335,16 @@ def _not_comparable(version, differences) -> str:
 
 def _fleet_p_text(test: dict) -> str:
     if test.get("p_value") is None:
-        return test.get("note") or f"{test.get('origins', 0)} paired series"
+        return test.get("note") or f"{test.get('series', 0)} paired series"
     robust = f", Wilcoxon p={test['robust_p']:.3g}" if test.get("robust_p") is not None else ""
-    return f"p={test['p_value']:.3g} on {test['origins']} paired series{robust}, alpha {test['alpha']}"
+    return f"p={test['p_value']:.3g} on {test['series']} paired series{robust}, alpha {test['alpha']}"
 
 
 def _paired(challenger: dict, champion: dict, report: dict) -> dict:
     """Diebold-Mariano test of the two fp32 models' per-origin MAEs on this run's origins."""
     import numpy as np
 
-    from onnxcast.pipeline.evaluation import paired_test
+    from onnxcast.pipeline.significance import paired_test
 
     def errors(entry: dict):
         fp32 = next((v for v in entry.get("variants", []) if v["name"] == "fp32"), None)
@@ -426,12 +368,7 @@ def _p_text(test: dict) -> str:
 def champion_metric(layout: RunLayout, metric: str | None = None) -> str:
     """``metric`` when given, else the run's ``champion_metric`` setting (config.json), else
     ``mase`` (a run directory from before the setting); ConfigError for anything else."""
-    from onnxcast.base.errors import ConfigError
-    from onnxcast.pipeline.config import CHAMPION_METRICS
-
     if metric is None and layout.config.is_file():
-        from onnxcast.base.files import read_json
-
         metric = read_json(layout.config).get("champion_metric")
     metric = metric or FLEET_METRIC
     if metric not in CHAMPION_METRICS:
@@ -445,8 +382,7 @@ def _judge_on_msis(layout: RunLayout, report: dict, challenger: dict, champion: 
     interval scores (:func:`_per_origin_msis`), else the aggregates only."""
     import numpy as np
 
-    from onnxcast.pipeline.evaluation import paired_test
-    from onnxcast.registry.interval_figures import MSIS_KEY, variant_intervals
+    from onnxcast.pipeline.significance import paired_test
 
     mine = variant_intervals(challenger).get(MSIS_KEY)
     theirs = variant_intervals(champion).get(MSIS_KEY)
@@ -470,8 +406,6 @@ def _judge_fleet_on_msis(layout: RunLayout, report: dict, validation: dict, judg
                          min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
     """A fleet: mean fp32 95% MSIS over series, paired across series on the per-series
     ``fp32.msis_95`` joined by series id, else the aggregates only."""
-    from onnxcast.registry.interval_figures import MSIS_KEY, fleet_intervals, variant_intervals
-
     number = decision["champion_version"]
     family = decision["challenger_family"]
     mine = fleet_intervals(report, family).get(MSIS_KEY)
@@ -484,8 +418,8 @@ def _judge_fleet_on_msis(layout: RunLayout, report: dict, validation: dict, judg
         return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
     pairs, source = _paired_tables(layout, family, version, tracking_uri, column=f"fp32.{MSIS_KEY}")
     if pairs is not None:
-        test = paired_across_series(*pairs)
-        decision.update(paired_test=test, comparison=f"paired across {test['origins']} series ({source})")
+        test = _across_series(*pairs)
+        decision.update(paired_test=test, comparison=f"paired across {test['series']} series ({source})")
         significant, evidence = bool(test["significant"]), _fleet_p_text(test)
     else:
         significant, evidence = _aggregate_evidence(decision, {"intervals": fleet_intervals(report, family)},
@@ -498,8 +432,6 @@ def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion
     """((challenger's, champion's) 95% interval score per holdout origin, where from), or
     (None, why not): the variant entries' ``per_origin_msis_95`` when both have them, else both
     fp32 ONNX models' quantiles at this run's holdout origins (the origins validation used)."""
-    from onnxcast.registry.interval_figures import MSIS_KEY
-
     key = f"per_origin_{MSIS_KEY}"
     recorded = [next((v.get(key) for v in e.get("variants", []) if v.get("name") == "fp32"), None)
                 for e in (challenger, champion)]
@@ -509,10 +441,8 @@ def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion
     absent = [str(p) for p in (*paths, layout.config, layout.data) if not p.exists()]
     if absent:
         return None, f"no per-origin interval scores: {', '.join(absent)} not in the run directory"
-    from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.data import SeriesData, split_by_time
     from onnxcast.pipeline.validate import holdout_windows
-    from onnxcast.registry.interval_figures import per_origin_msis
 
     cfg = PipelineConfig.load(layout.config)
     series = SeriesData.load(layout.data)
@@ -551,8 +481,6 @@ def _aggregate_evidence(decision: dict, challenger: dict, champion: dict, why: s
     """Without per-origin or per-series scores: significant when both 95% intervals of the MSIS
     (``msis_95_ci95``) are given and do not overlap; without them nothing shows the difference
     is more than noise, so it is not significant (as a MAE without per-origin errors)."""
-    from onnxcast.registry.interval_figures import variant_intervals
-
     def interval(entry: dict):
         block = entry.get("intervals") or variant_intervals(entry)
         return block.get("msis_95_ci95")

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxcast.base.errors import OnnxcastError
-from onnxcast.base.files import replacing
+from onnxcast.base.contract import format_quantile_levels, parse_quantile_levels
+from onnxcast.base.errors import OnnxcastError, VerificationError
+from onnxcast.base.files import replacing, sha256_file, write_json
 from onnxcast.base.s3 import ReadWords, S3Settings, get_object_bytes, split_s3_uri
 from onnxcast.base.untrusted import (
     MAX_METADATA_BYTES,
@@ -32,7 +33,17 @@ from onnxcast.base.untrusted import (
     quote,
     read_regular_file,
 )
+from onnxcast.pipeline.config import (
+    MAX_MODEL_PARAMETERS,
+    MODEL_FAMILIES,
+    RANGES,
+    PipelineConfig,
+    estimate_model_size,
+)
 from onnxcast.pipeline.layout import RunLayout
+from onnxcast.registry.plan import write_plan
+from onnxcast.registry.tracking import TrackingError, download_version_files, resolve_version
+from onnxcast.rollout.store import check_name
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +145,6 @@ def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = 
     family_dir.mkdir(parents=True, exist_ok=True)
     with replacing(family_dir / MODEL_FILE) as tmp:
         torch.save(model.state_dict(), tmp)
-    from onnxcast.base.files import write_json
 
     fetched_from = original.get("source", "unknown")
     record = {"spec": spec.to_dict(), "source": {"kind": source["kind"], **resolved},
@@ -149,8 +159,6 @@ def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = 
 # --- helpers ------------------------------------------------------------------------------
 
 def _resolve(source: dict, tracking_uri: str | None):
-    from onnxcast.registry.tracking import TrackingError, resolve_version
-
     try:
         return resolve_version(source["name"], source.get("version") or source["alias"], tracking_uri)
     except TrackingError as exc:
@@ -159,8 +167,6 @@ def _resolve(source: dict, tracking_uri: str | None):
 
 def _download_mlflow(name: str, version: str, dest: Path, tracking_uri: str | None) -> dict[str, Path]:
     from mlflow.exceptions import MlflowException
-
-    from onnxcast.registry.tracking import download_version_files
 
     try:
         folder = download_version_files(name, version, dest, tracking_uri)
@@ -222,12 +228,6 @@ def _check_spec(document: dict, where: str) -> dict:
 
     A fetched model.json is input: an unknown family raised ValueError, a string lookback
     TypeError, a negative one a torch error, a huge hidden_size an allocation failure."""
-    from onnxcast.pipeline.config import (
-        MAX_MODEL_PARAMETERS,
-        MODEL_FAMILIES,
-        RANGES,
-        estimate_model_size,
-    )
     from onnxcast.pipeline.models import ModelSpec
 
     spec = document["spec"]
@@ -261,8 +261,6 @@ def _check_spec(document: dict, where: str) -> dict:
                                                       for q in levels):
         raise FetchError(f"{prefix} field 'quantile_levels' must be a list of numbers, got {quote(levels)}")
     if levels:
-        from onnxcast.base.contract import format_quantile_levels, parse_quantile_levels
-
         try:
             parse_quantile_levels(format_quantile_levels(levels), f"{prefix} field 'quantile_levels'")
         except ValueError as exc:
@@ -313,13 +311,7 @@ def stage_version(model_name: str, ref: str, run_dir: str | Path, *, tracking_ur
     included; read from S3 with ``s3_settings``), model.pt/model.json, every ONNX variant
     checked against the report's sha256. Validation then re-checks the gates on this run
     directory before promotion."""
-    from onnxcast.base.errors import VerificationError
-    from onnxcast.base.files import sha256_file, write_json
-    from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.run import prepare_data
-    from onnxcast.registry.champion import write_plan
-    from onnxcast.registry.tracking import download_version_files
-    from onnxcast.rollout.store import check_name
 
     source = parse_source(f"models:/{model_name}/{ref}" if str(ref).isdigit() else f"models:/{model_name}@{ref}")
     version = _resolve(source, tracking_uri)

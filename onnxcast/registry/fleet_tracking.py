@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from onnxcast.base.errors import DataError
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.interval_figures import numbers
 
@@ -169,8 +170,6 @@ def read_per_series(path: str | Path, columns: list[str] | None = None):
     A one-line DataError names the file and what it lacks."""
     import pandas as pd
 
-    from onnxcast.base.errors import DataError
-
     try:
         table = pd.read_parquet(path)
     except (OSError, ValueError) as error:
@@ -220,8 +219,6 @@ def input_example(layout: RunLayout, lookback: int):
     candidates = [layout.fleet, *sorted((layout.data / "shards").glob("*/"))]
     folder = next((c for c in candidates if (c / FLEET_JSON).is_file()), None)
     if folder is None:
-        from onnxcast.base.errors import DataError
-
         raise DataError(f"{layout.fleet}: no checked fleet in the run directory (needed for the signature example)")
     fleet = FleetData.load(folder, mmap=True)
     rows = []

@@ -15,6 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from onnxcast.base.contract import (
+    METADATA_PREFIX,
+    QUANTILE_METADATA,
+    QUANTILES_NAME,
+    central_intervals,
+    parse_quantile_levels,
+)
+
 # the figures worth a metric (``levels`` is a list, ``width_*`` follow from the rest)
 METRIC_KEYS = ("coverage_80", "coverage_95", "width_80", "width_95", "msis_80", "msis_95", "pinball", "crossing")
 # what the champion/challenger decision on "msis" compares: the 95% interval's score
@@ -53,13 +61,7 @@ def forecast_and_quantiles(path: str | Path, history):
     import numpy as np
 
     from onnxcast.base.batches import run_in_chunks
-    from onnxcast.base.contract import (
-        METADATA_PREFIX,
-        QUANTILE_METADATA,
-        QUANTILES_NAME,
-        parse_quantile_levels,
-    )
-    from onnxcast.pipeline.validate import onnx_session
+    from onnxcast.pipeline.sessions import onnx_session
 
     session = onnx_session(path, threads=1)
     names = [o.name for o in session.get_outputs()]
@@ -75,8 +77,6 @@ def forecast_and_quantiles(path: str | Path, history):
 def band(quantiles, levels, nominal: float):
     """``(low, high)`` of the central ``nominal`` interval (0.8, 0.95) in ``quantiles [..., Q]``,
     or None when the levels hold no such pair."""
-    from onnxcast.base.contract import central_intervals
-
     for lo, hi, got in central_intervals(levels):
         if abs(got - nominal) < 1e-9:
             return quantiles[..., lo], quantiles[..., hi]

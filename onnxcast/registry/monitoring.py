@@ -23,6 +23,7 @@ from typing import Any
 from onnxcast.base.errors import DataError, DataQualityError
 from onnxcast.base.files import onnxcast_home, sha256_bytes
 from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, read_regular_file
+from onnxcast.pipeline.config import EXAMPLE_DATA, PipelineConfig
 from onnxcast.registry.fetch import MAX_REPORT_BYTES
 from onnxcast.registry.tracking import (
     REPORT_SHA_TAG,
@@ -111,8 +112,6 @@ def report_data_uri(report: dict, uri: str) -> str:
     :func:`data_roots`, returned resolved. Anything else is refused (DataError): a report is
     not trusted to name a file because it was read from the registry (its ``data_uri`` was once
     changed to /etc/shadow, and the file was opened)."""
-    from onnxcast.pipeline.config import EXAMPLE_DATA
-
     data = report["config"].get("data_uri")
     if not isinstance(data, str) or not data.strip():
         raise DataError(f"{uri}: report.json names no config.data_uri; give the data to judge on (--data)")
@@ -336,7 +335,5 @@ NOT_CARRIED = ("out_dir", "trained_until")
 
 def retrain_conf(report: dict) -> dict:
     """The training settings of the run that made the version, for a retraining on newer data."""
-    from onnxcast.pipeline.config import PipelineConfig
-
     known = set(PipelineConfig.__dataclass_fields__)
     return {k: v for k, v in (report.get("config") or {}).items() if k in known and k not in NOT_CARRIED}

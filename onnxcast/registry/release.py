@@ -45,8 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.base.errors import ConfigError, OnnxcastError
+from onnxcast.pipeline.config import CHANNELS
 from onnxcast.registry.alias_rollout import DEFAULT_CHANNEL_ALIASES, VERSION, parse_channel_aliases
-from onnxcast.rollout.promote import PromotionResult, default_actor, resolve_signers
+from onnxcast.registry.tracking import bound_requests, client_for, redact_uri
+from onnxcast.rollout.promote import PromotionResult, default_actor, resolve_signers, restore
+from onnxcast.rollout.promote import promote as promote_version
+from onnxcast.rollout.promote import refresh as refresh_channel
+from onnxcast.rollout.promote import rollback as rollback_channel
 from onnxcast.rollout.store import RolloutStore, open_store
 
 CHAMPION = "champion"
@@ -145,8 +150,6 @@ class Registry:
     failure is one line (:class:`RegistryUnreachable`) naming the call, the server and why."""
 
     def __init__(self, tracking_uri: str, channel_aliases: Mapping[str, str] | None = None):
-        from onnxcast.pipeline.config import CHANNELS
-
         self.tracking_uri = tracking_uri
         self.channel_aliases = dict(channel_aliases) if channel_aliases is not None else \
             parse_channel_aliases(DEFAULT_CHANNEL_ALIASES, CHANNELS)
@@ -154,15 +157,11 @@ class Registry:
 
     @property
     def where(self) -> str:
-        from onnxcast.registry.tracking import redact_uri
-
         return redact_uri(self.tracking_uri)
 
     @property
     def client(self):
         if self._client is None:
-            from onnxcast.registry.tracking import bound_requests, client_for
-
             bound_requests()
             self._client = client_for(self.tracking_uri)
         return self._client
@@ -231,8 +230,6 @@ def registry_from_environment(tracking_uri: str | None = None, *,
     The channel aliases: ``channel_aliases``, else ``$ONNXCAST_CHANNEL_ALIASES``, else
     ``edge=edge,cloud=cloud`` (set it as the Airflow deployment sets it). Credentials come from
     MLflow's own ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (or ``_TOKEN``)."""
-    from onnxcast.pipeline.config import CHANNELS
-
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return None
@@ -256,8 +253,6 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     ``champion`` following. ``expect_alias`` (alias, version): a registry-sourced promotion,
     refused as :class:`Superseded` when that alias names another version by the time the
     channels would move."""
-    from onnxcast.rollout.promote import promote as promote_version
-
     store, signers, actor = _opened(store), resolve_signers(signers), actor or default_actor()
     step = _Step("promote", model_name, registry, actor=actor, reason=reason, move_champion=move_champion,
                  expect_alias=expect_alias)
@@ -282,8 +277,6 @@ def rollback(store: RolloutStore | str, model_name: str, channel: str, *, regist
     it was promoted from, with a signed rollback record), the channel's alias and
     (``move_champion``) ``champion`` following. A channel already at the target still has its
     aliases brought in line."""
-    from onnxcast.rollout.promote import rollback as rollback_channel
-
     store, signers, actor = _opened(store), resolve_signers(signers), actor or default_actor()
     step = _Step("rollback", model_name, registry, actor=actor, reason=reason, move_champion=move_champion)
     undo = _restorer(store, step, signers, expires_days, actor)
@@ -301,8 +294,6 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
             expires_days: float | None = None, actor: str | None = None) -> Release:
     """Re-sign ``channel``'s pointer at the version it names (onnxcast.rollout.promote.refresh):
     what it serves does not change, so the registry is not touched."""
-    from onnxcast.rollout.promote import refresh as refresh_channel
-
     store = _opened(store)
     value = refresh_channel(store, model_name, channel, signers=signers, expires_days=expires_days, actor=actor)
     version = str(value["version"])
@@ -462,8 +453,6 @@ def _restorer(store: RolloutStore, step: _Step, signers: Sequence, expires_days:
               actor: str) -> Callable[[Sequence[str], str], list[str]]:
     """The compensation of a release whose aliases could not follow: each moved channel's
     pointer back to the version it had (a newly signed pointer, action ``restore``)."""
-    from onnxcast.rollout.promote import restore
-
     def undo(moved: Sequence[str], why: str) -> list[str]:
         said = []
         for channel in moved:

@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from onnxcast.base.contract import QUANTILES_NAME
+from onnxcast.base.contract import QUANTILES_NAME, format_quantile_levels
 from onnxcast.base.errors import OnnxcastError
-from onnxcast.base.files import onnxcast_home, sha256_file
+from onnxcast.base.files import onnxcast_home, read_json, sha256_file
+from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry import fleet_tracking, interval_figures
 from onnxcast.registry.fleet_tracking import is_fleet_report
@@ -223,9 +224,6 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     tests on each child; the per-series tables as Parquet artifacts (``per_series/``) and one
     compact table for the UI (``per_series.json``); no forecast plot (there is no one series).
     """
-    from onnxcast.base.files import read_json
-    from onnxcast.pipeline.config import PipelineConfig
-
     layout = RunLayout(run_dir)
     cfg = PipelineConfig.load(layout.config)
     report_path = layout.report if layout.report.exists() else layout.failed_report
@@ -304,8 +302,6 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     from mlflow.models import infer_signature
     from mlflow.types import Schema, TensorSpec
 
-    from onnxcast.base.files import read_json
-
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
     family = report["selected"]["edge"]["family"]
@@ -325,8 +321,6 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     onnx_dir = layout.onnx_dir(family)
     fleet = is_fleet_report(report)
     if fleet:
-        from onnxcast.pipeline.config import PipelineConfig
-
         example = fleet_tracking.input_example(layout, PipelineConfig.load(layout.config).lookback)
     else:
         example = _holdout_example(layout)
@@ -386,8 +380,6 @@ def interval_tags(report: dict, family: str, levels: tuple[float, ...] | None) -
     fp32's holdout coverage of the 80% and 95% intervals and 95% MSIS (a fleet: means over
     series), what a later champion/challenger on ``msis`` reads when the champion is not
     evaluated again. None of them for a model without quantiles or a report without the figures."""
-    from onnxcast.base.contract import format_quantile_levels
-
     tags = {}
     if levels:
         tags["onnxcast.quantile_levels"] = format_quantile_levels(levels)
@@ -500,7 +492,6 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.data import SeriesData, split_by_time
     from onnxcast.pipeline.metrics import seasonal_naive
     from onnxcast.pipeline.validate import holdout_windows
@@ -510,7 +501,6 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     series = SeriesData.load(layout.data)
     split = split_by_time(len(series.values), cfg)
     holdout = holdout_windows(cfg, series, split)
-    from onnxcast.base.files import read_json
 
     # origins overlap (a stride below the horizon): plot back-to-back windows only
     keep, end = [], -1
@@ -589,8 +579,6 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_repor
     """A family's child run; ``fleet_report`` (the report of a fleet run) adds the fleet
     aggregates and tests as metrics and the family's per-series table as an artifact. Params,
     metrics and tags go in one batch (each MLflow call is a request the server authenticates)."""
-    from onnxcast.base.files import read_json
-
     family_dir = layout.family(family)
     entry = read_json(layout.validation(family))
     tags = {"onnxcast.gates_passed": str(entry["gates_passed"])}
@@ -611,8 +599,6 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_repor
 
 def family_params(layout: RunLayout, family: str) -> dict[str, Any]:
     """The params of a family's child run (and of its logged model): the model spec and its source."""
-    from onnxcast.base.files import read_json
-
     model_json = read_json(layout.model_json(family))
     params = {f"spec.{k}": v for k, v in model_json["spec"].items()}
     params["source"] = json.dumps(model_json.get("source", "trained")) if not isinstance(
@@ -623,8 +609,6 @@ def family_params(layout: RunLayout, family: str) -> dict[str, Any]:
 def family_metrics(layout: RunLayout, family: str, fleet_report: dict | None = None) -> dict[str, float]:
     """The metrics of a family's child run: torch's, each variant's holdout, intervals, latency,
     size, eligibility and parity, the training's; a fleet's aggregates and tests."""
-    from onnxcast.base.files import read_json
-
     entry = read_json(layout.validation(family))
     model_json = read_json(layout.model_json(family))
     metrics = {}
@@ -670,7 +654,6 @@ def _ensure_registered_model(client, name: str) -> None:
 def _holdout_example(layout: RunLayout):
     import numpy as np
 
-    from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.data import SeriesData, split_by_time
     from onnxcast.pipeline.validate import holdout_windows
 

@@ -21,8 +21,30 @@ import argparse
 import os
 import sys
 
-from onnxcast.base.errors import ConfigError, DataError, OnnxcastError
-from onnxcast.rollout.command import keys_command
+from onnxcast import __version__
+from onnxcast.base.errors import ConfigError, DataError, OnnxcastError, RefusedError
+from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
+from onnxcast.rollout.command import (
+    DEVICE_PROGRAM,
+    device_command,
+    keys_command,
+    program,
+    use_program,
+)
+from onnxcast.rollout.signing import (
+    generate_key,
+    kms_signer,
+    load_signers,
+    make_root,
+    parse_root,
+    read_public_key,
+    sign_root,
+    verify_next_root,
+    verify_self_signed,
+    write_public_key,
+)
+from onnxcast.rollout.store import open_store
+from onnxcast.rollout.trust import MAX_ROOT_BYTES, install_trust
 
 
 def add_keys_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -108,8 +130,6 @@ def edge_main(argv: list[str] | None = None) -> int:
     pull`` etc. still work), light imports only. The hints name ``onnxcast-edge`` while it runs,
     and the program the process had again after (a caller in the same process, as a test is,
     keeps its own name in later hints)."""
-    from onnxcast.rollout.command import DEVICE_PROGRAM, program, use_program
-
     previous = program()
     use_program(DEVICE_PROGRAM)  # hints name onnxcast-edge, the command this device has
     try:
@@ -119,9 +139,6 @@ def edge_main(argv: list[str] | None = None) -> int:
 
 
 def _edge_main(argv: list[str] | None) -> int:
-    from onnxcast import __version__
-    from onnxcast.rollout.command import DEVICE_PROGRAM
-
     parser = argparse.ArgumentParser(prog=DEVICE_PROGRAM, description="onnxcast device client: pull signed "
                                      "models from a rollout store, verify them and run them")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -164,9 +181,6 @@ def _silence_stdout() -> None:
 # --- handlers -----------------------------------------------------------------------------
 
 def run_keys_generate(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.command import device_command
-    from onnxcast.rollout.signing import generate_key
-
     files = generate_key(args.out, root_days=args.root_expires_days)
     print(f"wrote {files['private']} (private, mode 0600: keep it off workers), {files['public']} and "
           f"{files['root']} (install on devices: {device_command('trust --dest DEST --root ' + str(files['root']))})")
@@ -175,14 +189,6 @@ def run_keys_generate(args: argparse.Namespace) -> int:
 
 def run_keys_root(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from onnxcast.rollout.signing import (
-        load_signers,
-        make_root,
-        parse_root,
-        read_public_key,
-        sign_root,
-    )
 
     version = 1
     if args.previous:
@@ -200,12 +206,6 @@ def run_keys_root(args: argparse.Namespace) -> int:
 
 def run_keys_publish_root(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from onnxcast.base.errors import RefusedError
-    from onnxcast.rollout.command import keys_command
-    from onnxcast.rollout.signing import parse_root, verify_next_root, verify_self_signed
-    from onnxcast.rollout.store import open_store
-    from onnxcast.rollout.trust import MAX_ROOT_BYTES
 
     path = Path(args.root)
     data = _read_root_file(path)
@@ -237,8 +237,6 @@ def run_keys_publish_root(args: argparse.Namespace) -> int:
 
 
 def run_keys_kms_pub(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.signing import kms_signer, write_public_key
-
     out = write_public_key(args.out, kms_signer(args.key_id))
     print(f"wrote {out} (public key of KMS key {args.key_id})")
     return 0
@@ -290,8 +288,6 @@ def run_edge_predict(args: argparse.Namespace) -> int:
 
 
 def run_edge_trust(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.trust import install_trust
-
     version = install_trust(args.dest, args.root, replace=args.replace)
     print(f"{args.dest}: trusts root version {version} from {args.root}")
     return 0
@@ -299,9 +295,6 @@ def run_edge_trust(args: argparse.Namespace) -> int:
 
 def _read_root_file(path) -> bytes:
     """A trust root file the user names: a regular file of at most 1 MiB."""
-    from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
-    from onnxcast.rollout.trust import MAX_ROOT_BYTES
-
     try:
         return read_regular_file(path, what="trust root", limit=MAX_ROOT_BYTES)
     except UntrustedInputError as exc:

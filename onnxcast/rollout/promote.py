@@ -51,14 +51,22 @@ from onnxcast.base.errors import (
 )
 from onnxcast.base.files import sha256_bytes
 from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote
+from onnxcast.rollout.repository import PUBLISHED_CHANNELS, publish_model_repository
 from onnxcast.rollout.signing import (
     MANIFEST_ROLE,
     MANIFEST_TYPE,
     POINTER_ROLE,
     POINTER_TYPE,
+    TRUST_ENV,
+    check_root_fresh,
     expiry,
     load_signers,
+    parse_root,
     sign_envelope,
+    signers_root,
+    verify_envelope,
+    verify_next_root,
+    verify_self_signed,
 )
 from onnxcast.rollout.store import (
     MANIFEST,
@@ -70,6 +78,7 @@ from onnxcast.rollout.store import (
     open_store,
     signed_part,
 )
+from onnxcast.rollout.trust import check_signed_manifest, check_signed_pointer
 
 MAX_ROOT_BYTES = 1 << 20
 
@@ -626,13 +635,6 @@ class PublishedRoot:
 
     @classmethod
     def read(cls, store: RolloutStore, signers: Sequence = ()) -> PublishedRoot:
-        from onnxcast.rollout.signing import (
-            check_root_fresh,
-            parse_root,
-            signers_root,
-            verify_next_root,
-            verify_self_signed,
-        )
         versions = store.list_root_versions()
         if not versions:
             return cls(signers_root(signers), None, published=False)
@@ -689,8 +691,6 @@ class PublishedRoot:
 
     def verify(self, envelope: dict, role: str, expected_type: str, where: str) -> None:
         """The new ``envelope`` verifies as a device will verify it, else ConfigError, unwritten."""
-        from onnxcast.rollout.signing import verify_envelope
-
         if self.root is None:
             return
         try:
@@ -714,8 +714,6 @@ class PublishedRoot:
         (RefusedError, one line); with ``overwrite_unverified`` (``promote
         --overwrite-unverified-pointer``) it is kept only as the value to swap from: nothing of
         it (version, history, rollback record, counter) is used."""
-        from onnxcast.rollout.trust import check_signed_pointer
-
         if pointer.envelope is None or self.root is None:
             return pointer
         where = store.url(store.channel_key(model_name, channel))
@@ -754,8 +752,6 @@ class PublishedRoot:
         version): a pointer to a version signed by a key the root dropped would be refused by
         every device (promote that model again as a new version instead), and a manifest
         planted in the store is never read for its artifacts."""
-        from onnxcast.rollout.trust import check_signed_manifest
-
         if self.root is None:
             return
         where = store.url(store.version_key(model_name, version))
@@ -846,9 +842,6 @@ def _publish_model_repositories(store: RolloutStore, model_name: str, channels, 
     a rerun of the same promotion repairs a repository an earlier attempt left behind). The
     bytes come from a verified pull: against ``$ONNXCAST_TRUST`` when the worker has one, else
     against the public keys of the release keys that just signed."""
-    from onnxcast.rollout.repository import PUBLISHED_CHANNELS, publish_model_repository
-    from onnxcast.rollout.signing import TRUST_ENV, signers_root
-
     wanted = [c for c in channels if c in PUBLISHED_CHANNELS]
     if not wanted:
         return

@@ -32,7 +32,8 @@ from typing import Any
 
 from onnxcast.base.errors import ConfigError, RefusedError
 from onnxcast.base.files import sha256_bytes
-from onnxcast.rollout.command import device_command
+from onnxcast.base.untrusted import UntrustedInputError, loads_json, read_regular_file
+from onnxcast.rollout.command import device_command, keys_command
 
 SIGNING_KEY_ENV = "ONNXCAST_SIGNING_KEY"
 TRUST_ENV = "ONNXCAST_TRUST"
@@ -56,8 +57,6 @@ def load_signers(specs: str | Sequence[str] | None = None, *, option: str = "--s
     """Signers for ``specs`` (key file paths or ``awskms:KEY``; a comma-separated string is
     split), else from ``$ONNXCAST_SIGNING_KEY`` (unless not ``from_env``). ConfigError naming
     what is missing, with the running command's own option (``option``)."""
-    from onnxcast.rollout.command import keys_command
-
     if from_env and (specs is None or specs == [] or specs == ""):
         specs = os.environ.get(SIGNING_KEY_ENV, "")
     items = [] if specs is None else [specs] if isinstance(specs, str) else list(specs)
@@ -75,8 +74,6 @@ def load_signer(spec: str):
         return kms_signer(spec[len(KMS_PREFIX):])
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner
-
-    from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
 
     path = Path(spec).expanduser()
     try:  # a regular file of a few KB: --signing-key /dev/zero or a FIFO must not hang a writer
@@ -114,8 +111,6 @@ def public_key_of(signer) -> dict:
 def read_public_key(path: str | Path):
     """An SSlibKey from a ``.pub`` file written by ``keys generate`` / ``keys kms-pub``."""
     from securesystemslib.signer import Key
-
-    from onnxcast.base.untrusted import UntrustedInputError, loads_json, read_regular_file
 
     path = Path(path)
     try:
@@ -220,8 +215,6 @@ def signers_root(signers: Sequence):
 def parse_root(data: bytes, where: str):
     """A Metadata[Root] from bytes; RefusedError when it is not one."""
     from tuf.api.metadata import Metadata, Root
-
-    from onnxcast.base.untrusted import UntrustedInputError, loads_json
 
     try:  # bounded size and depth first: tuf's json.loads recurses on deep nesting
         loads_json(data, what=where)

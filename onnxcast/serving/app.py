@@ -23,6 +23,7 @@ from fastapi import (  # module level: FastAPI resolves the handlers' annotation
 
 from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME, QUANTILES_NAME
 from onnxcast.base.errors import ConfigError
+from onnxcast.serving import openapi
 from onnxcast.serving.batching import Batcher, NotReadyError
 from onnxcast.serving.model import ChannelFollower, ServedModel
 from onnxcast.serving.protocol import (
@@ -146,8 +147,6 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
     from fastapi.responses import JSONResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.exceptions import HTTPException as StarletteHTTPException
-
-    from onnxcast.serving import openapi
 
     metrics = Metrics(settings.model)
     follower = follower or ChannelFollower(

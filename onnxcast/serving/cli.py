@@ -10,6 +10,11 @@ import argparse
 import os
 from pathlib import Path
 
+from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import onnxcast_home
+from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
+from onnxcast.rollout.store import check_name
+
 
 def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     """Register ``serve`` on ``subparsers`` (from ``add_subparsers()``)."""
@@ -50,8 +55,6 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from onnxcast.base.files import onnxcast_home
-    from onnxcast.rollout.store import check_name
     from onnxcast.serving.app import TOKEN_ENV, ServeSettings, serve
 
     check_name("model", args.model)
@@ -73,9 +76,6 @@ def run_serve(args: argparse.Namespace) -> int:
 def _token(path: str | None, environment: str | None) -> str | None:
     """The bearer token from ``--token-file`` (first line, surrounding blanks dropped), else the
     environment; None when neither is set. The token is never echoed in an error."""
-    from onnxcast.base.errors import ConfigError
-    from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
-
     if path is None:
         return environment.strip() if environment and environment.strip() else None
     try:

@@ -96,7 +96,7 @@ class TestOneSeries:
 
     def test_merge_data_waits_for_every_shard_then_returns_the_planned_families(self, tmp_path):
         from onnxcast.airflow.operators import MergeDataOperator
-        from onnxcast.registry.champion import write_plan
+        from onnxcast.registry.plan import write_plan
 
         write_plan(tmp_path / "plan", [{"family": "nhits", "source": None, "role": "challenger"}])
         url, run = committed_run(tmp_path, {"plan.json": (tmp_path / "plan" / "plan.json").read_text()})

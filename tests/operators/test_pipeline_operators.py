@@ -87,7 +87,7 @@ class TestTrainOrFetchModelOperator:
 
     def test_fetch_from_a_folder_when_the_plan_names_a_source(self, run_dir, prepared_run):
         from onnxcast.airflow.operators import TrainOrFetchModelOperator
-        from onnxcast.registry.champion import write_plan
+        from onnxcast.registry.plan import write_plan
 
         write_plan(run_dir, [{"family": "lstm", "source": str(prepared_run / "models/lstm"), "role": "challenger"}])
         commit(run_dir)

@@ -352,11 +352,13 @@ class TestSupersededAndFailed:
 
     @staticmethod
     def report(monkeypatch, xcoms: dict, aliases: dict, serving: str = "4"):
+        import onnxcast.registry.release as release
         import onnxcast.registry.tracking as tracking
         from onnxcast.airflow.rollout import ReportRolloutOperator
 
         registry = RecordingRegistry(aliases)
-        monkeypatch.setattr(tracking, "client_for", lambda uri: registry)
+        for module in (tracking, release):  # where the operator and the release look the client up
+            monkeypatch.setattr(module, "client_for", lambda uri: registry)
         op = with_hook(ReportRolloutOperator(task_id="report_back", model_name="demand", ref="5", channels=["edge"],
                                              source="registry", alias="edge"))
         monkeypatch.setattr(op, "_serving", lambda channel: serving)

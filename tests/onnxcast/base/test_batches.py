@@ -16,7 +16,7 @@ def session(tmp_path_factory):
 
     from onnxcast.pipeline.export import export_onnx
     from onnxcast.pipeline.models import ModelSpec, build_model
-    from onnxcast.pipeline.validate import onnx_session
+    from onnxcast.pipeline.sessions import onnx_session
 
     torch.manual_seed(0)
     spec = ModelSpec(family="dlinear", n_features=1, horizon=6, lookback=24, season=12, seasons=(12,),

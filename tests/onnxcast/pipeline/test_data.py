@@ -6,13 +6,14 @@ from onnxcast.base.errors import DataError
 from onnxcast.pipeline.config import PipelineConfig, QualitySettings
 from onnxcast.pipeline.data import (
     SeriesData,
-    season_for_freq,
+    parse_utc,
     series_from_checked,
     split_by_time,
     utc_iso,
     windows,
 )
 from onnxcast.pipeline.quality import check_data
+from onnxcast.pipeline.seasons import season_for_freq
 
 SMALL = {"lookback": 24, "horizon": 6}
 
@@ -117,6 +118,14 @@ def test_split_and_dataset_timestamps_are_utc_with_z():
     assert utc_iso(stamps[0]) == "2024-03-01T00:00:00Z"
 
 
+def test_parse_utc_reads_what_utc_iso_writes_and_converts_offsets():
+    """One pair of helpers for report and metadata timestamps (the monitor reads trained_until)."""
+    moment = np.datetime64("2024-03-01T05:00:00", "ns")
+    assert parse_utc(utc_iso(moment)) == moment
+    assert parse_utc("2024-03-01T07:00:00+02:00") == moment == parse_utc("2024-03-01T05:00:00")
+    assert parse_utc("2024-03-01").dtype == np.dtype("datetime64[ns]")
+
+
 def test_repairs_only_on_request(tmp_path):
     frame = hourly().drop(index=[20, 21])
     path = write_csv(tmp_path, frame)
@@ -179,7 +188,7 @@ def test_reads_from_s3_over_http(s3_bucket, tmp_path):
                                                ("W-SUN", (52,)), ("MS", (12,)), ("QS", (4,)), ("YS", (1,)),
                                                ("B", (5, 260)), ("2h", (12, 84))])
 def test_every_seasonality_the_frequency_implies(freq, seasons):
-    from onnxcast.pipeline.data import seasons_for_freq
+    from onnxcast.pipeline.seasons import seasons_for_freq
 
     assert seasons_for_freq(freq) == seasons
     assert seasons[0] == season_for_freq(freq)

@@ -1,18 +1,12 @@
-"""Rolling origins over every phase, hard baselines, the statistical reference, intervals and
-paired tests (onnxcast.pipeline.evaluation)."""
+"""Rolling origins over every phase, hard baselines and the statistical reference
+(onnxcast.pipeline.evaluation; its tests and intervals: test_significance.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from onnxcast.pipeline.evaluation import (
-    MIN_PAIRED_ORIGINS,
-    evaluate_baselines,
-    holdout_origins,
-    mae_interval,
-    paired_test,
-)
+from onnxcast.pipeline.evaluation import evaluate_baselines, holdout_origins
 
 
 def hourly_with_weekly_cycle(n: int = 24 * 7 * 12, seed: int = 0) -> np.ndarray:
@@ -30,29 +24,6 @@ def test_origins_visit_every_hour_of_the_day_and_stay_bounded():
     assert set(origins.index % 24) == set(range(24))  # not 12 origins at one time of day
     assert len(origins.index) <= 150 and origins.index[-1] + 24 <= 4000
     assert origins.block == int(np.ceil(24 / origins.stride))
-
-
-def test_an_interval_covers_the_mean_and_narrows_with_more_origins():
-    rng = np.random.default_rng(1)
-    few, many = rng.normal(10, 2, 30), rng.normal(10, 2, 600)
-    low, high = mae_interval(few, block=3)
-    assert low < few.mean() < high
-    low2, high2 = mae_interval(many, block=3)
-    assert (high2 - low2) < (high - low)
-
-
-def test_paired_test_separates_a_real_difference_from_noise():
-    rng = np.random.default_rng(2)
-    shared = 50 + 20 * np.sin(np.arange(120) / 4.0)  # hard and easy stretches both models share
-    a = shared + rng.normal(0, 1, 120)
-    better = paired_test(a - 2.0, a, block=5)
-    assert better["significant"] and better["mean_diff"] < 0 and better["p_value"] < 0.01
-    noise = paired_test(shared + rng.normal(0, 5, 120), shared + rng.normal(0, 5, 120), block=5)
-    assert not noise["significant"] and noise["p_value"] > 0.05
-    same = paired_test(a, a, block=5)
-    assert same["p_value"] == 1.0 and not same["significant"]
-    short = paired_test(a[:MIN_PAIRED_ORIGINS - 1] - 5, a[:MIN_PAIRED_ORIGINS - 1], block=1)
-    assert not short["significant"] and "fewer than" in short["note"]
 
 
 def test_the_best_baseline_is_the_weekly_one_on_weekly_data_and_the_reference_runs():

@@ -7,7 +7,7 @@ from onnxcast.base.contract import opset_of, read_metadata, signature
 from onnxcast.base.errors import ExportError
 from onnxcast.pipeline.export import export_onnx, io_contract_problems
 from onnxcast.pipeline.models import ModelSpec, build_model
-from onnxcast.pipeline.validate import onnx_session
+from onnxcast.pipeline.sessions import onnx_session
 
 META = {"model_family": "x", "lookback": 48, "horizon": 12, "freq": "h", "target": "load",
         "features": "temp", "precision": "fp32", "trained_until": "2024-01-01T00:00:00Z",

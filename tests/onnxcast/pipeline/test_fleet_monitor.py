@@ -115,13 +115,14 @@ class TestHealthyFleet:
         served file: the same numbers as the pipeline's evaluation."""
         import pandas as pd
 
+        from onnxcast.pipeline.data import parse_utc
         from onnxcast.pipeline.fleet_monitor import _runner, read_fleet
-        from onnxcast.pipeline.monitor import _as_datetime64, _open_session
+        from onnxcast.pipeline.sessions import open_model
 
         cfg, fleet, _ = read_fleet(deployed["report"], None, tmp_path)
-        cut = _as_datetime64(TRAINED_UNTIL)
+        cut = parse_utc(TRAINED_UNTIL)
         first = np.array([np.searchsorted(fleet.timestamps(i), cut, side="right") for i in range(fleet.n_series)])
-        session, _ = _open_session(deployed["model"])
+        session, _ = open_model(deployed["model"])
         ours, source = holdout_per_series(cfg, fleet, first, deployed["variant"], _runner(session), cfg.lookback, None)
         table = pd.read_parquet(deployed["table"]).set_index("series")
         assert source == "recomputed" and sorted(ours) == sorted(table.index)

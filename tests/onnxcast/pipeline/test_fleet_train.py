@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from onnxcast.base.contract import read_metadata
+from onnxcast.pipeline.checkpoint import load_model
 from onnxcast.pipeline.config import MODEL_FAMILIES, PipelineConfig
 from onnxcast.pipeline.fleet_data import FleetData, split_fleet
 from onnxcast.pipeline.fleet_train import (
@@ -20,7 +21,7 @@ from onnxcast.pipeline.fleet_train import (
 )
 from onnxcast.pipeline.metrics import mase_scale
 from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
-from onnxcast.pipeline.run import export_family, load_model
+from onnxcast.pipeline.run import export_family
 from onnxcast.pipeline.training import train_sampled, weighted_loss
 from tests.real_panels import load_panel
 

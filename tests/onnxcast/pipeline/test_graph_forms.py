@@ -89,7 +89,7 @@ def test_int8_keeps_the_seasonal_naive_anchor_exact(tmp_path):
     the anchor, not the anchor rounded to 256 levels of the window's range."""
     from onnxcast.pipeline.export import export_onnx
     from onnxcast.pipeline.optimize import make_variants
-    from onnxcast.pipeline.validate import onnx_session
+    from onnxcast.pipeline.sessions import onnx_session
 
     spec = ModelSpec(family="lstm", n_features=1, horizon=24, lookback=168, season=24, seasons=(24, 168))
     model = build_model(spec, np.array([1000.0]), np.array([100.0])).eval()

@@ -5,7 +5,7 @@ import torch
 from onnxcast.pipeline.config import MODEL_FAMILIES
 from onnxcast.pipeline.metrics import seasonal_naive
 from onnxcast.pipeline.models import WINDOW_FAMILIES, ModelSpec, build_model
-from onnxcast.pipeline.run import model_seasons
+from onnxcast.pipeline.seasons import model_seasons
 
 FAMILIES = list(MODEL_FAMILIES)
 

@@ -72,6 +72,25 @@ class TestHealthyModelOnNewDataOfTheSameProcess:
         assert result["drift"] == [], result["drift_check"]["checks"]
         assert reasons(result) == []
 
+    def test_the_served_file_runs_on_one_thread_without_spinning(self, deployed, tmp_path, monkeypatch):
+        """Issue 31: the monitor opens the served file as every pipeline step does
+        (sessions.onnx_session); it used to leave ORT's spinning threads on (ORT#13808)."""
+        import onnxruntime as ort
+
+        opened, real = [], ort.InferenceSession
+
+        def recording(*args, **kwargs):
+            session = real(*args, **kwargs)
+            opened.append(session.get_session_options())
+            return session
+
+        monkeypatch.setattr(ort, "InferenceSession", recording)
+        judge(deployed, tmp_path)
+        assert opened, "the monitor opened no ONNX Runtime session"
+        for options in opened:
+            assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+            assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+
     def test_figures_beside_the_holdouts_own(self, deployed, tmp_path):
         result = judge(deployed, tmp_path)
         report = deployed["report"]
@@ -201,7 +220,7 @@ class TestDriftSuiteOnHourlyDemand:
     def demand(self, tmp_path_factory) -> str:
         import pandas as pd
 
-        from onnxcast.pipeline.data import example_data_path
+        from onnxcast.pipeline.config import example_data_path
 
         frame = pd.read_csv(example_data_path())
         frame["yesterday"] = frame["y"].shift(24)
@@ -219,7 +238,7 @@ class TestDriftSuiteOnHourlyDemand:
         return check_data(cfg, tmp_path / "quality").series
 
     def test_the_next_weeks_do_not_drift(self, demand, tmp_path):
-        from onnxcast.pipeline.monitor import check_drift
+        from onnxcast.pipeline.drift import check_drift
 
         series = self.series(demand, tmp_path)
         first = len(series.values) - 24 * 14  # two weeks after training
@@ -229,7 +248,7 @@ class TestDriftSuiteOnHourlyDemand:
     def test_a_shifted_feature_is_named_alone(self, demand, tmp_path):
         import pandas as pd
 
-        from onnxcast.pipeline.monitor import check_drift
+        from onnxcast.pipeline.drift import check_drift
 
         frame = pd.read_csv(demand)
         first = len(frame) - 24 * 14

@@ -42,7 +42,7 @@ def variants(request, tmp_path_factory) -> tuple[str, dict[str, Path]]:
 
 
 def _session(path: Path):
-    from onnxcast.pipeline.validate import onnx_session
+    from onnxcast.pipeline.sessions import onnx_session
 
     return onnx_session(path, threads=1)
 

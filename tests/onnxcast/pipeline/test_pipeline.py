@@ -12,7 +12,7 @@ from onnxcast.base.errors import ConfigError, GateError
 from onnxcast.base.files import sha256_file
 from onnxcast.pipeline.report import validate_report
 from onnxcast.pipeline.run import run_pipeline
-from onnxcast.pipeline.validate import onnx_session
+from onnxcast.pipeline.sessions import onnx_session
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +25,15 @@ def test_report_follows_the_contract(tiny_run):
     assert [m["family"] for m in report["models"]] == ["lstm", "transformer", "nhits", "dlinear"]
     assert report["dataset"]["rows"] == 2284 and report["dataset"]["freq"].startswith("W-")
     assert report["split"]["holdout_end"].startswith("2001-12-29T00:00")
+
+
+def test_key_figures_match_the_golden_report(tiny_run):
+    """Gates, baselines, origins, family choice and holdout MAEs of the tiny run are those of
+    tests/golden/tiny-run.json (issue 31: a refactor that moves a number fails here)."""
+    from golden_reports import assert_matches_golden, key_figures
+
+    _, report = tiny_run
+    assert_matches_golden(key_figures(report), "tiny-run")
 
 
 def test_every_family_passes_parity_at_several_shapes_and_beats_the_baseline(tiny_run):
@@ -68,7 +77,8 @@ def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
 def test_onnx_forecast_equals_the_reported_holdout_accuracy(tiny_run):
     """Re-run the selected model on the holdout windows: the same MAE as in the report."""
     from onnxcast.pipeline.data import SeriesData, split_by_time
-    from onnxcast.pipeline.validate import holdout_metrics, holdout_windows, onnx_predict
+    from onnxcast.pipeline.sessions import onnx_predict
+    from onnxcast.pipeline.validate import holdout_metrics, holdout_windows
 
     cfg, report = tiny_run
     series = SeriesData.load(Path(cfg.out_dir) / "data")

@@ -16,7 +16,8 @@ from corpus.bad_inputs import BAD_INPUTS, GOOD_INPUTS, Case, edit
 from onnxcast.base.errors import DataError, DataQualityError
 from onnxcast.pipeline.config import PipelineConfig, QualitySettings
 from onnxcast.pipeline.data import split_by_time
-from onnxcast.pipeline.quality import REPORT_HTML, RESULT_JSON, check_data, min_rows
+from onnxcast.pipeline.expectations import REPORT_HTML, RESULT_JSON
+from onnxcast.pipeline.quality import check_data, min_rows
 
 CHROMIUM = "/usr/bin/chromium"
 

@@ -145,7 +145,7 @@ def test_the_model_name_pattern_is_the_rollout_stores():
 
 
 def test_example_is_the_built_in_data_and_anything_else_itself():
-    from onnxcast.pipeline.data import example_data_path
+    from onnxcast.pipeline.config import example_data_path
 
     assert data_source(EXAMPLE_DATA) == example_data_path()
     assert data_source("s3://bucket/example") == "s3://bucket/example"

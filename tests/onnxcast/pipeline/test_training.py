@@ -107,7 +107,8 @@ def _example_windows(lookback=168, horizon=24, rows=1900, train_end=1500):
     validation windows of its first ``rows`` hours."""
     import pandas as pd
 
-    from onnxcast.pipeline.data import example_data_path, windows
+    from onnxcast.pipeline.config import example_data_path
+    from onnxcast.pipeline.data import windows
 
     values = pd.read_csv(example_data_path())["y"].to_numpy(np.float32)[:rows, None]
     train = windows(values, lookback, horizon, 0, train_end)[:2]

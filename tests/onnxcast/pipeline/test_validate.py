@@ -5,13 +5,8 @@ import torch
 from onnxcast.pipeline.export import export_onnx
 from onnxcast.pipeline.intervals import coverage_failures
 from onnxcast.pipeline.models import ModelSpec, build_model
-from onnxcast.pipeline.validate import (
-    check_parity,
-    measure_latency,
-    onnx_session,
-    parity_shapes,
-    torch_runner,
-)
+from onnxcast.pipeline.sessions import onnx_session
+from onnxcast.pipeline.validate import check_parity, measure_latency, parity_shapes, torch_runner
 
 META = {"model_family": "lstm", "lookback": 16, "horizon": 4, "freq": "h", "target": "y", "features": "",
         "precision": "fp32", "trained_until": "t", "dataset_sha256": "s"}

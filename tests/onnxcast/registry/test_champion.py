@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from run_fixtures import tiny_lstm_run, tiny_lstm_run_copy  # noqa: F401  (fixtures)
 
-from onnxcast.registry.champion import PlanError, decide, plan_entry, write_plan
+from onnxcast.registry.champion import decide
+from onnxcast.registry.plan import PlanError, plan_entry, write_plan
 
 
 def per_origin(mae: float, noise: float, n: int = 100, seed: int = 0) -> list[float]:

@@ -70,6 +70,42 @@ def test_a_worse_or_equal_challenger_keeps_the_champion(registry, tmp_path):
     assert noisy["promote"] is False and "not significantly" in noisy["reason"]
 
 
+def _blow_up(run: Path, family: str, series: int) -> None:
+    """The challenger's fp32 MASE infinite on its first ``series`` series (a forecast that blew up)."""
+    import numpy as np
+    import pandas as pd
+
+    path = run / "models" / family / "per_series.parquet"
+    table = pd.read_parquet(path)
+    table.loc[: series - 1, "fp32.mase"] = np.inf
+    table.to_parquet(path, index=False)
+
+
+def test_the_paired_test_leaves_out_non_finite_series_and_counts_the_finite_ones(registry, tmp_path):
+    """Issue 31 (T16): the champion decision tests across series as the pipeline does
+    (significance.paired_across_series): a series with an infinite MASE is left out, not
+    turned into a NaN p-value that keeps the champion whatever the other series say, and the
+    minimum of paired series counts the finite pairs."""
+    from onnxcast.pipeline.significance import MIN_PAIRED_SERIES
+    from onnxcast.registry.champion import decide
+
+    uri, champion_run, version = registry
+    run = challenger_run(tmp_path / "one", champion_run, version, 0.7)
+    _blow_up(run, "dlinear", 1)
+    decision = decide(run, tracking_uri=uri)
+    test = decision["paired_test"]
+    assert test["series"] == test["origins"] == 59 and test["min_series"] == MIN_PAIRED_SERIES
+    assert test["p_value"] < 0.05 and test["significant"] and test["robust_p"] < 0.05
+    assert decision["promote"] is True and "on 59 paired series" in decision["reason"], decision["reason"]
+    assert decision["comparison"] == "paired across 59 series (this run's series and origins)"
+
+    few = challenger_run(tmp_path / "few", champion_run, version, 0.7)
+    _blow_up(few, "dlinear", 60 - (MIN_PAIRED_SERIES - 1))
+    decision = decide(few, tracking_uri=uri)
+    assert decision["paired_test"]["series"] == MIN_PAIRED_SERIES - 1 and decision["paired_test"]["p_value"] is None
+    assert decision["promote"] is False and "fewer than" in decision["reason"], decision["reason"]
+
+
 def test_without_a_local_table_the_champion_table_comes_from_mlflow(registry, tmp_path):
     from onnxcast.registry.champion import decide
 

@@ -176,7 +176,7 @@ class TestInspect:
 
 class TestPredict:
     def test_equals_the_pipelines_forecast_for_the_same_window(self, store_uri, make_run, tmp_path, history_csv):
-        from onnxcast.pipeline.validate import onnx_predict, onnx_session
+        from onnxcast.pipeline.sessions import onnx_predict, onnx_session
 
         report = make_run("a")
         promote(report, store_uri, "m", "edge")

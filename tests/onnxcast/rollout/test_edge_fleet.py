@@ -79,7 +79,7 @@ def _write(frame, path, *, shuffle: bool = True, extra: bool = True):
 def _expected(frame, onnx_path):
     """What a user computes by hand: each series ordered by time, its newest LOOKBACK values,
     edge-padded with its first value, one ORT run of the whole batch."""
-    from onnxcast.pipeline.validate import onnx_predict, onnx_session
+    from onnxcast.pipeline.sessions import onnx_predict, onnx_session
 
     ids, histories, last = [], [], []
     for series, part in frame.groupby("unique_id", sort=False):
