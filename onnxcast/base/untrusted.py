@@ -21,6 +21,8 @@ from typing import Any
 MAX_JSON_DEPTH = 64
 # Metadata (pointers, manifests, trust roots, model.json) is a few KB; 8 MiB is generous.
 MAX_METADATA_BYTES = 8 * 1024 * 1024
+# A pipeline's report.json (a fleet's holds aggregates, its per-series tables are Parquet files).
+MAX_REPORT_BYTES = 64 * 1024**2
 # Longest name quoted in an error message (column names, series ids, values).
 MAX_QUOTED = 60
 # A series id (a fleet's series column) is written back in outputs (report.json, shards.json,

@@ -28,6 +28,7 @@ from onnxcast.base.files import replacing, sha256_file, write_json
 from onnxcast.base.s3 import ReadWords, S3Settings, get_object_bytes, split_s3_uri
 from onnxcast.base.untrusted import (
     MAX_METADATA_BYTES,
+    MAX_REPORT_BYTES,
     UntrustedInputError,
     loads_json,
     quote,
@@ -51,7 +52,6 @@ MODEL_FILE = "model.pt"
 SPEC_FILE = "model.json"
 # model.pt of the largest model the settings allow (50 M float32 parameters) is 200 MB
 MAX_WEIGHTS_BYTES = 1024**3
-MAX_REPORT_BYTES = 64 * 1024**2
 # The fields of a ModelSpec in model.json: (type, low, high). Sizes share the pipeline's
 # ranges (onnxcast.pipeline.config.RANGES), so a fetched model is never larger than a trained one.
 _SPEC_INTS = ("n_features", "horizon", "lookback", "hidden_size", "num_layers", "d_model", "n_heads", "season")

@@ -22,9 +22,14 @@ from typing import Any
 
 from onnxcast.base.errors import DataError, DataQualityError
 from onnxcast.base.files import onnxcast_home, sha256_bytes
-from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, read_regular_file
+from onnxcast.base.untrusted import (
+    MAX_REPORT_BYTES,
+    UntrustedInputError,
+    loads_json,
+    quote,
+    read_regular_file,
+)
 from onnxcast.pipeline.config import EXAMPLE_DATA, PipelineConfig
-from onnxcast.registry.fetch import MAX_REPORT_BYTES
 from onnxcast.registry.tracking import (
     REPORT_SHA_TAG,
     ROLE_TAG,

@@ -50,7 +50,13 @@ from onnxcast.base.errors import (
     VerificationError,
 )
 from onnxcast.base.files import sha256_bytes
-from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote
+from onnxcast.base.untrusted import (
+    MAX_REPORT_BYTES,
+    UntrustedInputError,
+    loads_json,
+    quote,
+    read_regular_file,
+)
 from onnxcast.rollout.repository import PUBLISHED_CHANNELS, publish_model_repository
 from onnxcast.rollout.signing import (
     MANIFEST_ROLE,
@@ -466,20 +472,19 @@ def plan_version(report_path: str | Path, channels: Sequence[str] | str, version
 
 
 def load_report(report_path: str | Path) -> tuple[Path, dict, bytes]:
-    """(path, parsed report, raw bytes) of report.json or the folder holding it."""
+    """(path, parsed report, raw bytes) of report.json or the folder holding it: a regular file
+    of at most MAX_REPORT_BYTES, nested at most MAX_JSON_DEPTH levels (100,000 nested brackets
+    raised RecursionError through json.loads)."""
     path = Path(report_path)
     if path.is_dir():
         path = path / REPORT
+    if not path.exists() and not path.is_symlink():
+        raise ReportError(f"{path}: report not found")
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ReportError(f"{path}: report not found") from None
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read the report ({exc.strerror})") from None
-    try:
-        report = json.loads(raw)
-    except ValueError as exc:
-        raise ReportError(f"{path}: not valid JSON ({exc})") from None
+        raw = read_regular_file(path, what="report", limit=MAX_REPORT_BYTES)
+        report = loads_json(raw, what=f"report {str(path)!r}", limit=MAX_REPORT_BYTES)
+    except UntrustedInputError as exc:
+        raise ReportError(str(exc)) from None
     if not isinstance(report, dict) or not isinstance(report.get("models"), list):
         raise ReportError(f"{path}: not a pipeline report (no 'models' list)")
     return path, report, raw

@@ -4,6 +4,7 @@ promotions, crashes midway, reruns, immutability, bad input and the CLI."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -234,8 +235,24 @@ class TestBadInput:
 
     def test_not_json(self, tmp_path):
         (tmp_path / "report.json").write_text("{")
-        with pytest.raises(ReportError, match="report.json: not valid JSON"):
+        with pytest.raises(ReportError, match="report.json' is not valid JSON"):
             promote(tmp_path, str(tmp_path / "store"), "m", "edge")
+
+    @pytest.mark.parametrize("hostile, message", [
+        (lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "nested deeper than 64 levels"),
+        (lambda p: os.mkfifo(p), "is not a regular file (a FIFO)"),
+    ], ids=["deep", "fifo"])
+    def test_a_hostile_report_file_is_one_line_through_the_command(self, tmp_path, capsys, hostile, message):
+        """`onnxcast promote --report` reads the report as untrusted input: 100,000 nested
+        brackets gave a RecursionError traceback, a FIFO would block the read."""
+        from onnxcast import cli
+
+        hostile(tmp_path / "report.json")
+        code = cli.main(["promote", "--report", str(tmp_path / "report.json"), "--store", str(tmp_path / "store"),
+                         "--model", "m", "--channel", "edge"])
+        err = capsys.readouterr().err
+        assert code == 1 and message in err and "Traceback" not in err, err  # 1: a report error (README)
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "store").exists()
 
     def test_unknown_channel(self, tmp_path, make_run):
         with pytest.raises(ReportError, match=r"unknown channel\(s\) \['staging'\]; the report selects \['cloud', 'edge'\]"):
