@@ -52,12 +52,14 @@ STACK_TESTS := tests/stack
 PYTEST := CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q --durations=25
 test: $(STAMP) $(INFRA_STAMP) browser
 ifeq ($(strip $(PYTEST_ARGS)),)
-	@status=0; log=$$(mktemp); \
-	$(PYTEST) $(STACK_TESTS) > $$log 2>&1 & stack=$$!; \
+	@status=0; log=$$(mktemp); start=$$(date +%s); \
+	{ $(PYTEST) $(STACK_TESTS); echo "=== $(STACK_TESTS) took $$(( $$(date +%s) - start )) s ==="; } > $$log 2>&1 & stack=$$!; \
 	trap 'kill $$stack 2>/dev/null; rm -f $$log' INT TERM; \
 	$(PYTEST) -n 2 --dist loadfile --ignore=$(STACK_TESTS) || status=$$?; \
+	echo "=== everything but $(STACK_TESTS) took $$(( $$(date +%s) - start )) s ==="; \
 	wait $$stack || status=$$?; \
 	echo "=== $(STACK_TESTS), run alongside the rest ==="; cat $$log; rm -f $$log; \
+	echo "=== make test took $$(( $$(date +%s) - start )) s after install ==="; \
 	exit $$status
 else
 	$(PYTEST) $(PYTEST_ARGS)
