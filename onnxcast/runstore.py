@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import socket
 import time
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from onnxcast.base import environment
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.base.files import sha256_bytes, write_bytes_atomic
 from onnxcast.base.s3 import (
@@ -371,4 +371,4 @@ def _confined(root: Path, relative: str) -> Path:
 
 
 def _hostname() -> str:
-    return os.environ.get("ONNXCAST_WORKER_HOSTNAME") or socket.getfqdn()
+    return environment.get("ONNXCAST_WORKER_HOSTNAME") or socket.getfqdn()

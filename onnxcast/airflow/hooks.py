@@ -1,8 +1,8 @@
 """Hooks: Airflow connections turned into the settings the onnxcast library takes.
 
 ``mlflow_default``: the tracking URI in ``host`` (``http://mlflow:5000``) or in the extra
-``{"tracking_uri": ...}``; ``login``/``password`` become MLflow's basic-auth variables;
-the extra ``ui_url`` sets the link shown on tasks. ``aws_default``: an Amazon provider
+``{"tracking_uri": ...}``; ``login``/``password`` become MLflow's basic-auth variables
+(:meth:`MlflowHook.login`); the extra ``ui_url`` sets the link shown on tasks. ``aws_default``: an Amazon provider
 ``aws`` connection, resolved by its ``AwsBaseHook`` (access keys in ``login``/``password``,
 or an instance/pod role; ``role_arn`` in the extra to assume a role; ``endpoint_url`` and
 ``region_name`` in the extra), plus onnxcast's ``sse``/``sse_kms_key_id`` extras for the
@@ -16,30 +16,43 @@ deployment (onnxcast.airflow.settings) it fails the task, naming the connection.
 
 from __future__ import annotations
 
-import os
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
+from onnxcast.base import environment
 from onnxcast.base.s3 import S3Settings, make_client
+
+# MLflow reads a basic-auth login only from these variables (or ~/.mlflow/credentials), again on
+# every request (mlflow.utils.credentials.get_default_host_creds): no client takes it as an argument.
+MLFLOW_LOGIN_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 
 
 class MlflowHook(BaseHook):
-    """Where MLflow is, from the ``mlflow_default`` connection (or the embedded default)."""
+    """Where MLflow is, from the ``mlflow_default`` connection (or the embedded default).
+
+    The connection's login reaches MLflow through its environment variables, the only way MLflow
+    takes one: inside ``with hook.login():`` (restored after: the triggerer runs many triggers in
+    one process), or, with ``export_login`` (a task: one process per try, Airflow's task runner),
+    for the rest of the task's process once the settings are read."""
 
     conn_name_attr = "mlflow_conn_id"
     default_conn_name = "mlflow_default"
     conn_type = "mlflow"
     hook_name = "MLflow (onnxcast)"
 
-    def __init__(self, mlflow_conn_id: str | None = default_conn_name) -> None:
+    def __init__(self, mlflow_conn_id: str | None = default_conn_name, *, export_login: bool = True) -> None:
         super().__init__()
         self.mlflow_conn_id = mlflow_conn_id
+        self.export_login = export_login
         self._settings: dict[str, Any] | None = None
+        self._login: dict[str, str | None] | None = None
 
     def get_settings(self) -> dict[str, Any]:
-        """``{"tracking_uri", "ui_url"}``; sets MLflow's auth variables when the connection has a login."""
+        """``{"tracking_uri", "ui_url"}``; with ``export_login``, the connection's login set where
+        MLflow reads it, for the rest of this (task) process."""
         if self._settings is not None:
             return self._settings
         from onnxcast.registry.tracking import bound_requests, default_tracking_uri
@@ -52,10 +65,17 @@ class MlflowHook(BaseHook):
         extra = conn.extra_dejson
         uri = extra.get("tracking_uri") or _uri_from(conn) or default_tracking_uri()
         if conn.login:
-            os.environ["MLFLOW_TRACKING_USERNAME"] = conn.login
-            os.environ["MLFLOW_TRACKING_PASSWORD"] = conn.password or ""
+            self._login = dict(zip(MLFLOW_LOGIN_VARIABLES, (conn.login, conn.password or ""), strict=True))
+            if self.export_login:
+                environment.export_for_this_process(self._login)
         self._settings = {"tracking_uri": uri, "ui_url": extra.get("ui_url")}
         return self._settings
+
+    def login(self) -> AbstractContextManager[None]:
+        """A block in which MLflow calls authenticate as the connection's login (nothing when it
+        has none); MLflow's login variables are put back as they were after it."""
+        self.get_settings()
+        return environment.scoped(self._login) if self._login else nullcontext()
 
     @property
     def tracking_uri(self) -> str:

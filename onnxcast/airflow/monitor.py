@@ -14,7 +14,6 @@ are the deployed version's training settings (``trained_until`` empty: newer dat
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from onnxcast.airflow.links import persist_mlflow_run_url
 from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.steps import TrackedOperator, readable
+from onnxcast.base import environment
 from onnxcast.base.errors import OnnxcastError
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class MonitorChannelsOperator(TrackedOperator):
         from onnxcast.rollout.signing import TRUST_ENV
 
         given = None if self.trust in (None, "", "None") else str(self.trust)
-        given = given or os.environ.get(TRUST_ENV)
+        given = given or environment.get(TRUST_ENV)
         if given is None and embedded() and not store_configured(self.store_uri):
             root = development_keys_dir() / "root.json"
             return str(root) if root.exists() else None

@@ -15,7 +15,6 @@ else a missing key fails the task.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from onnxcast.airflow.steps import TrackedOperator, as_bool, load_config, readable, run_key
+from onnxcast.base import environment
 from onnxcast.base.errors import ConfigError, GateError, OnnxcastError
 from onnxcast.base.files import onnxcast_home
 
@@ -59,7 +59,7 @@ class _StoreOperator(TrackedOperator):
         from onnxcast.rollout.signing import SIGNING_KEY_ENV, development_key, load_signers
 
         spec = None if self.signing_key in (None, "", "None") else str(self.signing_key)
-        spec = spec or os.environ.get(SIGNING_KEY_ENV) or None
+        spec = spec or environment.get(SIGNING_KEY_ENV)
         try:
             if spec is None and embedded() and not store_configured(self.store_uri):
                 path, created = development_key(development_keys_dir())

@@ -1,16 +1,10 @@
-"""Deployment settings of the onnxcast tasks: the mode, the run store, the rollout store.
+"""Deployment settings of the onnxcast tasks: the mode, the run store, the rollout store, the
+channel aliases, the alias watcher's poll and the retry delay.
 
-Each comes from the first of: the DAG param (when the DAG has one), the environment
-variable, the ``[onnxcast]`` section of airflow.cfg (``AIRFLOW__ONNXCAST__*`` works too):
-
-| setting    | environment          | airflow.cfg              | embedded default            |
-|------------|----------------------|--------------------------|-----------------------------|
-| mode       | ``ONNXCAST_MODE``    | ``[onnxcast] mode``      | (unset means ``deployed``)  |
-| run store  | ``ONNXCAST_RUN_ROOT``| ``[onnxcast] run_root``  | ``$ONNXCAST_HOME/runs``     |
-| rollout    | ``ONNXCAST_STORE_URI``| ``[onnxcast] store_uri``| ``$ONNXCAST_HOME/rollout``  |
-| channel aliases | ``ONNXCAST_CHANNEL_ALIASES`` | ``[onnxcast] channel_aliases`` | ``edge=edge,cloud=cloud`` |
-| registry poll | ``ONNXCAST_REGISTRY_POLL_SECONDS`` | ``[onnxcast] registry_poll_seconds`` | ``15`` |
-| retry delay | ``ONNXCAST_RETRY_DELAY_SECONDS`` | ``[onnxcast] retry_delay_seconds`` | each DAG's own (1-5 min) |
+Each comes from the first of: the DAG param (when the DAG has one), the environment variable,
+the ``[onnxcast]`` section of airflow.cfg (``AIRFLOW__ONNXCAST__*`` works too). The variables,
+their airflow.cfg keys and their defaults are declared in onnxcast.base.environment (the table:
+docs/environment.md, "The Airflow deployment").
 
 The channel aliases (``channel=alias``, comma-separated) are the MLflow registry aliases the
 alias watcher (onnxcast.airflow.triggers) reads as "deploy this version to that channel";
@@ -25,30 +19,32 @@ it, instead of silently writing to the disk of whichever worker ran the task.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from onnxcast.base import environment
+from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import onnxcast_home
 
 EMBEDDED = "embedded"
 DEPLOYED = "deployed"
 
 
-def _setting(env: str, key: str) -> str | None:
-    value = os.environ.get(env)
+def _setting(name: str) -> str | None:
+    """The text of the environment variable ``name``, else of its ``[onnxcast]`` key in airflow.cfg."""
+    value = environment.get(name)
     if value:
         return value
     from airflow.configuration import conf
 
-    value = conf.get("onnxcast", key, fallback=None)
+    value = conf.get("onnxcast", environment.variable(name).airflow_cfg, fallback=None)
     return value or None
 
 
 def mode() -> str:
     """``embedded`` or ``deployed`` (anything but "embedded" counts as deployed)."""
-    value = (_setting("ONNXCAST_MODE", "mode") or DEPLOYED).strip().lower()
+    value = str(environment.value("ONNXCAST_MODE", _setting("ONNXCAST_MODE"))).strip().lower()
     return EMBEDDED if value == EMBEDDED else DEPLOYED
 
 
@@ -62,7 +58,7 @@ def _given(value) -> str | None:
 
 def run_root(param: str | None = None) -> str:
     """Where run directories live (the run store root)."""
-    value = _given(param) or _setting("ONNXCAST_RUN_ROOT", "run_root")
+    value = _given(param) or _setting("ONNXCAST_RUN_ROOT")
     if value:
         return value
     if embedded():
@@ -75,7 +71,7 @@ def run_root(param: str | None = None) -> str:
 
 def store_uri(param: str | None = None) -> str:
     """The rollout store (where promoted versions and channel pointers go)."""
-    value = _given(param) or _setting("ONNXCAST_STORE_URI", "store_uri")
+    value = _given(param) or _setting("ONNXCAST_STORE_URI")
     if value:
         return value
     if embedded():
@@ -87,7 +83,7 @@ def store_uri(param: str | None = None) -> str:
 
 def store_configured(param: str | None = None) -> bool:
     """Whether a rollout store was named (not the embedded default)."""
-    return bool(_given(param) or _setting("ONNXCAST_STORE_URI", "store_uri"))
+    return bool(_given(param) or _setting("ONNXCAST_STORE_URI"))
 
 
 def channel_aliases() -> dict[str, str]:
@@ -95,43 +91,29 @@ def channel_aliases() -> dict[str, str]:
     from onnxcast.pipeline.config import CHANNELS
     from onnxcast.registry.alias_rollout import parse_channel_aliases
 
-    text = _setting("ONNXCAST_CHANNEL_ALIASES", "channel_aliases")
+    text = environment.value("ONNXCAST_CHANNEL_ALIASES", _setting("ONNXCAST_CHANNEL_ALIASES"))
     try:
         return parse_channel_aliases(text, CHANNELS)
     except ValueError as exc:
         raise AirflowFailException(f"ONNXCAST_CHANNEL_ALIASES: {exc}") from None
 
 
-DEFAULT_POLL_SECONDS = 15.0
+DEFAULT_POLL_SECONDS = environment.default("ONNXCAST_REGISTRY_POLL_SECONDS")
 
 
 def registry_poll_seconds() -> float:
     """How often the alias watcher reads the registry (``ONNXCAST_REGISTRY_POLL_SECONDS``, 1 to 3600)."""
-    text = _setting("ONNXCAST_REGISTRY_POLL_SECONDS", "registry_poll_seconds")
-    if text is None:
-        return DEFAULT_POLL_SECONDS
     try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 1 <= value <= 3600:
-        raise AirflowFailException(f"ONNXCAST_REGISTRY_POLL_SECONDS: {text[:40]!r} is not a number of seconds "
-                                   "from 1 to 3600")
-    return value
+        return environment.value("ONNXCAST_REGISTRY_POLL_SECONDS", _setting("ONNXCAST_REGISTRY_POLL_SECONDS"))
+    except ConfigError as exc:
+        raise AirflowFailException(str(exc)) from None
 
 
 def retry_delay(default: timedelta) -> timedelta:
     """How long a failed task waits before its retry: ``ONNXCAST_RETRY_DELAY_SECONDS`` (1 to
     3600) for every onnxcast DAG, else the DAG's own ``default``. Read when the DAG file is parsed;
-    a bad value fails the parse with a line naming the variable. The test stack shortens it to a
-    few seconds so that its fault drills do not wait a minute per injected fault."""
-    text = _setting("ONNXCAST_RETRY_DELAY_SECONDS", "retry_delay_seconds")
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 1 <= value <= 3600:
-        raise ValueError(f"ONNXCAST_RETRY_DELAY_SECONDS: {text[:40]!r} is not a number of seconds from 1 to 3600")
-    return timedelta(seconds=value)
+    a bad value fails the parse with a line naming the variable (a ConfigError, a ValueError). The
+    test stack shortens it to a few seconds so that its fault drills do not wait a minute per
+    injected fault."""
+    seconds = environment.value("ONNXCAST_RETRY_DELAY_SECONDS", _setting("ONNXCAST_RETRY_DELAY_SECONDS"))
+    return default if seconds is None else timedelta(seconds=seconds)

@@ -84,9 +84,23 @@ class RegistryAliasTrigger(BaseEventTrigger):
         return payloads
 
     def poll_sync(self) -> tuple[list[dict], list[str]]:
-        """The blocking part of :meth:`poll` (MLflow and store calls)."""
+        """The blocking part of :meth:`poll` (MLflow and store calls), as the connection's MLflow
+        login: set for the poll only, since the triggerer runs many triggers in one process."""
         from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
-        from onnxcast.airflow.settings import channel_aliases, store_uri
+        from onnxcast.airflow.settings import channel_aliases
+
+        aliases = self.channel_aliases if self.channel_aliases is not None else channel_aliases()
+        if self._hooks is None or time.monotonic() - self._hooks[0] > HOOKS_SECONDS:
+            # connections are resolved again now and then (rotated keys, assumed roles), not on
+            # every poll (each resolution logs, and asks the secrets backend)
+            self._hooks = (time.monotonic(), MlflowHook(mlflow_conn_id=self.mlflow_conn_id, export_login=False),
+                           S3SettingsHook(aws_conn_id=self.aws_conn_id))
+        _, mlflow_hook, s3_hook = self._hooks
+        with mlflow_hook.login():
+            return self._poll(aliases, mlflow_hook.tracking_uri, s3_hook)
+
+    def _poll(self, aliases: dict[str, str], tracking_uri: str, s3_hook) -> tuple[list[dict], list[str]]:
+        from onnxcast.airflow.settings import store_uri
         from onnxcast.registry.alias_rollout import (
             PENDING,
             REVERT,
@@ -97,14 +111,7 @@ class RegistryAliasTrigger(BaseEventTrigger):
         )
         from onnxcast.registry.release import Registry
 
-        aliases = self.channel_aliases if self.channel_aliases is not None else channel_aliases()
-        if self._hooks is None or time.monotonic() - self._hooks[0] > HOOKS_SECONDS:
-            # connections are resolved again now and then (rotated keys, assumed roles), not on
-            # every poll (each resolution logs, and asks the secrets backend)
-            self._hooks = (time.monotonic(), MlflowHook(mlflow_conn_id=self.mlflow_conn_id),
-                           S3SettingsHook(aws_conn_id=self.aws_conn_id))
-        _, mlflow_hook, s3_hook = self._hooks
-        registry = Registry(mlflow_hook.tracking_uri, aliases)
+        registry = Registry(tracking_uri, aliases)
         client = registry.client
         store = s3_hook.open_store(store_uri(self.store_uri))
         models = read_registry(client, aliases)

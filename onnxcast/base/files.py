@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base import environment
+
 _CHUNK = 1 << 20
 
 
@@ -25,7 +27,7 @@ def onnxcast_home(home: str | Path | None = None, default: str | Path = ".onnxca
     """The folder of onnxcast's local state (MLflow's SQLite store, keys, runs, the embedded
     rollout store): ``home``, else ``$ONNXCAST_HOME``, else ``default`` (the working directory's
     ``.onnxcast``; the repository's scripts pass the repository's)."""
-    return Path(home or os.environ.get("ONNXCAST_HOME") or default).resolve()
+    return Path(home or environment.get("ONNXCAST_HOME") or default).resolve()
 
 
 @contextmanager

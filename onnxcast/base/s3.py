@@ -14,10 +14,10 @@ Top-level imports: the standard library and onnxcast.base only (boto3 inside fun
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
+from onnxcast.base import environment
 from onnxcast.base.errors import ConfigError, DataError
 
 SSE_ALGORITHMS = ("AES256", "aws:kms")
@@ -53,8 +53,10 @@ class S3Settings:
         if unknown:
             raise ConfigError(f"unknown S3 store setting(s): {', '.join(unknown)}")
         values = {k: v for k, v in values.items() if v is not None}
-        values.setdefault("sse", os.environ.get("ONNXCAST_STORE_SSE") or "AES256")
-        values.setdefault("sse_kms_key_id", os.environ.get("ONNXCAST_STORE_SSE_KMS_KEY_ID") or None)
+        if "sse" not in values:
+            values["sse"] = environment.value("ONNXCAST_STORE_SSE")
+        if "sse_kms_key_id" not in values:
+            values["sse_kms_key_id"] = environment.get("ONNXCAST_STORE_SSE_KMS_KEY_ID")
         settings = cls(**values)
         if settings.sse not in SSE_ALGORITHMS:
             raise ConfigError(f"S3 store setting sse={settings.sse!r}: expected one of {list(SSE_ALGORITHMS)}")

@@ -33,6 +33,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxcast.base import environment
 from onnxcast.base.errors import DataError
 from onnxcast.base.files import sha256_bytes
 from onnxcast.base.s3 import S3Settings
@@ -58,17 +59,8 @@ class DataLimit:
     unit: str  # as the error line counts: "bytes", "rows", "cells"
 
     def value(self) -> int:
-        """The limit in force: the environment variable's, else the default."""
-        text = os.environ.get(self.env, "").strip()
-        if not text:
-            return self.default
-        try:
-            limit = int(text)
-        except ValueError:
-            raise DataError(f"{self.env} must be a number of {self.unit}, got {quote(text)}") from None
-        if limit < 1:
-            raise DataError(f"{self.env} must be a positive number of {self.unit}, got {limit}")
-        return limit
+        """The limit in force: the environment variable's, else the default (onnxcast.base.environment)."""
+        return environment.value(self.env)
 
 
 # The limits of a data file or data set, declared once (docs/data-quality.md, stage 1).
@@ -76,9 +68,9 @@ class DataLimit:
 # peak). Rows and cells as decoded, checked BEFORE decoding (Parquet metadata, CSV line count):
 # 1.2 MB of zstd Parquet holding 100 M repeated rows took 12.9 GB before its error. A
 # 100,000-series monthly fleet is 11.7 M rows, 35 M cells (bench/fleet.py scale).
-DATA_BYTES = DataLimit("ONNXCAST_MAX_DATA_BYTES", 2 * 1024**3, "bytes")
-DATA_ROWS = DataLimit("ONNXCAST_MAX_DATA_ROWS", 20_000_000, "rows")
-DATA_CELLS = DataLimit("ONNXCAST_MAX_DATA_CELLS", 100_000_000, "cells")
+DATA_BYTES = DataLimit("ONNXCAST_MAX_DATA_BYTES", environment.default("ONNXCAST_MAX_DATA_BYTES"), "bytes")
+DATA_ROWS = DataLimit("ONNXCAST_MAX_DATA_ROWS", environment.default("ONNXCAST_MAX_DATA_ROWS"), "rows")
+DATA_CELLS = DataLimit("ONNXCAST_MAX_DATA_CELLS", environment.default("ONNXCAST_MAX_DATA_CELLS"), "cells")
 DATA_LIMITS = (DATA_BYTES, DATA_ROWS, DATA_CELLS)
 MAX_DATA_BYTES, MAX_DATA_BYTES_ENV = DATA_BYTES.default, DATA_BYTES.env
 MAX_DATASET_FILES = 10_000  # Parquet parts of one data set (a folder or an s3:// prefix)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base import environment
 from onnxcast.base.errors import DataError, DataQualityError
 from onnxcast.base.files import onnxcast_home, sha256_bytes
 from onnxcast.base.untrusted import (
@@ -107,7 +108,7 @@ def deployed_report(model_name: str, version: str, dest: str | Path, tracking_ur
 def data_roots() -> list[Path]:
     """The folders a report's own local ``data_uri`` may be in: ONNXCAST_HOME, and those of
     ``$ONNXCAST_DATA_ROOTS`` (os.pathsep-separated), resolved."""
-    named = [part for part in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if part.strip()]
+    named = environment.value(DATA_ROOTS_ENV) or []
     return [Path(os.path.realpath(root)) for root in [onnxcast_home(), *named]]
 
 

@@ -35,7 +35,6 @@ mlflow is imported inside functions (Airflow operators import this module at run
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base import environment
 from onnxcast.base.errors import ConfigError, OnnxcastError
 from onnxcast.pipeline.config import CHANNELS
 from onnxcast.registry.alias_rollout import DEFAULT_CHANNEL_ALIASES, VERSION, parse_channel_aliases
@@ -230,10 +230,10 @@ def registry_from_environment(tracking_uri: str | None = None, *,
     The channel aliases: ``channel_aliases``, else ``$ONNXCAST_CHANNEL_ALIASES``, else
     ``edge=edge,cloud=cloud`` (set it as the Airflow deployment sets it). Credentials come from
     MLflow's own ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (or ``_TOKEN``)."""
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    uri = tracking_uri or environment.get("MLFLOW_TRACKING_URI")
     if not uri:
         return None
-    text = channel_aliases if channel_aliases is not None else os.environ.get(CHANNEL_ALIASES_ENV)
+    text = channel_aliases if channel_aliases is not None else environment.value(CHANNEL_ALIASES_ENV)
     try:
         aliases = parse_channel_aliases(text, CHANNELS)
     except ValueError as exc:
@@ -489,7 +489,7 @@ def _why(exc: BaseException) -> str:
         return ("HTTP 401: not authenticated (set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, or "
                 "MLFLOW_TRACKING_TOKEN)")
     if code and code.group(1) == "403":
-        user = os.environ.get("MLFLOW_TRACKING_USERNAME") or "this user"
+        user = environment.get("MLFLOW_TRACKING_USERNAME") or "this user"
         return f"HTTP 403: {user} may not do that (a user with EDIT on the model can)"
     if re.search(r"Max retries exceeded|Connection refused|Failed to establish|timed out|NameResolution", text):
         return "unreachable (" + _clip(text, 160) + ")"

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base import environment
 from onnxcast.base.contract import QUANTILES_NAME, format_quantile_levels
 from onnxcast.base.errors import OnnxcastError
 from onnxcast.base.files import onnxcast_home, read_json, sha256_file
@@ -39,7 +39,7 @@ FAMILY_TAG = "onnxcast.family"
 REPORT_SHA_TAG = "onnxcast.report_sha256"
 MODEL_ARTIFACT = "model"
 PYTORCH_FILES = ("model.pt", "model.json")
-DEFAULT_UI_URL = "http://127.0.0.1:5000"
+DEFAULT_UI_URL = environment.default("ONNXCAST_MLFLOW_UI_URL")
 BANDS = ((0.95, 0.15), (0.8, 0.3))  # the forecast plot's intervals (nominal, opacity), widest first
 
 
@@ -75,18 +75,18 @@ class RegisteredVersion:
 
 def default_tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI``, else the embedded SQLite store under ``ONNXCAST_HOME``."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{onnxcast_home() / 'mlflow' / 'mlflow.db'}"
+    return environment.get("MLFLOW_TRACKING_URI") or f"sqlite:///{onnxcast_home() / 'mlflow' / 'mlflow.db'}"
 
 
 def bound_requests() -> None:
     """MLflow retries a failed request 7 times with a backoff factor of 2 (minutes when the
     server is down): bound it, so a task or a command fails within about a minute (Airflow's
-    retry takes over in a task). The ``MLFLOW_HTTP_REQUEST_*`` variables a deployment sets win."""
+    retry takes over in a task). The ``MLFLOW_HTTP_REQUEST_*`` variables a deployment sets win.
+    MLflow reads them from its environment only (its REST store takes no such argument): set as
+    this process's defaults."""
     for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
                         ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.5"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
-        os.environ.setdefault(name, value)
+        environment.set_default(name, value)
 
 
 def client_for(tracking_uri: str | None = None):
@@ -94,20 +94,15 @@ def client_for(tracking_uri: str | None = None):
     import mlflow
 
     uri = tracking_uri or default_tracking_uri()
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    environment.set_default("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # read from the environment only
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    users = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
     # mlflow also exports the URIs as MLFLOW_TRACKING_URI and MLFLOW_REGISTRY_URI (for
-    # subprocesses); restore the user's own settings, or the next default_tracking_uri() (and
-    # every subprocess started later) would talk to this server
-    for name, value in users.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    # subprocesses); the user's own settings are put back, or the next default_tracking_uri()
+    # (and every subprocess started later) would talk to this server
+    with environment.restoring("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
     return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -137,7 +132,7 @@ def run_url(tracking_uri: str | None, experiment_id: str, run_id: str, ui_url: s
     """The MLflow UI page of a run: the server itself over HTTP, else ``ui_url`` (``mlflow ui``)."""
     uri = tracking_uri or default_tracking_uri()
     base = ui_url or (uri if uri.startswith(("http://", "https://")) else
-                      os.environ.get("ONNXCAST_MLFLOW_UI_URL", DEFAULT_UI_URL))
+                      environment.value("ONNXCAST_MLFLOW_UI_URL"))
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base import environment
 from onnxcast.base.errors import (
     ConfigError,
     ConflictError,
@@ -91,7 +91,7 @@ MAX_ROOT_BYTES = 1 << 20
 REPORT = "report.json"
 MANIFEST_FORMAT = 2  # 2: a signed envelope
 POINTER_EXPIRES_ENV = "ONNXCAST_POINTER_EXPIRES_DAYS"
-DEFAULT_POINTER_DAYS = 30.0
+DEFAULT_POINTER_DAYS = environment.default(POINTER_EXPIRES_ENV)
 MAX_KEPT_COUNTER = 1 << 62  # a planted pointer's counter past this is not followed (it would only grow)
 HISTORY_KEPT = 200  # pointer entries kept (a device reads at most 1 MiB of pointer)
 
@@ -314,11 +314,7 @@ def latest_root_version(store: RolloutStore) -> int:
 def pointer_days(days: float | None) -> float:
     """How long a new pointer stays valid: ``days``, else ``$ONNXCAST_POINTER_EXPIRES_DAYS``, else 30."""
     if days is None:
-        raw = os.environ.get(POINTER_EXPIRES_ENV)
-        try:
-            days = float(raw) if raw else DEFAULT_POINTER_DAYS
-        except ValueError:
-            raise ConfigError(f"{POINTER_EXPIRES_ENV}={raw!r}: expected a number of days") from None
+        days = environment.value(POINTER_EXPIRES_ENV)
     if not 0 < days <= 3660:
         raise ConfigError(f"pointer expiry must be between 0 and 3660 days, got {days}")
     return float(days)
@@ -365,8 +361,9 @@ def previous_version(pointer: dict, where: str = "channel") -> str:
 
 def default_actor() -> str:
     """``ONNXCAST_ACTOR``, else user@host."""
-    if os.environ.get("ONNXCAST_ACTOR"):
-        return os.environ["ONNXCAST_ACTOR"]
+    actor = environment.get("ONNXCAST_ACTOR")
+    if actor:
+        return actor
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no user name in minimal containers
@@ -850,7 +847,7 @@ def _publish_model_repositories(store: RolloutStore, model_name: str, channels, 
     wanted = [c for c in channels if c in PUBLISHED_CHANNELS]
     if not wanted:
         return
-    trust = os.environ.get(TRUST_ENV) or signers_root(signers)
+    trust = environment.get(TRUST_ENV) or signers_root(signers)
     for channel in wanted:
         publish_model_repository(store, model_name, channel, trust=trust)
 

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base import environment
 from onnxcast.base.errors import ConfigError, RefusedError
 from onnxcast.base.files import sha256_bytes
 from onnxcast.base.untrusted import UntrustedInputError, loads_json, read_regular_file
@@ -58,7 +59,7 @@ def load_signers(specs: str | Sequence[str] | None = None, *, option: str = "--s
     split), else from ``$ONNXCAST_SIGNING_KEY`` (unless not ``from_env``). ConfigError naming
     what is missing, with the running command's own option (``option``)."""
     if from_env and (specs is None or specs == [] or specs == ""):
-        specs = os.environ.get(SIGNING_KEY_ENV, "")
+        specs = environment.get(SIGNING_KEY_ENV) or ""
     items = [] if specs is None else [specs] if isinstance(specs, str) else list(specs)
     names = [s.strip() for item in items for s in str(item).split(",") if s.strip()]
     if not names:

@@ -19,6 +19,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from onnxcast.base import environment
 from onnxcast.base.errors import ConfigError, RefusedError
 from onnxcast.base.untrusted import UntrustedInputError, loads_json, quote, read_regular_file
 from onnxcast.rollout.command import device_command
@@ -68,7 +69,7 @@ class DeviceTrust:
     def __init__(self, folder: DeviceFolder, trust_file: str | Path | None = None):
         self.files = _TrustFiles(folder)
         self.folder = folder.path / TRUST_DIR
-        given = trust_file or os.environ.get(TRUST_ENV) or None
+        given = trust_file or environment.get(TRUST_ENV)
         self.root = self._load(given)
         # A root held in memory pins its keys: no chain is walked from it (a writer checking
         # what its own keys just signed).

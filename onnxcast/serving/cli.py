@@ -7,9 +7,9 @@ settings come from the environment as for the other rollout commands.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from onnxcast.base import environment
 from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import onnxcast_home
 from onnxcast.base.untrusted import UntrustedInputError, read_regular_file
@@ -66,7 +66,7 @@ def run_serve(args: argparse.Namespace) -> int:
                              threads=args.threads, min_history=args.min_history, max_history=args.max_history,
                              max_request_batch=args.max_request_batch, graceful_timeout=args.graceful_timeout,
                              trust=Path(args.trust).absolute() if args.trust else None,
-                             token=_token(args.token_file, os.environ.get(TOKEN_ENV)),
+                             token=_token(args.token_file, environment.get(TOKEN_ENV)),
                              read_timeout=args.read_timeout, keep_alive_timeout=args.keep_alive_timeout,
                              max_connections=args.max_connections, poll_timeout=args.poll_timeout)
     serve(settings)

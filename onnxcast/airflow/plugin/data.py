@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import tempfile
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote as url_quote
 from urllib.parse import urlsplit, urlunsplit
+
+from onnxcast.base import environment
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,9 @@ class Registry:
 
     def version_url(self, model: str, version: str) -> str:
         """The MLflow UI page of a model version (the base as the task's "MLflow run" link has it)."""
-        from onnxcast.registry.tracking import DEFAULT_UI_URL
-
         uri = self.tracking_uri or ""
         base = self.ui_url or (uri if uri.startswith(("http://", "https://")) else
-                               os.environ.get("ONNXCAST_MLFLOW_UI_URL", DEFAULT_UI_URL))
+                               environment.value("ONNXCAST_MLFLOW_UI_URL"))
         parts = urlsplit(base)
         if parts.username or parts.password:  # never a login in a link on the page
             parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
@@ -130,7 +129,7 @@ def trust_root_file(embedded: bool, keys_dir: Path | None) -> str | None:
     root next to the development key; None when neither is there."""
     from onnxcast.rollout.signing import ROOT_FILE, TRUST_ENV
 
-    given = os.environ.get(TRUST_ENV)
+    given = environment.get(TRUST_ENV)
     if given:
         return given
     if embedded and keys_dir is not None and (keys_dir / ROOT_FILE).is_file():
