@@ -183,3 +183,25 @@ def test_the_module_is_light_for_the_device_package():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['onnxcast']"
+
+
+def test_an_empty_variable_is_unset_for_the_command_line_as_for_airflow(monkeypatch):
+    """ONNXCAST_CHANNEL_ALIASES="" meant "no channel aliases" to the command line and the default
+    to Airflow; now both read it through the declaration: empty is unset, the default."""
+    from onnxcast.registry.release import registry_from_environment
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    monkeypatch.setenv("ONNXCAST_CHANNEL_ALIASES", "")
+    assert registry_from_environment().channel_aliases == {"edge": "edge", "cloud": "cloud"}
+    monkeypatch.setenv("ONNXCAST_CHANNEL_ALIASES", "edge=edge,cloud=champion")
+    assert registry_from_environment().channel_aliases == {"edge": "edge", "cloud": "champion"}
+
+
+def test_a_bad_data_limit_fails_the_read_naming_the_variable(monkeypatch, tmp_path):
+    from onnxcast.pipeline.reading import max_data_bytes
+
+    monkeypatch.setenv("ONNXCAST_MAX_DATA_BYTES", "2GB")
+    with pytest.raises(ConfigError, match=r"^ONNXCAST_MAX_DATA_BYTES: '2GB' is not a whole number of bytes$"):
+        max_data_bytes()
+    monkeypatch.setenv("ONNXCAST_MAX_DATA_BYTES", "1000")
+    assert max_data_bytes() == 1000

@@ -1,0 +1,60 @@
+"""The ``mlflow_default`` connection's login reaches MLflow through the only door MLflow has for
+it, its basic-auth environment variables (issue 31: no stray os.environ writes): inside
+``MlflowHook.login()`` only, put back after (the triggerer's polls); a task's hook keeps it for
+the task's own process."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+LOGIN = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+@pytest.fixture
+def mlflow_connection(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps({
+        "conn_type": "mlflow", "host": "http://127.0.0.1:1", "login": "pipeline", "password": "pw-1"}))
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "someone-else")
+    monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
+
+
+def test_the_login_is_set_inside_the_block_only_and_put_back_after(mlflow_connection):
+    from onnxcast.airflow.hooks import MlflowHook
+
+    hook = MlflowHook(export_login=False)
+    assert hook.tracking_uri == "http://127.0.0.1:1"
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else"  # reading the settings sets nothing
+    with hook.login():
+        assert [os.environ.get(name) for name in LOGIN] == ["pipeline", "pw-1"]
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else" and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+
+
+def test_a_failed_block_puts_the_login_back_too(mlflow_connection):
+    from onnxcast.airflow.hooks import MlflowHook
+
+    hook = MlflowHook(export_login=False)
+    with pytest.raises(ConnectionError), hook.login():
+        raise ConnectionError("registry down")
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else" and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+
+
+def test_a_tasks_hook_keeps_the_login_for_the_tasks_process(mlflow_connection, monkeypatch):
+    from onnxcast.airflow.hooks import MlflowHook
+
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "before")  # so that the test's end puts it back
+    MlflowHook().get_settings()
+    assert [os.environ.get(name) for name in LOGIN] == ["pipeline", "pw-1"]
+
+
+def test_a_connection_without_a_login_sets_nothing(monkeypatch):
+    from onnxcast.airflow.hooks import MlflowHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps({"conn_type": "mlflow", "host": "http://127.0.0.1:1"}))
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    hook = MlflowHook()
+    with hook.login():
+        assert "MLFLOW_TRACKING_USERNAME" not in os.environ
+    assert "MLFLOW_TRACKING_USERNAME" not in os.environ
