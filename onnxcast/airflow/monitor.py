@@ -23,7 +23,6 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from onnxcast.airflow.links import persist_mlflow_run_url
 from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.steps import TrackedOperator, readable
-from onnxcast.base import environment
 from onnxcast.base.errors import OnnxcastError
 
 if TYPE_CHECKING:
@@ -100,15 +99,9 @@ class MonitorChannelsOperator(TrackedOperator):
         """``trust``, else ``$ONNXCAST_TRUST``, else (embedded mode, local store) the development
         key's root; None lets the pull name what is missing."""
         from onnxcast.airflow.rollout import development_keys_dir
-        from onnxcast.airflow.settings import embedded, store_configured
-        from onnxcast.rollout.signing import TRUST_ENV
+        from onnxcast.airflow.settings import trust_root
 
-        given = None if self.trust in (None, "", "None") else str(self.trust)
-        given = given or environment.get(TRUST_ENV)
-        if given is None and embedded() and not store_configured(self.store_uri):
-            root = development_keys_dir() / "root.json"
-            return str(root) if root.exists() else None
-        return given
+        return trust_root(self.trust, development_keys_dir(), self.store_uri)
 
 
 class ChannelFailed(Exception):

@@ -20,6 +20,7 @@ it, instead of silently writing to the disk of whichever worker ran the task.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -84,6 +85,20 @@ def store_uri(param: str | None = None) -> str:
 def store_configured(param: str | None = None) -> bool:
     """Whether a rollout store was named (not the embedded default)."""
     return bool(_given(param) or _setting("ONNXCAST_STORE_URI"))
+
+
+def trust_root(given: str | None, keys_dir: Path, store_param: str | None = None) -> str | None:
+    """The trust root file a verified pull of the provider starts from (the monitor, the rollout
+    page's device check): ``given``, else ``$ONNXCAST_TRUST``, else, in the embedded mode with no
+    rollout store named, the development root under ``keys_dir`` when it is there (the root of
+    the development key embedded promotions sign with); None lets the caller name what is missing."""
+    from onnxcast.rollout.signing import ROOT_FILE, TRUST_ENV
+
+    given = _given(given) or environment.get(TRUST_ENV)
+    if given is None and embedded() and not store_configured(store_param):
+        root = keys_dir / ROOT_FILE
+        return str(root) if root.is_file() else None
+    return given
 
 
 def channel_aliases() -> dict[str, str]:

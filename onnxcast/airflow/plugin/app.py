@@ -57,9 +57,9 @@ async def _user(request: Request):
 def page_data() -> dict[str, Any]:
     """The page's data from the deployment's store, trust root and registry."""
     from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
-    from onnxcast.airflow.plugin.data import Registry, gather, text, trust_root_file
+    from onnxcast.airflow.plugin.data import Registry, gather, text
     from onnxcast.airflow.rollout import development_keys_dir
-    from onnxcast.airflow.settings import embedded, store_uri
+    from onnxcast.airflow.settings import store_uri, trust_root
 
     try:
         uri = store_uri()
@@ -73,7 +73,7 @@ def page_data() -> dict[str, Any]:
         registry_error = None
     except Exception as exc:  # no mlflow_default connection in the deployed mode
         registry, registry_error = None, text(exc, 1000)
-    data = gather(store, trust_file=trust_root_file(embedded(), development_keys_dir()), registry=registry)
+    data = gather(store, trust_file=trust_root(None, development_keys_dir()), registry=registry)
     data["registry_error"] = registry_error
     return data
 

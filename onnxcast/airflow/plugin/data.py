@@ -31,7 +31,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote as url_quote
 from urllib.parse import urlsplit, urlunsplit
@@ -122,20 +121,7 @@ class Registry:
         return f"{base.rstrip('/')}/#/models/{url_quote(model, safe='')}/versions/{url_quote(version, safe='')}"
 
 
-# --- the trust root -------------------------------------------------------------------------
-
-def trust_root_file(embedded: bool, keys_dir: Path | None) -> str | None:
-    """The root file devices hold: ``$ONNXCAST_TRUST``, else (embedded mode) the development
-    root next to the development key; None when neither is there."""
-    from onnxcast.rollout.signing import ROOT_FILE, TRUST_ENV
-
-    given = environment.get(TRUST_ENV)
-    if given:
-        return given
-    if embedded and keys_dir is not None and (keys_dir / ROOT_FILE).is_file():
-        return str(keys_dir / ROOT_FILE)
-    return None
-
+# --- the device's verdict -------------------------------------------------------------------
 
 def device_check(store, model: str, channel: str, data: bytes, trust_file: str | None) -> dict:
     """``{"accepted": bool, "reason": str, "signed": dict|None, "manifest": dict|None}``: what
