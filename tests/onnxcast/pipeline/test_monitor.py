@@ -185,7 +185,7 @@ class TestDegradationTestHoldsItsSize:
         rng = np.random.default_rng(seed)
         realised = factor * ar1_errors(rng, self.RUNS, new, horizon, phi)
         holdout = ar1_errors(rng, self.RUNS, 100, horizon, phi)
-        flagged = [degradation_test(r, h, horizon)["degraded"] for r, h in zip(realised, holdout, strict=True)]
+        flagged = [degradation_test(r, h, block=horizon)["degraded"] for r, h in zip(realised, holdout, strict=True)]
         print(f"h={horizon} phi={phi} {new} new origins, errors x{factor}: {sum(flagged)}/{self.RUNS} degraded")
         return float(np.mean(flagged))
 
@@ -259,3 +259,27 @@ class TestDriftSuiteOnHourlyDemand:
         frame.to_csv(path, index=False)
         result = check_drift(self.series(str(path), tmp_path), first, 168)
         assert result["drifted"] == ["yesterday"]
+
+
+class TestTheSampleChoosesTheTest:
+    """One monitor for any number of series: the degradation test is the one the sample supports
+    (significance.judged_across_series), never a mode of the caller."""
+
+    def test_one_series_is_judged_over_its_origins_several_across_series(self):
+        rng = np.random.default_rng(0)
+        over = degradation_test(1.5 * rng.gamma(2.0, 0.3, 100), rng.gamma(2.0, 0.3, 100), series=1, block=4)
+        assert over["test"].startswith("t on batch means") and over["degraded"] is True and "min_series" not in over
+        holdout = rng.lognormal(0, 0.5, 40)
+        across = degradation_test(1.5 * holdout, holdout, series=40)
+        assert across["test"].startswith("Wilcoxon") and across["degraded"] is True and across["series"] == 40
+
+    def test_a_fleet_of_one_series_is_judged_on_its_origins(self):
+        """A model over several series with one series left to judge: its per-origin errors,
+        and no per-origin holdout errors to compare with (not judged), unless a forecast is
+        non-finite, which is named by origin as for any one series."""
+        quiet = degradation_test(np.ones(60), np.zeros(0), series=1)
+        assert quiet["degraded"] is False and "the holdout's 0 origins" in quiet["note"]
+        broken = degradation_test(np.r_[np.ones(30), np.nan], np.zeros(0), series=1)
+        result = {"channel": "edge", "degraded": True, "test": broken, "origins": 31, "drift": [],
+                  "fleet": {"worst": []}}
+        assert reasons(result) == ["edge: non-finite forecasts at 1 of 31 origins"]
