@@ -230,9 +230,28 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     report = read_json(report_path)
     client = client_for(tracking_uri)
     experiment_id = ensure_experiment(client, model_name)
-    base_tags = {RUN_KEY_TAG: run_key, **(tags or {})}
     parent = ensure_run(model_name=model_name, run_key=run_key, tracking_uri=tracking_uri, tags=tags)["run_id"]
     client.log_batch(parent, params=_params(_flatten(cfg.to_dict())))
+    _log_batch(client, parent, metrics=pipeline_metrics(report), tags=pipeline_tags(report, cfg))
+    _log_pipeline_artifacts(client, parent, layout, report, report_path, [*families, *extra_families])
+    children = {}
+    for family in [*families, *extra_families]:
+        role = "champion-evaluation" if family in extra_families else "family"
+        child = _find_or_create_run(client, experiment_id, run_key, role, family,
+                                    {RUN_KEY_TAG: run_key, **(tags or {}), ROLE_TAG: role, FAMILY_TAG: family,
+                                     "mlflow.parentRunId": parent}, f"{family}")
+        _log_family(client, child, layout, family, report if is_fleet_report(report) else None)
+        client.set_terminated(child, "FINISHED")
+        children[family] = child
+    client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
+    log.info("logged run %s to MLflow experiment %s (parent run %s)", run_key, model_name, parent)
+    return TrackedRun(experiment_id, parent, children)
+
+
+def pipeline_metrics(report: dict) -> dict[str, float]:
+    """The pipeline run's metrics: every baseline's and the reference's figures and intervals,
+    the families' paired tests; over several series, the ``fleet.*`` aggregates (never one
+    metric per series: those go in the per-series Parquet artifacts)."""
     baselines = report["baselines"]
     metrics = {f"baseline.seasonal_naive.{k}": v for k, v in _scalars(baselines["seasonal_naive"]).items()}
     for name, row in (baselines.get("candidates") or {}).items():  # naive and each seasonal naive
@@ -247,47 +266,45 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     for model in report.get("models", []):
         for name, test in (model.get("fp32_vs") or {}).items():
             metrics.update({f"{model['family']}.fp32_vs_{name}.{k}": v for k, v in _scalars(test).items()})
-    fleet = is_fleet_report(report)
-    if fleet:  # aggregates over series; the per-series numbers go in Parquet artifacts
+    if is_fleet_report(report):
         metrics.update(fleet_tracking.parent_metrics(report, _scalars))
+    return metrics
+
+
+def pipeline_tags(report: dict, cfg: PipelineConfig) -> dict[str, str]:
+    """The pipeline run's tags: best baseline, reference, dataset (with its series column and
+    count over several series), status and the selected variants."""
     tags = {}
-    if baselines.get("best"):
-        tags["onnxcast.baseline"] = baselines["best"]
+    if report["baselines"].get("best"):
+        tags["onnxcast.baseline"] = report["baselines"]["best"]
     if report.get("reference"):
         tags["onnxcast.reference"] = report["reference"]["model"]
     for key in ("rows", "sha256", "start", "end", "freq"):
         tags[f"onnxcast.dataset.{key}"] = str(report["dataset"].get(key))
-    if fleet:
+    if is_fleet_report(report):
         tags["onnxcast.dataset.series_column"] = str(cfg.series_column)
         tags["onnxcast.dataset.n_series"] = str(report["dataset"].get("n_series"))
     tags["onnxcast.status"] = report.get("status", "passed")
     for channel, choice in (report.get("selected") or {}).items():
         tags[f"onnxcast.selected.{channel}"] = f"{choice['family']}/{choice['variant']}"
-    _log_batch(client, parent, metrics=metrics, tags=tags)
-    client.log_artifact(parent, str(report_path))
-    if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
-        client.log_table(parent, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
-    if layout.quality.is_dir():
-        client.log_artifacts(parent, str(layout.quality), "quality")
-    selected = (report.get("selected") or {}).get("edge", {}).get("family")
-    if fleet:
-        _log_fleet_tables(client, parent, layout, [*families, *extra_families], selected)
-    elif selected:  # one series' holdout as a picture (a fleet has its per-series table instead)
-        plot = plot_forecast(layout.root, selected, layout.plots / "forecast_vs_actual.png")
-        client.log_artifact(parent, str(plot), "plots")
+    return tags
 
-    children = {}
-    for family in [*families, *extra_families]:
-        role = "champion-evaluation" if family in extra_families else "family"
-        child = _find_or_create_run(client, experiment_id, run_key, role, family,
-                                    {**base_tags, ROLE_TAG: role, FAMILY_TAG: family,
-                                     "mlflow.parentRunId": parent}, f"{family}")
-        _log_family(client, child, layout, family, report if fleet else None)
-        client.set_terminated(child, "FINISHED")
-        children[family] = child
-    client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
-    log.info("logged run %s to MLflow experiment %s (parent run %s)", run_key, model_name, parent)
-    return TrackedRun(experiment_id, parent, children)
+
+def _log_pipeline_artifacts(client, run_id: str, layout: RunLayout, report: dict, report_path: Path,
+                            families: list[str]) -> None:
+    """The report, the ranking table and the quality report; the selected family's holdout
+    as a picture for one series, the per-series tables for several (there is no one series)."""
+    client.log_artifact(run_id, str(report_path))
+    if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
+        client.log_table(run_id, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
+    if layout.quality.is_dir():
+        client.log_artifacts(run_id, str(layout.quality), "quality")
+    selected = (report.get("selected") or {}).get("edge", {}).get("family")
+    if is_fleet_report(report):
+        _log_fleet_tables(client, run_id, layout, families, selected)
+    elif selected:
+        plot = plot_forecast(layout.root, selected, layout.plots / "forecast_vs_actual.png")
+        client.log_artifact(run_id, str(plot), "plots")
 
 
 def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str, run_key: str,
@@ -298,9 +315,6 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     retried task never adds a duplicate version.
     """
     import mlflow
-    from mlflow.entities import LoggedModelOutput
-    from mlflow.models import infer_signature
-    from mlflow.types import Schema, TensorSpec
 
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
@@ -313,39 +327,45 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
         client.set_registered_model_alias(model_name, CHALLENGER, existing.version)
         return RegisteredVersion(model_name, str(existing.version), existing.run_id, f"models:/{model_name}/{existing.version}",
                                  family, created=False)
+    child = tracked.family_run_ids[family]
+    info, levels = _log_model(client, layout, report, tracked.experiment_id, child, family, run_key)
+    client.set_terminated(child, "FINISHED")
+    tags = {RUN_KEY_TAG: run_key, FAMILY_TAG: family, REPORT_SHA_TAG: sha256_file(layout.report),
+            "onnxcast.parent_run_id": tracked.parent_run_id,
+            "onnxcast.fp32_holdout_mae": str(_family_entry(report, family)["fp32_holdout_mae"]),
+            "onnxcast.selected": json.dumps(report["selected"], sort_keys=True)}
+    if is_fleet_report(report):  # what a later run checks before it compares with this version (champion.decide)
+        tags.update(fleet_tracking.version_tags(layout, report, family))
+    tags.update(interval_tags(report, family, levels))
+    _ensure_registered_model(client, model_name)
+    version = mlflow.register_model(info.model_uri, model_name, tags=tags)
+    client.set_registered_model_alias(model_name, CHALLENGER, version.version)
+    client.set_tag(tracked.parent_run_id, "onnxcast.model_version", version.version)
+    log.info("registered %s version %s (%s) with alias %s", model_name, version.version, family, CHALLENGER)
+    return RegisteredVersion(model_name, str(version.version), child, f"models:/{model_name}/{version.version}",
+                             family, created=True)
 
+
+def _log_model(client, layout: RunLayout, report: dict, experiment_id: str, child: str, family: str,
+               run_key: str):
+    """(the logged ONNX model's info, its quantile levels): every variant, the PyTorch files,
+    validation and report as its files, linked to the family's child run and its metrics."""
+    import mlflow
     import numpy as np
     import onnx
+    from mlflow.entities import LoggedModelOutput
 
-    family_dir = layout.family(family)
-    onnx_dir = layout.onnx_dir(family)
-    fleet = is_fleet_report(report)
-    if fleet:
-        example = fleet_tracking.input_example(layout, PipelineConfig.load(layout.config).lookback)
-    else:
-        example = _holdout_example(layout)
-    output, quantiles, levels = interval_figures.forecast_and_quantiles(layout.onnx(family), example)
-    inferred = infer_signature({"history": example}, {"forecast": output})
-    # the contract: batch and time are dynamic (infer_signature fixes time at the example's);
-    # a model with forecast distributions also has quantiles [batch, horizon, Q]
-    outputs = [TensorSpec(np.dtype("float32"), (-1, output.shape[1]), "forecast")]
-    if quantiles is not None:
-        outputs.append(TensorSpec(np.dtype("float32"), (-1, *quantiles.shape[1:]), QUANTILES_NAME))
-    signature = type(inferred)(
-        inputs=Schema([TensorSpec(np.dtype("float32"), (-1, -1, example.shape[2]), "history")]),
-        outputs=Schema(outputs), params=inferred.params)
+    example = _input_example(layout, report)
+    signature, levels = _signature(layout.onnx(family), example)
     # every variant (fp32 too, byte for byte: the flavor re-serializes its own copy)
-    extra_files = [str(p) for p in sorted(onnx_dir.glob("*.onnx"))]
-    extra_files += [str(family_dir / name) for name in PYTORCH_FILES]
+    extra_files = [str(p) for p in sorted(layout.onnx_dir(family).glob("*.onnx"))]
+    extra_files += [str(layout.family(family) / name) for name in PYTORCH_FILES]
     extra_files += [str(layout.validation(family)), str(layout.report)]
-    report_sha = sha256_file(layout.report)
-    child = tracked.family_run_ids[family]
     # The logged model is made here and linked to the child run and its metrics in two calls.
     # mlflow.onnx.log_model inside the run would read the history of every metric of the run
     # (one request each: 109 of the 305 a registration cost on the stack, issue 30 item 4).
     params = {k: str(v)[:6000] for k, v in family_params(layout, family).items()}
-    logged = client.create_logged_model(tracked.experiment_id, name=MODEL_ARTIFACT, source_run_id=child,
-                                        params=params)
+    logged = client.create_logged_model(experiment_id, name=MODEL_ARTIFACT, source_run_id=child, params=params)
     # the requirements MLflow would infer (mlflow, numpy, onnx, onnxruntime) named here: inferring
     # them loads the model in a subprocess, 14 of the 17 s of a registration measured over HTTP
     requirements = [f"mlflow=={mlflow.__version__}", f"numpy=={np.__version__}",
@@ -356,23 +376,35 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
         onnx_execution_providers=["CPUExecutionProvider"], extra_files=extra_files, pip_requirements=requirements,
         metadata={"onnxcast_family": family, "onnxcast_run_key": run_key})
     client.log_outputs(child, [LoggedModelOutput(logged.model_id, step=0)])
-    _log_batch(client, child, metrics=family_metrics(layout, family, report if fleet else None),
-               model_id=logged.model_id)
-    client.set_terminated(child, "FINISHED")
-    tags = {RUN_KEY_TAG: run_key, FAMILY_TAG: family, REPORT_SHA_TAG: report_sha,
-            "onnxcast.parent_run_id": tracked.parent_run_id,
-            "onnxcast.fp32_holdout_mae": str(_family_entry(report, family)["fp32_holdout_mae"]),
-            "onnxcast.selected": json.dumps(report["selected"], sort_keys=True)}
-    if fleet:  # what a later run checks before it compares with this version (champion.decide)
-        tags.update(fleet_tracking.version_tags(layout, report, family))
-    tags.update(interval_tags(report, family, levels))
-    _ensure_registered_model(client, model_name)
-    version = mlflow.register_model(info.model_uri, model_name, tags=tags)
-    client.set_registered_model_alias(model_name, CHALLENGER, version.version)
-    client.set_tag(tracked.parent_run_id, "onnxcast.model_version", version.version)
-    log.info("registered %s version %s (%s) with alias %s", model_name, version.version, family, CHALLENGER)
-    return RegisteredVersion(model_name, str(version.version), child, f"models:/{model_name}/{version.version}",
-                             family, created=True)
+    fleet_report = report if is_fleet_report(report) else None
+    _log_batch(client, child, metrics=family_metrics(layout, family, fleet_report), model_id=logged.model_id)
+    return info, levels
+
+
+def _input_example(layout: RunLayout, report: dict):
+    """Two real histories for the signature: the holdout's of one series, else of the checked fleet."""
+    if is_fleet_report(report):
+        return fleet_tracking.input_example(layout, PipelineConfig.load(layout.config).lookback)
+    return _holdout_example(layout)
+
+
+def _signature(onnx_path: Path, example):
+    """(the model's signature, its quantile levels). The contract: batch and time are dynamic
+    (infer_signature fixes time at the example's); a model with forecast distributions also has
+    quantiles [batch, horizon, Q]."""
+    import numpy as np
+    from mlflow.models import infer_signature
+    from mlflow.types import Schema, TensorSpec
+
+    output, quantiles, levels = interval_figures.forecast_and_quantiles(onnx_path, example)
+    inferred = infer_signature({"history": example}, {"forecast": output})
+    outputs = [TensorSpec(np.dtype("float32"), (-1, output.shape[1]), "forecast")]
+    if quantiles is not None:
+        outputs.append(TensorSpec(np.dtype("float32"), (-1, *quantiles.shape[1:]), QUANTILES_NAME))
+    signature = type(inferred)(
+        inputs=Schema([TensorSpec(np.dtype("float32"), (-1, -1, example.shape[2]), "history")]),
+        outputs=Schema(outputs), params=inferred.params)
+    return signature, levels
 
 
 def interval_tags(report: dict, family: str, levels: tuple[float, ...] | None) -> dict[str, str]:
