@@ -17,7 +17,6 @@ from onnxcast.base.files import read_json, write_json
 from onnxcast.pipeline.config import CHAMPION_METRICS, PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fetch import FetchError, parse_source
-from onnxcast.registry.fleet_tracking import SERIES, is_fleet_report, read_per_series
 from onnxcast.registry.interval_figures import (
     MSIS_KEY,
     fleet_intervals,
@@ -25,7 +24,15 @@ from onnxcast.registry.interval_figures import (
     variant_intervals,
 )
 from onnxcast.registry.plan import CHAMPION_FAMILY, PlanError, champion_entry, read_plan
-from onnxcast.registry.tracking import FAMILY_TAG, TrackingError, client_for, resolve_version
+from onnxcast.registry.tracking import (
+    FAMILY_TAG,
+    SERIES,
+    TrackingError,
+    client_for,
+    is_fleet_report,
+    read_per_series,
+    resolve_version,
+)
 
 MSIS_TAG = "onnxcast.fp32_msis_95"  # a version's fp32 95% MSIS (tracking.interval_tags)
 FLEET_METRIC = "mase"
