@@ -195,6 +195,21 @@ class TestChangedFleet:
         assert (result["origins"], result["degraded"], result["mase"], result["drift"]) == (0, False, None, [])
         assert result["fleet"]["left_out_because"] == {"too_short": N_SERIES} and reasons(result) == []
 
+    def test_one_series_left_to_judge_is_judged_on_its_origins(self, panel, deployed, tmp_path):
+        """Issue 31: the sample chooses the test. One series of the fleet, three times larger after
+        training: judged over its origins (batch means), not across one series. M3's 18 new
+        months make one origin at horizon 18, too few to judge (and the holdout of a global model
+        records no per-origin errors to compare with)."""
+        frame = panel["frame"]
+        one = frame[frame["unique_id"] == sorted(frame["unique_id"].unique())[0]].copy()
+        path, _ = changed({"frame": one}, tmp_path, "one", lambda y: 3.0 * y, share=1.0)
+        result = monitor(MonitorInput(deployed["model"], deployed["report"], "edge", path, deployed["table"]),
+                         tmp_path / "work")
+        assert result["fleet"]["judged"] == 1 and result["origins"] == len(result["per_origin_mase"]) > 0
+        assert result["test"]["test"].startswith("t on batch means") and result["test"]["origins"] == result["origins"]
+        assert result["degraded"] is False and result["test"]["note"].endswith("not judged")
+        assert "min_series" not in result["test"] and result["drift"] == ["y"]  # the drift check still sees it
+
     def test_the_monitor_plot_draws_a_fleet(self, deployed, tmp_path):
         from onnxcast.registry.monitoring import plot_monitor
 
