@@ -51,7 +51,7 @@ from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import finite_or_none
 from onnxcast.pipeline.config import PipelineConfig, data_source
 from onnxcast.pipeline.data import parse_utc, utc_iso
-from onnxcast.pipeline.drift import check_drift, pooled_drift
+from onnxcast.pipeline.drift import check_drift
 from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae, series_metrics
 from onnxcast.pipeline.fleet_data import FleetData, min_train_steps, split_fleet
 from onnxcast.pipeline.fleet_eval import (
@@ -236,7 +236,8 @@ def series_sample(item: MonitorInput, served: Served, work_dir: Path, s3_setting
     figures.update(scored)
     return Sample(series=1, figures=figures, realised=realised, holdout=holdout_errors, block=origins.block,
                   holdout_block=int((report["baselines"].get("origins") or {}).get("block") or origins.block),
-                  drift_check=check_drift(series, first, int(report["baselines"]["seasonal_naive"]["season"])),
+                  drift_check=check_drift(list(series.columns), [(series.values, first, series.timestamps)],
+                                          int(report["baselines"]["seasonal_naive"]["season"])),
                   per_origin_mase=[finite_or_none(v) for v in realised],
                   origin_times=[utc_iso(series.timestamps[o]) for o in origins.index])
 
@@ -323,7 +324,8 @@ def fleet_sample(item: MonitorInput, served: Served, work_dir: Path, s3_settings
     block.update(judged=len(ids), compared=len(like), holdout_origins_per_series=int(len(back)))
     sample = Sample(series=len(ids), figures=_fleet_figures(report, served, fleet, judged, first_new, origins, scored),
                     realised=latest, holdout=before[like], non_finite=non_finite, fleet=block,
-                    drift_check=pooled_drift(fleet, judged, first_new, int(fleet.season)),
+                    drift_check=check_drift(list(fleet.columns), [(fleet.series(i), int(first_new[i]), fleet.timestamps(i))
+                                                                  for i in judged], int(fleet.season)),
                     per_origin_mase=scored["per_origin_mase"], origin_times=scored["origin_times"])
     if not judged_across_series(sample.series):  # at most one series judged: its origins (the
         # holdout of a model over several series records no per-origin errors: not judged, unless
