@@ -19,7 +19,7 @@ from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fetch import FetchError, parse_source
 from onnxcast.registry.interval_figures import (
     MSIS_KEY,
-    fleet_intervals,
+    family_intervals,
     per_origin_msis,
     variant_intervals,
 )
@@ -132,8 +132,8 @@ def _judge_series_champion(layout: RunLayout, report: dict, champion: dict, deci
     decision.update(champion_version=number, champion_family=spec["family"], champion_mae=theirs,
                     improvement=improvement)
     if decision["metric"] == MSIS:
-        return _judge_on_msis(layout, report, entry, validation, number, decision,
-                              min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+        return _judge_on_msis(layout, report, validation, {}, None, decision, min_improvement=min_improvement,
+                              require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
     test = _paired(entry, validation, report)
     decision["paired_test"] = test
     _verdict(decision, mine < theirs and improvement > min_improvement, bool(test["significant"]),
@@ -192,7 +192,7 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
     decision.update(champion_family=champion_family, champion_mae=theirs, champion_mase=theirs,
                     champion_mase_ci95=fp32.get("mase_ci95"), improvement=improvement)
     if decision["metric"] == MSIS:
-        return _judge_fleet_on_msis(layout, report, validation, judged, version, decision,
+        return _judge_on_msis(layout, report, validation, judged, version, decision,
                                     min_improvement=min_improvement, require_beats_champion=require_beats_champion,
                                     tracking_uri=tracking_uri)
     significant, evidence = _mase_evidence(layout, report, decision, version, fp32, tracking_uri)
@@ -365,53 +365,43 @@ def champion_metric(layout: RunLayout, metric: str | None = None) -> str:
     return metric
 
 
-def _judge_on_msis(layout: RunLayout, report: dict, challenger: dict, champion: dict, number, decision: dict, *,
-                   min_improvement: float, require_beats_champion: bool) -> None:
-    """One series: the fp32 95% MSIS of both, with a Diebold-Mariano test on the per-origin
-    interval scores (:func:`_per_origin_msis`), else the aggregates only."""
-    mine = variant_intervals(challenger).get(MSIS_KEY)
-    theirs = variant_intervals(champion).get(MSIS_KEY)
+def _judge_on_msis(layout: RunLayout, report: dict, validation: dict, judged: dict, version, decision: dict, *,
+                   min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
+    """The fp32 95% MSIS of both (several series: the mean over series), paired on the scores
+    the run has (:func:`_msis_scores`: per origin of one series, per series of several), else
+    on the aggregates only."""
+    number, family = decision["champion_version"], decision["challenger_family"]
+    several = is_fleet_report(report)
+    mine_block = family_intervals(report, family)
+    theirs_block = (((judged.get("variants") or {}).get("fp32") or {}).get("intervals")
+                    or variant_intervals(validation))
+    mine, theirs = mine_block.get(MSIS_KEY), theirs_block.get(MSIS_KEY)
     decision.update(challenger_msis_95=mine, champion_msis_95=theirs, improvement=None, paired_test=None)
-    missing = _missing_msis(mine, theirs, number, "holdout")
+    missing = _missing_msis(mine, theirs, number, "fleet" if several else "holdout")
     if missing:
         return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
-    scores, why = _per_origin_msis(layout, report, challenger, champion)
+    scores, why = _msis_scores(layout, report, validation, version, tracking_uri)
     if scores is not None:
         block = int(((report.get("baselines") or {}).get("origins") or {}).get("block", 1))
         test = paired_on(scores[0], scores[1], report, block)
-        decision.update(paired_test=test, comparison=f"paired on {test['origins']} origins ({why})")
+        compared = (f"across {test['series']} series" if "series" in test else f"on {test['origins']} origins")
+        decision.update(paired_test=test, comparison=f"paired {compared} ({why})")
         significant, evidence = bool(test["significant"]), _p_text(test)
     else:
-        significant, evidence = _aggregate_evidence(decision, challenger, champion, why)
-    _msis_verdict(decision, number, mine, theirs, significant, evidence, where="on the same holdout",
+        significant, evidence = _aggregate_evidence(decision, {"intervals": mine_block}, {"intervals": theirs_block},
+                                                    why)
+    _msis_verdict(decision, number, mine, theirs, significant, evidence,
+                  where="across series" if several else "on the same holdout",
                   min_improvement=min_improvement, require_beats_champion=require_beats_champion)
 
 
-def _judge_fleet_on_msis(layout: RunLayout, report: dict, validation: dict, judged: dict, version, decision: dict, *,
-                         min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
-    """A fleet: mean fp32 95% MSIS over series, paired across series on the per-series
-    ``fp32.msis_95`` joined by series id, else the aggregates only."""
-    number = decision["champion_version"]
-    family = decision["challenger_family"]
-    mine = fleet_intervals(report, family).get(MSIS_KEY)
-    fp32 = (judged.get("variants") or {}).get("fp32") or {}
-    theirs_block = fp32.get("intervals") or variant_intervals(validation)
-    theirs = theirs_block.get(MSIS_KEY)
-    decision.update(challenger_msis_95=mine, champion_msis_95=theirs, improvement=None, paired_test=None)
-    missing = _missing_msis(mine, theirs, number, "fleet")
-    if missing:
-        return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
-    pairs, source = _paired_tables(layout, family, version, tracking_uri, column=f"fp32.{MSIS_KEY}")
-    if pairs is not None:
-        test = paired_on(*pairs, report)
-        count = test.get("series", len(pairs[0]))
-        decision.update(paired_test=test, comparison=f"paired across {count} series ({source})")
-        significant, evidence = bool(test["significant"]), _p_text(test)
-    else:
-        significant, evidence = _aggregate_evidence(decision, {"intervals": fleet_intervals(report, family)},
-                                                    {"intervals": theirs_block}, source)
-    _msis_verdict(decision, number, mine, theirs, significant, evidence, where="across series",
-                  min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+def _msis_scores(layout: RunLayout, report: dict, validation: dict, version, tracking_uri: str | None):
+    """((challenger's, champion's) 95% interval scores, where from), or (None, why not): several
+    series, the per-series ``fp32.msis_95`` joined by series id; one series, per holdout origin."""
+    family = report["selected"]["edge"]["family"]
+    if is_fleet_report(report):
+        return _paired_tables(layout, family, version, tracking_uri, column=f"fp32.{MSIS_KEY}")
+    return _per_origin_msis(layout, report, _family_entry(report, family), validation)
 
 
 def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion: dict):

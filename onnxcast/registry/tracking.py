@@ -429,10 +429,7 @@ def interval_tags(report: dict, family: str, levels: tuple[float, ...] | None) -
     tags = {}
     if levels:
         tags["onnxcast.quantile_levels"] = format_quantile_levels(levels)
-    if is_fleet_report(report):
-        figures = interval_figures.fleet_intervals(report, family)
-    else:
-        figures = interval_figures.variant_intervals(_family_entry(report, family))
+    figures = interval_figures.family_intervals(report, family)
     for key in ("coverage_80", "coverage_95", "msis_95"):
         value = interval_figures.numbers(figures).get(key)
         if value is not None and value == value:
@@ -883,7 +880,7 @@ def family_metrics(layout: RunLayout, family: str, fleet_report: dict | None = N
             metrics[f"{name}.holdout_{key}"] = value
         intervals = interval_figures.variant_intervals(entry, name)
         if not intervals and fleet_report is not None:
-            intervals = interval_figures.fleet_intervals(fleet_report, family, name)
+            intervals = interval_figures.family_intervals(fleet_report, family, name)
         metrics.update({f"{name}.{key}": value for key, value in interval_figures.numbers(intervals).items()})
         for key, value in variant.get("latency_ms", {}).items():
             metrics[f"{name}.latency_{key}_ms"] = value
