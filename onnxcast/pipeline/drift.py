@@ -5,9 +5,9 @@ not seen? A Great Expectations suite built from the training window's profile
 its mean and standard deviation must lie within the range that windows of the same length had
 in training, and its values within the training's extreme quantiles but for a small share.
 
-One series: :func:`check_drift`. A fleet: :func:`pooled_drift`, the same suite on the seasonal
-change pooled over series, each series' change divided by its training's mean absolute change
-(so a series of any scale counts alike). pandas and great_expectations are imported inside the
+One check for any number of series (:func:`check_drift`): one series as it is; several pooled,
+each series' change divided by its training's mean absolute change (so a series of any scale
+counts alike), rows in time order. pandas and great_expectations are imported inside the
 functions.
 """
 
@@ -26,15 +26,51 @@ DRIFT_TAIL = 0.005  # values beyond the training's 0.5% / 99.5% quantiles of the
 DRIFT_MOSTLY = 0.9  # ... may be at most 10% of the new rows
 
 
-def check_drift(series, first: int, season: int) -> dict:
-    """The drift suite built from the rows up to ``first`` (training), run on the rows after."""
-    columns = list(series.columns)
-    changes = change_frame(series.values.astype(np.float64), columns, season)
-    train, new = changes.iloc[:first].dropna(), changes.iloc[first:].dropna()
-    if len(new) < 2:
-        return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "drifted": [], "checks": [],
-                "note": "fewer than 2 new rows: no drift check"}
-    return {"suite": DRIFT_SUITE, "season": season, **run_drift_suite(train, new, columns)}
+def check_drift(columns: list[str], series: list[tuple[np.ndarray, int, np.ndarray]], season: int) -> dict:
+    """The drift suite built from the training rows, run on the rows after: ``series`` holds per
+    series ``(values [rows, columns], first new row, timestamps)``. Several series are pooled
+    (``pooled``, and the ``series`` that had rows to check). Fewer than 2 new rows or 4 training
+    rows of seasonal change: no check, and a note says so."""
+    pooled = len(series) > 1
+    train, new, counted = _change_rows(columns, series, season, scaled=pooled)
+    head: dict[str, Any] = {"suite": DRIFT_SUITE, "season": season, **({"pooled": True} if pooled else {})}
+    if len(new) < 2 or len(train) < 4:
+        why = "2 new rows" if len(new) < 2 else "4 training rows of seasonal change"
+        return {**head, "rows": int(len(new)), "drifted": [], "checks": [], "note": f"fewer than {why}: no drift check"}
+    return {**head, **({"series": counted} if pooled else {}), **run_drift_suite(train, new, columns)}
+
+
+def _change_rows(columns: list[str], series: list[tuple[np.ndarray, int, np.ndarray]], season: int, *,
+                 scaled: bool):
+    """(training frame, new frame, series with rows) of seasonal changes, rows in time order;
+    ``scaled``: each series' change over its training's mean absolute change."""
+    import pandas as pd
+
+    train_parts, new_parts = [], []
+    for values, first, stamps in series:
+        values = np.asarray(values, np.float64)
+        if len(values) <= season:
+            continue
+        change = np.full_like(values, np.nan)
+        change[season:] = values[season:] - values[:-season]
+        train = change[season:first]
+        if len(train) < 2 and scaled:
+            continue
+        if scaled:
+            scale = np.nanmean(np.abs(train), axis=0)
+            change = change / np.where(scale > 0, scale, 1.0)
+        stamps = np.asarray(stamps).astype("datetime64[ns]").astype(np.int64)
+        train_parts.append((stamps[season:first], change[season:first]))
+        new_parts.append((stamps[max(first, season):], change[max(first, season):]))
+
+    def frame(parts):
+        names = [change_column(c) for c in columns]
+        if not parts:
+            return pd.DataFrame(columns=names)
+        order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+        return pd.DataFrame(np.concatenate([p[1] for p in parts])[order], columns=names).dropna()
+
+    return frame(train_parts), frame(new_parts), len(new_parts)
 
 
 def run_drift_suite(train, new, columns: list[str]) -> dict:
@@ -102,47 +138,6 @@ def drift_suite(train, window: int, columns: list[str]):
                                                   "expected": [*tails, DRIFT_MOSTLY]}),
         ]
     return gx.ExpectationSuite(name=DRIFT_SUITE, expectations=expectations), profile
-
-
-def pooled_drift(fleet, index: list[int], first_new: np.ndarray, season: int) -> dict:
-    """The one-series drift suite on the seasonal change pooled over the judged series: each
-    series' change over its training's mean absolute change, training and new rows each in
-    time order."""
-    import pandas as pd
-
-    columns = list(fleet.columns)
-    train_parts, new_parts = [], []
-    for i in index:
-        values = np.asarray(fleet.series(i), np.float64)
-        if len(values) <= season:
-            continue
-        change = np.full_like(values, np.nan)
-        change[season:] = values[season:] - values[:-season]
-        first = int(first_new[i])
-        train = change[season:first]
-        if len(train) < 2:
-            continue
-        scale = np.nanmean(np.abs(train), axis=0)
-        scale = np.where(scale > 0, scale, 1.0)
-        stamps = fleet.timestamps(i).astype(np.int64)
-        normalised = change / scale
-        train_parts.append((stamps[season:first], normalised[season:first]))
-        new_parts.append((stamps[max(first, season):], normalised[max(first, season):]))
-
-    def frame(parts):
-        if not parts:
-            return pd.DataFrame(columns=[change_column(c) for c in columns])
-        stamps = np.concatenate([p[0] for p in parts])
-        values = np.concatenate([p[1] for p in parts])
-        order = np.argsort(stamps, kind="stable")
-        return pd.DataFrame(values[order], columns=[change_column(c) for c in columns])
-
-    train, new = frame(train_parts), frame(new_parts)
-    if len(new) < 2 or len(train) < 4:
-        return {"suite": DRIFT_SUITE, "season": season, "rows": int(len(new)), "drifted": [], "checks": [],
-                "pooled": True, "note": "too few rows of seasonal change: no drift check"}
-    out = run_drift_suite(train, new, columns)
-    return {"suite": DRIFT_SUITE, "season": season, "pooled": True, "series": len(new_parts), **out}
 
 
 def _widened(low: float, high: float, floor: float | None = None) -> list[float]:

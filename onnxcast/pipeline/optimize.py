@@ -245,111 +245,23 @@ def fuse_attention(model: onnx.ModelProto, kind: str = ATTENTION_KIND) -> tuple[
     Returns the model and how many blocks were fused. A block that deviates from the exact
     pattern is left alone (the variant is validated either way).
     """
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    initializers = {t.name: t for t in graph.initializer}
-    shapes = {v.name: v.type.tensor_type.shape for v in graph.value_info}
-
-    def const(name: str):
-        if name in initializers:
-            return numpy_helper.to_array(initializers[name])
-        node = producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            return numpy_helper.to_array(node.attribute[0].t)
-        return None
-
-    def parent(name: str, op_type: str) -> onnx.NodeProto | None:
-        node = producer.get(name)
-        return node if node is not None and node.op_type == op_type else None
-
-    def only_child(name: str, op_type: str) -> onnx.NodeProto | None:
-        children = consumers.get(name, [])
-        return children[0] if len(children) == 1 and children[0].op_type == op_type else None
-
-    def perm(node: onnx.NodeProto | None) -> list[int] | None:
-        if node is None:
-            return None
-        return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-
-    def projection(head_input: str, expected_perm: list[int]):
-        """Transpose <- Reshape <- Add(bias) <- MatMul(x, W): (x, W, b, reshape, nodes)."""
-        transpose = parent(head_input, "Transpose")
-        if perm(transpose) != expected_perm:
-            return None
-        reshape = parent(transpose.input[0], "Reshape")
-        add = reshape and parent(reshape.input[0], "Add")
-        if add is None:
-            return None
-        matmul = parent(add.input[0], "MatMul")
-        bias_name = add.input[1]
-        if matmul is None:
-            matmul, bias_name = parent(add.input[1], "MatMul"), add.input[0]
-        if matmul is None:
-            return None
-        weight, bias = const(matmul.input[1]), const(bias_name)
-        if weight is None or bias is None or weight.ndim != 2 or bias.ndim != 1:
-            return None
-        return matmul.input[0], weight, bias, reshape, [transpose, reshape, add, matmul]
-
-    fused, remove, add_nodes, new_inits = 0, set(), [], []
+    index = _GraphIndex(graph)
+    fused, remove, replacement, new_inits = 0, set(), {}, []
     for softmax in [n for n in graph.node if n.op_type == "Softmax"]:
-        scale_node = producer.get(softmax.input[0])
-        if scale_node is None or scale_node.op_type not in ("Div", "Mul"):
+        block = _match_attention(index, softmax)
+        if block is None:
             continue
-        factor = const(scale_node.input[1])
-        qk = parent(scale_node.input[0], "MatMul")
-        av = only_child(softmax.output[0], "MatMul")
-        if factor is None or factor.size != 1 or qk is None or av is None or av.input[0] != softmax.output[0]:
-            continue
-        scale = float(1.0 / factor.item()) if scale_node.op_type == "Div" else float(factor.item())
-        q, k, v = projection(qk.input[0], _Q_PERM), projection(qk.input[1], _K_PERM), projection(av.input[1], _Q_PERM)
-        out_t = only_child(av.output[0], "Transpose")
-        out_r = out_t and only_child(out_t.output[0], "Reshape")
-        if not (q and k and v and out_r) or perm(out_t) != _Q_PERM or not (q[0] == k[0] == v[0]):
-            continue
-        head_shape = shapes.get(q[3].output[0])
-        if head_shape is None or len(head_shape.dim) != 4 or not head_shape.dim[2].HasField("dim_value"):
-            continue
-        num_heads = head_shape.dim[2].dim_value
-        prefix = f"fused_attention_{fused}"
-        weight = np.concatenate([q[1], k[1], v[1]], axis=1).astype(np.float32)
-        bias = np.concatenate([q[2], k[2], v[2]]).astype(np.float32)
-        new_inits += [numpy_helper.from_array(weight, f"{prefix}_qkv_weight"),
-                      numpy_helper.from_array(bias, f"{prefix}_qkv_bias")]
-        if kind == "Attention":
-            add_nodes.append((out_r, [helper.make_node(
-                "Attention", [q[0], f"{prefix}_qkv_weight", f"{prefix}_qkv_bias"], [out_r.output[0]],
-                name=prefix, domain="com.microsoft", num_heads=num_heads, scale=scale)]))
-        else:
-            d = q[1].shape[1]
-            new_inits.append(numpy_helper.from_array(np.array([d, d, d], dtype=np.int64), f"{prefix}_split"))
-            add_nodes.append((out_r, [
-                helper.make_node("MatMul", [q[0], f"{prefix}_qkv_weight"], [f"{prefix}_qkv_mm"], name=f"{prefix}_mm"),
-                helper.make_node("Split", [f"{prefix}_qkv_mm", f"{prefix}_split"], [f"{prefix}_q", f"{prefix}_k", f"{prefix}_v"], name=f"{prefix}_sp", axis=-1),
-                helper.make_node("MultiHeadAttention", [f"{prefix}_q", f"{prefix}_k", f"{prefix}_v", f"{prefix}_qkv_bias"],
-                                 [out_r.output[0]], name=prefix, domain="com.microsoft", num_heads=num_heads, scale=scale)]))
-        for node in (*q[4], *k[4], *v[4], qk, scale_node, softmax, av, out_t, out_r):
-            remove.add(id(node))
+        nodes, initializers = _fused_attention_nodes(block, f"fused_attention_{fused}", kind)
+        replacement[id(block.output_node)] = nodes
+        new_inits += initializers
+        remove.update(id(node) for node in block.nodes)
         fused += 1
-
     if not fused:
         return model, 0
-    # keep topological order: each fused node takes the place of the block's final Reshape
-    replacement = {id(old): new for old, new in add_nodes}
-    nodes = []
-    for node in graph.node:
-        if id(node) in replacement:
-            nodes.extend(replacement[id(node)])
-        elif id(node) not in remove:
-            nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    _replace_nodes(graph, replacement, remove)
     graph.initializer.extend(new_inits)
     # the removed Reshapes' shape computations (Shape -> Gather -> Concat) are dead now; ORT
     # would still run them (the int8 variant is not simplified by onnxslim afterwards)
@@ -358,6 +270,151 @@ def fuse_attention(model: onnx.ModelProto, kind: str = ATTENTION_KIND) -> tuple[
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     del graph.value_info[:]  # stale for the removed tensors; check_model re-infers
     return model, fused
+
+
+class _GraphIndex:
+    """Who produces and who consumes each tensor of a graph, its constants and known shapes,
+    as the graph was when indexed."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.producer = {out: node for node in graph.node for out in node.output if out}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.shapes = {v.name: v.type.tensor_type.shape for v in graph.value_info}
+
+    def const(self, name: str):
+        from onnx import numpy_helper
+
+        if name in self.initializers:
+            return numpy_helper.to_array(self.initializers[name])
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def parent(self, name: str, op_type: str) -> onnx.NodeProto | None:
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    def only_child(self, name: str, op_type: str) -> onnx.NodeProto | None:
+        children = self.consumers.get(name, [])
+        return children[0] if len(children) == 1 and children[0].op_type == op_type else None
+
+
+@dataclass(frozen=True)
+class _Projection:
+    """One head input: Transpose <- Reshape <- Add(bias) <- MatMul(x, W)."""
+
+    x: str
+    weight: np.ndarray
+    bias: np.ndarray
+    reshape: onnx.NodeProto
+    nodes: list[onnx.NodeProto]
+
+
+@dataclass(frozen=True)
+class _AttentionBlock:
+    q: _Projection
+    k: _Projection
+    v: _Projection
+    num_heads: int
+    scale: float
+    output_node: onnx.NodeProto  # the block's final Reshape: the fused nodes take its place
+    nodes: list[onnx.NodeProto]  # every node of the block, removed when it is fused
+
+
+def _perm(node: onnx.NodeProto | None) -> list[int] | None:
+    if node is None:
+        return None
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
+def _projection(index: _GraphIndex, head_input: str, expected_perm: list[int]) -> _Projection | None:
+    transpose = index.parent(head_input, "Transpose")
+    if _perm(transpose) != expected_perm:
+        return None
+    reshape = index.parent(transpose.input[0], "Reshape")
+    add = reshape and index.parent(reshape.input[0], "Add")
+    if add is None:
+        return None
+    matmul = index.parent(add.input[0], "MatMul")
+    bias_name = add.input[1]
+    if matmul is None:
+        matmul, bias_name = index.parent(add.input[1], "MatMul"), add.input[0]
+    if matmul is None:
+        return None
+    weight, bias = index.const(matmul.input[1]), index.const(bias_name)
+    if weight is None or bias is None or weight.ndim != 2 or bias.ndim != 1:
+        return None
+    return _Projection(matmul.input[0], weight, bias, reshape, [transpose, reshape, add, matmul])
+
+
+def _match_attention(index: _GraphIndex, softmax: onnx.NodeProto) -> _AttentionBlock | None:
+    """The attention block around ``softmax``, or None when it deviates from the exact pattern:
+    softmax(q @ k^T scaled by a constant) @ v, heads transposed back and reshaped."""
+    scale_node = index.producer.get(softmax.input[0])
+    if scale_node is None or scale_node.op_type not in ("Div", "Mul"):
+        return None
+    factor = index.const(scale_node.input[1])
+    qk = index.parent(scale_node.input[0], "MatMul")
+    av = index.only_child(softmax.output[0], "MatMul")
+    if factor is None or factor.size != 1 or qk is None or av is None or av.input[0] != softmax.output[0]:
+        return None
+    scale = float(1.0 / factor.item()) if scale_node.op_type == "Div" else float(factor.item())
+    q, k = _projection(index, qk.input[0], _Q_PERM), _projection(index, qk.input[1], _K_PERM)
+    v = _projection(index, av.input[1], _Q_PERM)
+    out_t = index.only_child(av.output[0], "Transpose")
+    out_r = out_t and index.only_child(out_t.output[0], "Reshape")
+    if not (q and k and v and out_r) or _perm(out_t) != _Q_PERM or not (q.x == k.x == v.x):
+        return None
+    head_shape = index.shapes.get(q.reshape.output[0])
+    if head_shape is None or len(head_shape.dim) != 4 or not head_shape.dim[2].HasField("dim_value"):
+        return None
+    nodes = [*q.nodes, *k.nodes, *v.nodes, qk, scale_node, softmax, av, out_t, out_r]
+    return _AttentionBlock(q, k, v, head_shape.dim[2].dim_value, scale, out_r, nodes)
+
+
+def _fused_attention_nodes(block: _AttentionBlock, prefix: str,
+                           kind: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The com.microsoft nodes that compute ``block`` (named ``prefix``...), and their packed
+    q/k/v weights and biases."""
+    from onnx import helper, numpy_helper
+
+    q, k, v = block.q, block.k, block.v
+    weight = np.concatenate([q.weight, k.weight, v.weight], axis=1).astype(np.float32)
+    bias = np.concatenate([q.bias, k.bias, v.bias]).astype(np.float32)
+    initializers = [numpy_helper.from_array(weight, f"{prefix}_qkv_weight"),
+                    numpy_helper.from_array(bias, f"{prefix}_qkv_bias")]
+    output, heads = block.output_node.output[0], block.num_heads
+    if kind == "Attention":
+        return [helper.make_node(
+            "Attention", [q.x, f"{prefix}_qkv_weight", f"{prefix}_qkv_bias"], [output],
+            name=prefix, domain="com.microsoft", num_heads=heads, scale=block.scale)], initializers
+    d = q.weight.shape[1]
+    initializers.append(numpy_helper.from_array(np.array([d, d, d], dtype=np.int64), f"{prefix}_split"))
+    return [
+        helper.make_node("MatMul", [q.x, f"{prefix}_qkv_weight"], [f"{prefix}_qkv_mm"], name=f"{prefix}_mm"),
+        helper.make_node("Split", [f"{prefix}_qkv_mm", f"{prefix}_split"], [f"{prefix}_q", f"{prefix}_k", f"{prefix}_v"],
+                         name=f"{prefix}_sp", axis=-1),
+        helper.make_node("MultiHeadAttention", [f"{prefix}_q", f"{prefix}_k", f"{prefix}_v", f"{prefix}_qkv_bias"],
+                         [output], name=prefix, domain="com.microsoft", num_heads=heads, scale=block.scale),
+    ], initializers
+
+
+def _replace_nodes(graph: onnx.GraphProto, replacement: dict[int, list[onnx.NodeProto]], remove: set[int]) -> None:
+    """Drop the nodes in ``remove`` (ids) and put each ``replacement`` where the node of that id
+    was: the fused nodes keep the graph in topological order."""
+    nodes = []
+    for node in graph.node:
+        if id(node) in replacement:
+            nodes.extend(replacement[id(node)])
+        elif id(node) not in remove:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 # --- LSTM clean-up ---------------------------------------------------------------------------
@@ -374,81 +431,105 @@ _PASS_THROUGH = {"Slice", "Split", "Expand", "Reshape", "Squeeze", "Unsqueeze", 
 def simplify_lstm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """Drop zero initial states and unused outputs of LSTM ops; read a single layer's Y_h
     directly instead of through Concat + Gather. Returns the model and what changed."""
-    from onnx import helper, numpy_helper
-
     graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output if out}
-    initializers = {t.name: t for t in graph.initializer}
+    index = _GraphIndex(graph)
     graph_outputs = {o.name for o in graph.output}
-    changes: list[str] = []
+    lstms = _lstm_nodes(graph)
+    changes = _drop_zero_initial_states(index, lstms)
+    changes += _read_single_layer_yh(index, graph, lstms)
+    _remove_dead_nodes(graph)  # rebuilds graph.node: look the LSTM nodes up again
+    changes += _drop_unused_lstm_outputs(graph, _lstm_nodes(graph), graph_outputs)
+    _remove_dead_nodes(graph)
+    del graph.value_info[:]
+    return model, changes
 
-    def consumers(name: str) -> list[onnx.NodeProto]:
-        return [n for n in graph.node if name in n.input]
 
-    def constant_value(name: str):
-        if name in initializers:
-            return numpy_helper.to_array(initializers[name])
-        node = producer.get(name)
-        if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            return numpy_helper.to_array(node.attribute[0].t)
-        return None
+def _lstm_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    return [n for n in graph.node if n.op_type == "LSTM" and n.domain in ("", "ai.onnx")]
 
-    def is_zeros(name: str) -> bool:
-        """``name`` is all zeros: a zero constant, or ConstantOfShape(0), through shape-only ops."""
-        for _ in range(8):
-            value = constant_value(name)
-            if value is not None:
-                return not np.any(value)
-            node = producer.get(name)
-            if node is None:
-                return False
-            if node.op_type == "ConstantOfShape":
-                fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
-                return fill is None or not np.any(fill)
-            if node.op_type not in _PASS_THROUGH:
-                return False
-            name = node.input[0]
-        return False
 
-    lstms = [n for n in graph.node if n.op_type == "LSTM" and n.domain in ("", "ai.onnx")]
+def _drop_zero_initial_states(index: _GraphIndex, lstms: list[onnx.NodeProto]) -> list[str]:
+    """An initial_h or initial_c that is all zeros is ONNX's default: leave the input out."""
+    changes = []
     for node in lstms:
-        for index in (5, 6):  # initial_h, initial_c
-            if len(node.input) > index and node.input[index] and is_zeros(node.input[index]):
-                node.input[index] = ""
-                changes.append(f"{node.name}: zero {'initial_h' if index == 5 else 'initial_c'} dropped")
+        for at in (5, 6):  # initial_h, initial_c
+            if len(node.input) > at and node.input[at] and _is_zeros(index, node.input[at]):
+                node.input[at] = ""
+                changes.append(f"{node.name}: zero {'initial_h' if at == 5 else 'initial_c'} dropped")
         while node.input and not node.input[-1]:
             node.input.pop()
+    return changes
 
-    # Gather(Concat(Y_h of single-direction LSTMs), const index, axis 0) -> Squeeze(that Y_h)
+
+def _read_single_layer_yh(index: _GraphIndex, graph: onnx.GraphProto, lstms: list[onnx.NodeProto]) -> list[str]:
+    """Gather(Concat(Y_h of single-direction LSTMs), const index, axis 0) -> Squeeze(that Y_h)."""
+    from onnx import helper, numpy_helper
+
     lstm_yh = {n.output[1] for n in lstms if len(n.output) > 1 and n.output[1]
                and next((a.s for a in n.attribute if a.name == "direction"), b"forward") != b"bidirectional"}
+    changes = []
     for gather in [n for n in graph.node if n.op_type == "Gather"]:
-        concat = producer.get(gather.input[0])
-        index = constant_value(gather.input[1])
+        concat = index.producer.get(gather.input[0])
+        at = _constant_value(index, gather.input[1])
         axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
-        if (concat is None or concat.op_type != "Concat" or index is None or index.ndim != 0 or axis != 0
+        if (concat is None or concat.op_type != "Concat" or at is None or at.ndim != 0 or axis != 0
                 or next((a.i for a in concat.attribute if a.name == "axis"), None) != 0
                 or not all(i in lstm_yh for i in concat.input)):
             continue
-        chosen = concat.input[int(index)]
+        chosen = concat.input[int(at)]
         axes = f"{gather.name or gather.output[0]}_axes"
         graph.initializer.append(numpy_helper.from_array(np.array([0], dtype=np.int64), axes))
         squeeze = helper.make_node("Squeeze", [chosen, axes], list(gather.output), name=f"{gather.name}_squeeze")
         graph.node.insert(list(graph.node).index(gather), squeeze)
         graph.node.remove(gather)
         changes.append(f"{gather.name}: last layer's Y_h read directly")
+    return changes
 
-    _remove_dead_nodes(graph)  # rebuilds graph.node: look the LSTM nodes up again
-    for node in [n for n in graph.node if n.op_type == "LSTM" and n.domain in ("", "ai.onnx")]:
-        for index, output in enumerate(node.output):
-            if output and output not in graph_outputs and not consumers(output):
-                node.output[index] = ""
-                changes.append(f"{node.name}: unused output {('Y', 'Y_h', 'Y_c')[index]} not computed")
+
+def _drop_unused_lstm_outputs(graph: onnx.GraphProto, lstms: list[onnx.NodeProto],
+                              graph_outputs: set[str]) -> list[str]:
+    """An LSTM output nobody reads (Y, Y_h or Y_c) is not computed."""
+    changes = []
+    for node in lstms:
+        for at, output in enumerate(node.output):
+            if output and output not in graph_outputs and not any(output in n.input for n in graph.node):
+                node.output[at] = ""
+                changes.append(f"{node.name}: unused output {('Y', 'Y_h', 'Y_c')[at]} not computed")
         while node.output and not node.output[-1]:
             node.output.pop()
-    _remove_dead_nodes(graph)
-    del graph.value_info[:]
-    return model, changes
+    return changes
+
+
+def _constant_value(index: _GraphIndex, name: str):
+    """The value of an initializer or a Constant node's ``value``; None for anything else."""
+    from onnx import numpy_helper
+
+    if name in index.initializers:
+        return numpy_helper.to_array(index.initializers[name])
+    node = index.producer.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def _is_zeros(index: _GraphIndex, name: str) -> bool:
+    """``name`` is all zeros: a zero constant, or ConstantOfShape(0), through shape-only ops."""
+    from onnx import numpy_helper
+
+    for _ in range(8):
+        value = _constant_value(index, name)
+        if value is not None:
+            return not np.any(value)
+        node = index.producer.get(name)
+        if node is None:
+            return False
+        if node.op_type == "ConstantOfShape":
+            fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
+            return fill is None or not np.any(fill)
+        if node.op_type not in _PASS_THROUGH:
+            return False
+        name = node.input[0]
+    return False
 
 
 def _remove_dead_nodes(graph: onnx.GraphProto) -> None:

@@ -8,6 +8,10 @@
   on per-series figures, pairs where either side is not finite left out
   (:func:`paired_across_series`), and a plain bootstrap over series (:func:`bootstrap_interval`).
 
+Which of the two a comparison takes is chosen by the sample, not by a mode:
+:func:`judged_across_series` (the monitor's degradation test and the champion decision both
+ask it), and :func:`paired_comparison` runs the paired test it chooses.
+
 With fewer than ``MIN_PAIRED_ORIGINS`` origins (``MIN_PAIRED_SERIES`` series), or p >=
 ``ALPHA``, a difference is not significant. numpy and scipy only: the pipeline's judging
 (evaluation, intervals, validate, report), the monitor and the registry's champion decision
@@ -118,3 +122,21 @@ def bootstrap_interval(values: np.ndarray, level: float = 0.95, seed: int = 0) -
         means[start:start + len(picks)] = values[picks].mean(axis=1)
     tail = (1.0 - level) / 2.0
     return [float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))]
+
+
+def judged_across_series(series: int) -> bool:
+    """Whether a sample of ``series`` series is judged across series (the series are the
+    independent units) rather than over the origins of its one series (dependent units: the
+    windows of neighbouring origins overlap, so Newey-West or batch means). Two series are
+    already two independent units, where one series' origins never are; whether there are
+    enough of them is each test's minimum (``MIN_PAIRED_SERIES``, the monitor's ``MIN_SERIES``)."""
+    return int(series) > 1
+
+
+def paired_comparison(a: np.ndarray, b: np.ndarray, *, series: int, block: int = 1) -> dict:
+    """The two-sided paired test of A against B that the sample supports
+    (:func:`judged_across_series`): :func:`paired_across_series` on per-series figures, else
+    :func:`paired_test` on the per-origin errors of one series with ``block``."""
+    if judged_across_series(series):
+        return paired_across_series(a, b)
+    return paired_test(a, b, block)

@@ -17,15 +17,22 @@ from onnxcast.base.files import read_json, write_json
 from onnxcast.pipeline.config import CHAMPION_METRICS, PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fetch import FetchError, parse_source
-from onnxcast.registry.fleet_tracking import SERIES, is_fleet_report, read_per_series
 from onnxcast.registry.interval_figures import (
     MSIS_KEY,
-    fleet_intervals,
+    family_intervals,
     per_origin_msis,
     variant_intervals,
 )
 from onnxcast.registry.plan import CHAMPION_FAMILY, PlanError, champion_entry, read_plan
-from onnxcast.registry.tracking import FAMILY_TAG, TrackingError, client_for, resolve_version
+from onnxcast.registry.tracking import (
+    FAMILY_TAG,
+    SERIES,
+    TrackingError,
+    client_for,
+    is_fleet_report,
+    read_per_series,
+    resolve_version,
+)
 
 MSIS_TAG = "onnxcast.fp32_msis_95"  # a version's fp32 95% MSIS (tracking.interval_tags)
 FLEET_METRIC = "mase"
@@ -34,83 +41,108 @@ MSIS = "msis"  # champion_metric: the 95% interval's MSIS (onnxcast.pipeline.con
 
 def decide(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,
            tracking_uri: str | None = None, metric: str | None = None) -> dict:
-    """Compare the report's selected challenger with the champion evaluated in this run.
+    """Compare the report's selected challenger with the champion evaluated in this run; one
+    decision for any number of series.
 
-    The challenger wins when its fp32 holdout MAE is lower than the champion's by more than
-    ``min_improvement`` (relative; 0.0: any improvement, a tie loses) and a paired test on the
-    same origins (onnxcast.pipeline.significance.paired_test) finds the difference significant; otherwise
-    the champion stays. No champion: the challenger wins.
-    A fleet run compares mean MASE across series instead (:func:`decide_fleet`; it reads
-    the champion version's tags from the registry at ``tracking_uri``).
+    The figures are those the run recorded (:func:`challenger_figures`): one series, the fp32
+    holdout MAE and its per-origin errors (:func:`_judge_series_champion`); several (a fleet
+    report), the fp32 mean MASE and the per-series tables, the champion version's tags read
+    from the registry at ``tracking_uri`` (:func:`_judge_fleet_champion`). The paired test is the
+    one the sample supports (:func:`paired_on`: over the origins of one series, across series of
+    several). The challenger wins when its figure is lower than the champion's by more than
+    ``min_improvement`` (relative; 0.0: any improvement, a tie loses) and the test finds the
+    difference significant; otherwise the champion stays. No champion: the challenger wins.
     ``metric`` (default: the run's ``champion_metric`` setting, else ``mase``): ``msis`` compares
-    the fp32 95% interval's MSIS instead (:func:`_judge_on_msis`), recorded as ``metric``.
+    the fp32 95% interval's MSIS instead, recorded as ``metric``.
     Writes ``champion_challenger.json`` and returns the decision.
     """
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
-    metric = champion_metric(layout, metric)
-    if is_fleet_report(report):
-        return decide_fleet(run_dir, min_improvement=min_improvement,
-                            require_beats_champion=require_beats_champion, tracking_uri=tracking_uri,
-                            metric=metric)
-    family = report["selected"]["edge"]["family"]
-    entry = next(m for m in report["models"] if m["family"] == family)
-    decision = {
-        "metric": metric, "challenger_family": family,
-        "challenger_mae": entry["fp32_holdout_mae"],
-        "holdout_start": report["split"]["holdout_start"],
-        "holdout_end": report["split"]["holdout_end"],
-        "min_improvement": float(min_improvement),
-        "champion_version": None, "champion_family": None, "champion_mae": None, "improvement": None,
-    }
-    champion = champion_entry(run_dir)
-    plan = read_plan(run_dir)
+    decision = challenger_figures(report, champion_metric(layout, metric), min_improvement)
+    champion, plan = champion_entry(run_dir), read_plan(run_dir)
     incomparable = plan.get("incomparable_champion")
     if champion is None and incomparable and require_beats_champion:
         decision.update(promote=False, champion_version=incomparable.get("version"),
                         reason=_not_comparable(incomparable.get("version"), incomparable.get("differences")))
+        if "comparison" in decision:
+            decision["comparison"] = "not comparable"
     elif champion is None:
         decision.update(promote=True, reason="no champion to compare with: " + ("; ".join(plan.get("notes", []))
                                                                                or "none registered"))
     else:
-        validation = read_json(layout.validation(CHAMPION_FAMILY))
-        spec = read_json(layout.model_json(CHAMPION_FAMILY))["spec"]
-        champion_mae = validation["fp32_holdout_mae"]
-        improvement = 1.0 - decision["challenger_mae"] / champion_mae if champion_mae else 0.0
-        decision.update(champion_version=champion.get("version"), champion_family=spec["family"],
-                        champion_mae=champion_mae, improvement=improvement)
-        if metric == MSIS:
-            _judge_on_msis(layout, report, entry, validation, champion.get("version"), decision,
-                           min_improvement=min_improvement, require_beats_champion=require_beats_champion)
-            write_json(layout.decision, decision)
-            return decision
-        test = _paired(entry, validation, report)
-        decision["paired_test"] = test
-        better = decision["challenger_mae"] < champion_mae and improvement > min_improvement
-        beats = better and test["significant"]
-        if beats:
-            decision.update(promote=True, reason=f"challenger MAE {decision['challenger_mae']:.4g} beats champion "
-                                                 f"v{champion.get('version')} {champion_mae:.4g} "
-                                                 f"({improvement:+.2%}, p={test['p_value']:.3g} on "
-                                                 f"{test['origins']} paired origins) on the same holdout")
-        elif better and require_beats_champion:
-            decision.update(promote=False, reason=f"challenger MAE {decision['challenger_mae']:.4g} is lower than "
-                                                  f"champion v{champion.get('version')} {champion_mae:.4g} "
-                                                  f"({improvement:+.2%}) but not significantly ({_p_text(test)}): "
-                                                  "the champion stays")
-        elif not require_beats_champion:
-            decision.update(promote=True, reason=f"challenger MAE {decision['challenger_mae']:.4g} does not beat "
-                                                 f"champion {champion_mae:.4g}, promoted as asked "
-                                                 "(require_beats_champion is off)")
-        else:
-            decision.update(promote=False, reason=f"challenger MAE {decision['challenger_mae']:.4g} does not beat "
-                                                  f"champion v{champion.get('version')} {champion_mae:.4g} by more "
-                                                  f"than {min_improvement:.2%} ({improvement:+.2%})")
+        judge = _judge_fleet_champion if is_fleet_report(report) else _judge_series_champion
+        judge(layout, report, champion, decision, min_improvement=min_improvement,
+              require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
     write_json(layout.decision, decision)
     return decision
 
 
-# --- fleet mode ---------------------------------------------------------------------------
+def challenger_figures(report: dict, metric: str, min_improvement: float) -> dict:
+    """The decision's first keys: the challenger's fp32 holdout figure and the holdout's span.
+    Several series: ``challenger_mae`` holds the mean MASE (as ``fp32_holdout_mae`` does in a
+    fleet report), beside ``challenger_mase`` with its interval and the series count."""
+    family = report["selected"]["edge"]["family"]
+    split = report["split"]
+    empty = {"champion_version": None, "champion_family": None, "champion_mae": None}
+    if not is_fleet_report(report):
+        return {"metric": metric, "challenger_family": family,
+                "challenger_mae": _family_entry(report, family)["fp32_holdout_mae"],
+                "holdout_start": split["holdout_start"], "holdout_end": split["holdout_end"],
+                "min_improvement": float(min_improvement), **empty, "improvement": None}
+    mase, interval = _fleet_mase(report, family)
+    return {"metric": metric, "challenger_family": family, "challenger_mae": mase, "challenger_mase": mase,
+            "challenger_mase_ci95": interval, "series": (report.get("fleet") or {}).get("n_series"),
+            "holdout_start": split.get("holdout_start"), "holdout_end": split.get("holdout_end"),
+            "min_improvement": float(min_improvement), "comparison": None, **empty, "champion_mase": None,
+            "improvement": None}
+
+
+def paired_on(a, b, report: dict, block: int = 1) -> dict:
+    """The paired test of A's figures against B's that the run's sample supports
+    (significance.paired_comparison): Diebold-Mariano over the origins of one series (Newey-West
+    over ``block - 1`` lags), across series of several (series the independent units, pairs
+    that are not finite left out). Across series, ``origins`` repeats ``series``: the decision's
+    tag ``onnxcast.decision.paired_test.origins`` keeps its name for a release (docs/changes-31.md)."""
+    import numpy as np
+
+    from onnxcast.pipeline.significance import paired_comparison
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    test = paired_comparison(a, b, series=series_count(report, len(a)), block=block)
+    return {**test, "origins": test["series"]} if "series" in test else test
+
+
+def series_count(report: dict, pairs: int) -> int:
+    """The series the run judged: its ``fleet.n_series`` (else ``dataset.n_series``); a report
+    of several series that does not say how many: the ``pairs`` it has; else one."""
+    counted = (report.get("fleet") or {}).get("n_series") or (report.get("dataset") or {}).get("n_series")
+    if counted:
+        return int(counted)
+    return pairs if is_fleet_report(report) else 1
+
+
+def _judge_series_champion(layout: RunLayout, report: dict, champion: dict, decision: dict, *,
+                           min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
+    """One series: the fp32 holdout MAE of both on this run's holdout, paired on its origins."""
+    entry = _family_entry(report, decision["challenger_family"])
+    validation = read_json(layout.validation(CHAMPION_FAMILY))
+    spec = read_json(layout.model_json(CHAMPION_FAMILY))["spec"]
+    number, mine, theirs = champion.get("version"), decision["challenger_mae"], validation["fp32_holdout_mae"]
+    improvement = 1.0 - mine / theirs if theirs else 0.0
+    decision.update(champion_version=number, champion_family=spec["family"], champion_mae=theirs,
+                    improvement=improvement)
+    if decision["metric"] == MSIS:
+        return _judge_on_msis(layout, report, validation, {}, None, decision, min_improvement=min_improvement,
+                              require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
+    test = _paired(entry, validation, report)
+    decision["paired_test"] = test
+    _verdict(decision, mine < theirs and improvement > min_improvement, bool(test["significant"]),
+             f"challenger MAE {mine:.4g}", f"champion v{number} {theirs:.4g} ({improvement:+.2%})",
+             "on the same holdout", _p_text(test), min_improvement=min_improvement,
+             require_beats_champion=require_beats_champion)
+
+
+# --- several series: comparability, per-series tables ----------------------------------------
 
 def fleet_differences(tags: dict[str, str], *, series_column: str | None, horizon: int | None,
                       freq: str | None) -> dict[str, list]:
@@ -132,64 +164,16 @@ def fleet_differences(tags: dict[str, str], *, series_column: str | None, horizo
     return differences
 
 
-def decide_fleet(run_dir: str | Path, *, min_improvement: float = 0.0, require_beats_champion: bool = True,
-                 tracking_uri: str | None = None, metric: str | None = None) -> dict:
-    """Champion/challenger on a fleet: fp32 mean MASE over series, a paired test across series.
-
-    The champion's per-series fp32 MASE comes from this run (``models/champion/per_series.parquet``:
-    the same series and origins), else from its own run in MLflow (the artifact
-    ``per_series/<family>.parquet`` of the version's run: its own holdout, said so in the
-    decision); the two tables are joined on the series id. With neither, the means are compared
-    and a difference counts only when the two 95% intervals do not overlap (``comparison``
-    says so). A champion that is not a global model, or has another series column, horizon or
-    frequency, is not comparable and is not replaced automatically (as a champion of another
-    horizon, see :func:`write_plan`). ``challenger_mae``/``champion_mae`` hold the mean MASE,
-    as ``fp32_holdout_mae`` does in a fleet report; ``metric`` says ``mase``. With ``metric``
-    ``msis`` the per-series ``fp32.msis_95`` are compared the same way (:func:`_judge_fleet_on_msis`).
-    """
-    layout = RunLayout(run_dir)
-    report = read_json(layout.report)
-    metric = champion_metric(layout, metric)
-    family = report["selected"]["edge"]["family"]
-    mase, interval = _fleet_mase(report, family)
-    decision = {
-        "metric": metric, "challenger_family": family, "challenger_mae": mase, "challenger_mase": mase,
-        "challenger_mase_ci95": interval, "series": (report.get("fleet") or {}).get("n_series"),
-        "holdout_start": report["split"].get("holdout_start"), "holdout_end": report["split"].get("holdout_end"),
-        "min_improvement": float(min_improvement), "comparison": None,
-        "champion_version": None, "champion_family": None, "champion_mae": None, "champion_mase": None,
-        "improvement": None,
-    }
-    plan = read_plan(run_dir)
-    champion = champion_entry(run_dir)
-    incomparable = plan.get("incomparable_champion")
-    if champion is None and incomparable and require_beats_champion:
-        decision.update(promote=False, champion_version=incomparable.get("version"), comparison="not comparable",
-                        reason=_not_comparable(incomparable.get("version"), incomparable.get("differences")))
-    elif champion is None:
-        decision.update(promote=True, reason="no champion to compare with: " + ("; ".join(plan.get("notes", []))
-                                                                               or "none registered"))
-    else:
-        _judge_fleet_champion(layout, report, champion, decision, min_improvement=min_improvement,
-                              require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
-    write_json(layout.decision, decision)
-    return decision
-
-
 def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decision: dict, *,
                           min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
-    number = champion.get("version")
+    """Several series: the fp32 mean MASE of both, paired across the series both have, when the
+    champion is comparable (:func:`fleet_differences`, and a mean MASE, never a MAE)."""
+    number = decision["champion_version"] = champion.get("version")
     version, note = _champion_version(champion, tracking_uri)
     if note:
         decision["note"] = note
-    config = report.get("config") or {}
-    differences = fleet_differences(version.tags if version is not None else {"onnxcast.global": "true"},
-                                    series_column=config.get("series_column"), horizon=config.get("horizon"),
-                                    freq=(report.get("dataset") or {}).get("freq") or config.get("freq"))
     validation, judged = _champion_numbers(layout, version, decision)
-    if not judged or judged.get("metric", FLEET_METRIC) != FLEET_METRIC:  # never a MAE against a MASE
-        differences["metric"] = [judged.get("metric") or "mae (one series)", FLEET_METRIC]
-    decision["champion_version"] = number
+    differences = _run_differences(report, version, judged)
     if differences:
         decision.update(comparison="not comparable", differences=differences)
         if require_beats_champion:
@@ -202,31 +186,49 @@ def _judge_fleet_champion(layout: RunLayout, report: dict, champion: dict, decis
     champion_family = read_json(spec_path)["spec"]["family"] if spec_path.exists() else (
         version.tags.get("onnxcast.family") if version is not None else None)
     fp32 = (judged.get("variants") or {}).get("fp32") or {}
-    champion_mase = fp32.get("mase_mean", validation.get("fp32_holdout_mase", validation.get("fp32_holdout_mae")))
-    challenger_mase = decision["challenger_mase"]
-    improvement = 1.0 - challenger_mase / champion_mase if champion_mase else 0.0
-    decision.update(champion_family=champion_family, champion_mae=champion_mase, champion_mase=champion_mase,
+    theirs = fp32.get("mase_mean", validation.get("fp32_holdout_mase", validation.get("fp32_holdout_mae")))
+    mine = decision["challenger_mase"]
+    improvement = 1.0 - mine / theirs if theirs else 0.0
+    decision.update(champion_family=champion_family, champion_mae=theirs, champion_mase=theirs,
                     champion_mase_ci95=fp32.get("mase_ci95"), improvement=improvement)
     if decision["metric"] == MSIS:
-        _judge_fleet_on_msis(layout, report, validation, judged, version, decision, min_improvement=min_improvement,
-                             require_beats_champion=require_beats_champion, tracking_uri=tracking_uri)
-        return
+        return _judge_on_msis(layout, report, validation, judged, version, decision,
+                                    min_improvement=min_improvement, require_beats_champion=require_beats_champion,
+                                    tracking_uri=tracking_uri)
+    significant, evidence = _mase_evidence(layout, report, decision, version, fp32, tracking_uri)
+    _verdict(decision, mine < theirs and improvement > min_improvement, significant,
+             f"challenger mean MASE {mine:.4g}", f"champion v{number} {theirs:.4g} ({improvement:+.2%})",
+             "across series", evidence, min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+
+
+def _run_differences(report: dict, version, judged: dict) -> dict[str, list]:
+    """:func:`fleet_differences` of the champion version's tags against this run's settings,
+    plus ``metric`` when the champion's figure is not a mean MASE (never a MAE against a MASE)."""
+    config = report.get("config") or {}
+    differences = fleet_differences(version.tags if version is not None else {"onnxcast.global": "true"},
+                                    series_column=config.get("series_column"), horizon=config.get("horizon"),
+                                    freq=(report.get("dataset") or {}).get("freq") or config.get("freq"))
+    if not judged or judged.get("metric", FLEET_METRIC) != FLEET_METRIC:
+        differences["metric"] = [judged.get("metric") or "mae (one series)", FLEET_METRIC]
+    return differences
+
+
+def _mase_evidence(layout: RunLayout, report: dict, decision: dict, version, fp32: dict,
+                   tracking_uri: str | None) -> tuple[bool, str]:
+    """(significant, why): the paired test on the per-series MASE both have, else whether the two
+    95% intervals over series do not overlap (the aggregates only)."""
     pairs, source = _paired_tables(layout, decision["challenger_family"], version, tracking_uri)
     if pairs is not None:
-        test = _across_series(*pairs)
-        decision.update(paired_test=test, comparison=f"paired across {test['series']} series ({source})")
-        significant = bool(test["significant"])
-        evidence = _fleet_p_text(test)
-    else:
-        low = (decision.get("challenger_mase_ci95") or [None, None])[1]
-        high = (fp32.get("mase_ci95") or [None, None])[0]
-        significant = low is not None and high is not None and low < high
-        decision.update(paired_test=None, comparison=f"aggregate only ({source}): a difference counts when the "
-                                                      "95% intervals over series do not overlap")
-        evidence = "aggregate only, the 95% intervals " + ("do not overlap" if significant else "overlap")
-    _verdict(decision, challenger_mase < champion_mase and improvement > min_improvement, significant,
-             f"challenger mean MASE {challenger_mase:.4g}", f"champion v{number} {champion_mase:.4g} ({improvement:+.2%})",
-             "across series", evidence, min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+        test = paired_on(*pairs, report)
+        count = test.get("series", len(pairs[0]))
+        decision.update(paired_test=test, comparison=f"paired across {count} series ({source})")
+        return bool(test["significant"]), _p_text(test)
+    low = (decision.get("challenger_mase_ci95") or [None, None])[1]
+    high = (fp32.get("mase_ci95") or [None, None])[0]
+    significant = low is not None and high is not None and low < high
+    decision.update(paired_test=None, comparison=f"aggregate only ({source}): a difference counts when the "
+                                                  "95% intervals over series do not overlap")
+    return significant, "aggregate only, the 95% intervals " + ("do not overlap" if significant else "overlap")
 
 
 def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict, dict]:
@@ -251,15 +253,8 @@ def _champion_numbers(layout: RunLayout, version, decision: dict) -> tuple[dict,
     return {"fp32_holdout_mase": mase}, {"metric": tags.get("onnxcast.metric"), "variants": {"fp32": fp32}}
 
 
-def _across_series(a, b) -> dict:
-    """The pipeline's paired test across series (significance.paired_across_series: pairs that
-    are not finite left out, the minimum counted on the rest), with ``origins`` beside
-    ``series``: the decision's tag ``onnxcast.decision.paired_test.origins`` keeps its name for
-    a release (docs/changes-31.md)."""
-    from onnxcast.pipeline.significance import paired_across_series
-
-    test = paired_across_series(a, b)
-    return {**test, "origins": test["series"]}
+def _family_entry(report: dict, family: str) -> dict:
+    return next(m for m in report["models"] if m["family"] == family)
 
 
 def _fleet_mase(report: dict, family: str) -> tuple[float, list | None]:
@@ -333,18 +328,9 @@ def _not_comparable(version, differences) -> str:
             "shapes: promote this version explicitly (onnxcast_promote) if that is intended")
 
 
-def _fleet_p_text(test: dict) -> str:
-    if test.get("p_value") is None:
-        return test.get("note") or f"{test.get('series', 0)} paired series"
-    robust = f", Wilcoxon p={test['robust_p']:.3g}" if test.get("robust_p") is not None else ""
-    return f"p={test['p_value']:.3g} on {test['series']} paired series{robust}, alpha {test['alpha']}"
-
-
 def _paired(challenger: dict, champion: dict, report: dict) -> dict:
     """Diebold-Mariano test of the two fp32 models' per-origin MAEs on this run's origins."""
     import numpy as np
-
-    from onnxcast.pipeline.significance import paired_test
 
     def errors(entry: dict):
         fp32 = next((v for v in entry.get("variants", []) if v["name"] == "fp32"), None)
@@ -354,13 +340,16 @@ def _paired(challenger: dict, champion: dict, report: dict) -> dict:
     a, b = errors(challenger), errors(champion)
     if len(a) != len(b):
         a = b = np.zeros(0)
-    return paired_test(a, b, block)
+    return paired_on(a, b, report, block)
 
 
 def _p_text(test: dict) -> str:
+    """The evidence of a paired test in words: p on how many paired origins (or series)."""
+    unit, count = ("series", test["series"]) if "series" in test else ("origins", test.get("origins", 0))
     if test.get("p_value") is None:
-        return test.get("note") or f"{test.get('origins', 0)} paired origins"
-    return f"p={test['p_value']:.3g} on {test['origins']} paired origins, alpha {test['alpha']}"
+        return test.get("note") or f"{count} paired {unit}"
+    robust = f", Wilcoxon p={test['robust_p']:.3g}" if test.get("robust_p") is not None else ""
+    return f"p={test['p_value']:.3g} on {count} paired {unit}{robust}, alpha {test['alpha']}"
 
 
 # --- deciding on the 95% interval (champion_metric "msis") ---------------------------------
@@ -376,56 +365,43 @@ def champion_metric(layout: RunLayout, metric: str | None = None) -> str:
     return metric
 
 
-def _judge_on_msis(layout: RunLayout, report: dict, challenger: dict, champion: dict, number, decision: dict, *,
-                   min_improvement: float, require_beats_champion: bool) -> None:
-    """One series: the fp32 95% MSIS of both, with a Diebold-Mariano test on the per-origin
-    interval scores (:func:`_per_origin_msis`), else the aggregates only."""
-    import numpy as np
-
-    from onnxcast.pipeline.significance import paired_test
-
-    mine = variant_intervals(challenger).get(MSIS_KEY)
-    theirs = variant_intervals(champion).get(MSIS_KEY)
+def _judge_on_msis(layout: RunLayout, report: dict, validation: dict, judged: dict, version, decision: dict, *,
+                   min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
+    """The fp32 95% MSIS of both (several series: the mean over series), paired on the scores
+    the run has (:func:`_msis_scores`: per origin of one series, per series of several), else
+    on the aggregates only."""
+    number, family = decision["champion_version"], decision["challenger_family"]
+    several = is_fleet_report(report)
+    mine_block = family_intervals(report, family)
+    theirs_block = (((judged.get("variants") or {}).get("fp32") or {}).get("intervals")
+                    or variant_intervals(validation))
+    mine, theirs = mine_block.get(MSIS_KEY), theirs_block.get(MSIS_KEY)
     decision.update(challenger_msis_95=mine, champion_msis_95=theirs, improvement=None, paired_test=None)
-    missing = _missing_msis(mine, theirs, number, "holdout")
+    missing = _missing_msis(mine, theirs, number, "fleet" if several else "holdout")
     if missing:
         return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
-    scores, why = _per_origin_msis(layout, report, challenger, champion)
+    scores, why = _msis_scores(layout, report, validation, version, tracking_uri)
     if scores is not None:
         block = int(((report.get("baselines") or {}).get("origins") or {}).get("block", 1))
-        test = paired_test(np.asarray(scores[0]), np.asarray(scores[1]), block)
-        decision.update(paired_test=test, comparison=f"paired on {test['origins']} origins ({why})")
+        test = paired_on(scores[0], scores[1], report, block)
+        compared = (f"across {test['series']} series" if "series" in test else f"on {test['origins']} origins")
+        decision.update(paired_test=test, comparison=f"paired {compared} ({why})")
         significant, evidence = bool(test["significant"]), _p_text(test)
     else:
-        significant, evidence = _aggregate_evidence(decision, challenger, champion, why)
-    _msis_verdict(decision, number, mine, theirs, significant, evidence, where="on the same holdout",
+        significant, evidence = _aggregate_evidence(decision, {"intervals": mine_block}, {"intervals": theirs_block},
+                                                    why)
+    _msis_verdict(decision, number, mine, theirs, significant, evidence,
+                  where="across series" if several else "on the same holdout",
                   min_improvement=min_improvement, require_beats_champion=require_beats_champion)
 
 
-def _judge_fleet_on_msis(layout: RunLayout, report: dict, validation: dict, judged: dict, version, decision: dict, *,
-                         min_improvement: float, require_beats_champion: bool, tracking_uri: str | None) -> None:
-    """A fleet: mean fp32 95% MSIS over series, paired across series on the per-series
-    ``fp32.msis_95`` joined by series id, else the aggregates only."""
-    number = decision["champion_version"]
-    family = decision["challenger_family"]
-    mine = fleet_intervals(report, family).get(MSIS_KEY)
-    fp32 = (judged.get("variants") or {}).get("fp32") or {}
-    theirs_block = fp32.get("intervals") or variant_intervals(validation)
-    theirs = theirs_block.get(MSIS_KEY)
-    decision.update(challenger_msis_95=mine, champion_msis_95=theirs, improvement=None, paired_test=None)
-    missing = _missing_msis(mine, theirs, number, "fleet")
-    if missing:
-        return _not_comparable_on_msis(decision, number, missing, require_beats_champion)
-    pairs, source = _paired_tables(layout, family, version, tracking_uri, column=f"fp32.{MSIS_KEY}")
-    if pairs is not None:
-        test = _across_series(*pairs)
-        decision.update(paired_test=test, comparison=f"paired across {test['series']} series ({source})")
-        significant, evidence = bool(test["significant"]), _fleet_p_text(test)
-    else:
-        significant, evidence = _aggregate_evidence(decision, {"intervals": fleet_intervals(report, family)},
-                                                    {"intervals": theirs_block}, source)
-    _msis_verdict(decision, number, mine, theirs, significant, evidence, where="across series",
-                  min_improvement=min_improvement, require_beats_champion=require_beats_champion)
+def _msis_scores(layout: RunLayout, report: dict, validation: dict, version, tracking_uri: str | None):
+    """((challenger's, champion's) 95% interval scores, where from), or (None, why not): several
+    series, the per-series ``fp32.msis_95`` joined by series id; one series, per holdout origin."""
+    family = report["selected"]["edge"]["family"]
+    if is_fleet_report(report):
+        return _paired_tables(layout, family, version, tracking_uri, column=f"fp32.{MSIS_KEY}")
+    return _per_origin_msis(layout, report, _family_entry(report, family), validation)
 
 
 def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion: dict):

@@ -233,6 +233,16 @@ def _check_spec(document: dict, where: str) -> dict:
     spec = document["spec"]
     prefix = f"{where}: {SPEC_FILE} spec"
     known = {f for f in ModelSpec.__dataclass_fields__}
+    _check_spec_names(spec, prefix, known)
+    _check_spec_values(spec, prefix)
+    checked = {**{f: ModelSpec.__dataclass_fields__[f].default for f in known if f != "family"
+                  and f not in ("n_features", "horizon", "lookback")}, **spec}
+    _check_spec_architecture(checked, prefix)
+    return {**spec, "seasons": list(checked["seasons"])}
+
+
+def _check_spec_names(spec: dict, prefix: str, known: set[str]) -> None:
+    """Only ModelSpec's fields, the required ones present, a family onnxcast trains."""
     unknown = sorted(str(k) for k in spec if k not in known)
     if unknown:
         raise FetchError(f"{prefix} has unknown field(s) {', '.join(quote(k) for k in unknown[:5])}")
@@ -242,6 +252,10 @@ def _check_spec(document: dict, where: str) -> dict:
     family = spec["family"]
     if not isinstance(family, str) or family not in MODEL_FAMILIES:
         raise FetchError(f"{prefix} field 'family' is {quote(family)}, expected one of {list(MODEL_FAMILIES)}")
+
+
+def _check_spec_values(spec: dict, prefix: str) -> None:
+    """Each field given on its own: integers in their ranges, a boolean, a count, quantile levels."""
     for name in _SPEC_INTS:
         if name not in spec:
             continue  # a default of ModelSpec
@@ -265,9 +279,12 @@ def _check_spec(document: dict, where: str) -> dict:
             parse_quantile_levels(format_quantile_levels(levels), f"{prefix} field 'quantile_levels'")
         except ValueError as exc:
             raise FetchError(str(exc)) from None
-    checked = {**{f: ModelSpec.__dataclass_fields__[f].default for f in known if f != "family"
-                  and f not in ("n_features", "horizon", "lookback")}, **spec}
-    seasons = checked["seasons"]
+
+
+def _check_spec_architecture(checked: dict, prefix: str) -> None:
+    """The fields together (``checked``: the spec over ModelSpec's defaults): seasons, patch and
+    heads that fit the lookback and width, and a model under MAX_MODEL_PARAMETERS."""
+    family, seasons = checked["family"], checked["seasons"]
     low, high = RANGES["season"][1:3]
     if not isinstance(seasons, list | tuple) or len(seasons) > MAX_SEASONS or not all(
             isinstance(s, int) and not isinstance(s, bool) and low <= s <= high for s in seasons):
@@ -283,12 +300,10 @@ def _check_spec(document: dict, where: str) -> dict:
     too_long = [s for s in (checked["season"], *seasons) if s > checked["lookback"]]
     if family in ("nhits", "dlinear") and too_long:
         raise FetchError(f"{prefix} field 'seasons' holds {too_long[0]}, longer than 'lookback' {checked['lookback']}")
-    size = _SpecSizes(checked)
-    parameters, _ = estimate_model_size(family, size)
+    parameters, _ = estimate_model_size(family, _SpecSizes(checked))
     if parameters > MAX_MODEL_PARAMETERS:
         raise FetchError(f"{prefix} describes a {family} model of about {parameters:,} parameters, over the "
                          f"limit of {MAX_MODEL_PARAMETERS:,}")
-    return {**spec, "seasons": list(seasons)}
 
 
 class _SpecSizes:

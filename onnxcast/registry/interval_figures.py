@@ -4,7 +4,7 @@ ONNX model at given histories.
 
 Report keys (onnxcast.pipeline.intervals.interval_metrics plus ``levels``): a variant entry's
 ``holdout["intervals"]``, ``baselines["seasonal_naive"]["intervals"]``, ``reference["intervals"]``;
-a fleet's aggregates also under ``report["fleet"]["families"][family][variant]["intervals"]``
+several series' aggregates also under ``report["fleet"]["families"][family][variant]["intervals"]``
 and ``report["fleet"]["reference"]["aggregates"][model]["intervals"]``, and per-series columns
 ``<variant>.msis_95`` in the per-series tables.
 
@@ -39,9 +39,9 @@ def variant_intervals(entry: dict | None, variant: str = "fp32") -> dict:
     return {}
 
 
-def fleet_intervals(report: dict, family: str, variant: str = "fp32") -> dict:
-    """A fleet family's aggregate interval figures (means over series): the report's ``fleet``
-    block, else the variant entry's ``holdout.intervals``."""
+def family_intervals(report: dict, family: str, variant: str = "fp32") -> dict:
+    """A family's interval figures in a report of any number of series: the means over series
+    of the report's ``fleet`` block when it has them, else the variant entry's ``holdout.intervals``."""
     block = ((((report.get("fleet") or {}).get("families") or {}).get(family) or {}).get(variant) or {})
     if block.get("intervals"):
         return dict(block["intervals"])

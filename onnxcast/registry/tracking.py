@@ -6,6 +6,10 @@ variants, the PyTorch state dict, model.json and report.json as files of that ve
 under the alias ``challenger``. ``champion`` moves only after a promotion, and every
 alias move is also written as a tag, because MLflow keeps no history (mlflow#2169).
 
+A run over several series logs aggregates, never one metric per series: ``fleet.*`` on the
+parent, ``<variant>.fleet_mase_mean`` and the paired tests across series on each child, the
+per-series tables as Parquet artifacts (``per_series/``) and one compact table for the UI.
+
 Every write is keyed on a *run key* (the DAG run: ``dag_id/run_id``) and looked up before
 it is made, so a retried task reuses the runs and the model version of its first try.
 mlflow is imported inside functions: Airflow operators import this module at run time.
@@ -15,19 +19,22 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from onnxcast.base import environment
 from onnxcast.base.contract import QUANTILES_NAME, format_quantile_levels
-from onnxcast.base.errors import OnnxcastError
+from onnxcast.base.errors import DataError, OnnxcastError
 from onnxcast.base.files import onnxcast_home, read_json, sha256_file
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
-from onnxcast.registry import fleet_tracking, interval_figures
-from onnxcast.registry.fleet_tracking import is_fleet_report
+from onnxcast.registry import interval_figures
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +48,13 @@ MODEL_ARTIFACT = "model"
 PYTORCH_FILES = ("model.pt", "model.json")
 DEFAULT_UI_URL = environment.default("ONNXCAST_MLFLOW_UI_URL")
 BANDS = ((0.95, 0.15), (0.8, 0.3))  # the forecast plot's intervals (nominal, opacity), widest first
+SERIES = "series"  # the id column of every per-series table
+MAX_TABLE_ROWS = 50_000  # above this, the UI table is skipped and only the Parquet files are logged
+TABLE_ARTIFACT = "per_series.json"
+# the numbers of a paired test worth a metric (the rest: alpha, min_origins, the test's name)
+TEST_KEYS = ("p_value", "robust_p", "mean_diff", "statistic", "significant", "origins", "series")
+# ONNX metadata of a global model (onnxcast.pipeline.export) and the version tags made from it
+GLOBAL_META = ("onnxcast.global", "onnxcast.n_series", "onnxcast.series_column")
 
 
 class TrackingError(OnnxcastError):
@@ -225,9 +239,28 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     report = read_json(report_path)
     client = client_for(tracking_uri)
     experiment_id = ensure_experiment(client, model_name)
-    base_tags = {RUN_KEY_TAG: run_key, **(tags or {})}
     parent = ensure_run(model_name=model_name, run_key=run_key, tracking_uri=tracking_uri, tags=tags)["run_id"]
     client.log_batch(parent, params=_params(_flatten(cfg.to_dict())))
+    _log_batch(client, parent, metrics=pipeline_metrics(report), tags=pipeline_tags(report, cfg))
+    _log_pipeline_artifacts(client, parent, layout, report, report_path, [*families, *extra_families])
+    children = {}
+    for family in [*families, *extra_families]:
+        role = "champion-evaluation" if family in extra_families else "family"
+        child = _find_or_create_run(client, experiment_id, run_key, role, family,
+                                    {RUN_KEY_TAG: run_key, **(tags or {}), ROLE_TAG: role, FAMILY_TAG: family,
+                                     "mlflow.parentRunId": parent}, f"{family}")
+        _log_family(client, child, layout, family, report if is_fleet_report(report) else None)
+        client.set_terminated(child, "FINISHED")
+        children[family] = child
+    client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
+    log.info("logged run %s to MLflow experiment %s (parent run %s)", run_key, model_name, parent)
+    return TrackedRun(experiment_id, parent, children)
+
+
+def pipeline_metrics(report: dict) -> dict[str, float]:
+    """The pipeline run's metrics: every baseline's and the reference's figures and intervals,
+    the families' paired tests; over several series, the ``fleet.*`` aggregates (never one
+    metric per series: those go in the per-series Parquet artifacts)."""
     baselines = report["baselines"]
     metrics = {f"baseline.seasonal_naive.{k}": v for k, v in _scalars(baselines["seasonal_naive"]).items()}
     for name, row in (baselines.get("candidates") or {}).items():  # naive and each seasonal naive
@@ -242,47 +275,45 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
     for model in report.get("models", []):
         for name, test in (model.get("fp32_vs") or {}).items():
             metrics.update({f"{model['family']}.fp32_vs_{name}.{k}": v for k, v in _scalars(test).items()})
-    fleet = is_fleet_report(report)
-    if fleet:  # aggregates over series; the per-series numbers go in Parquet artifacts
-        metrics.update(fleet_tracking.parent_metrics(report, _scalars))
+    if is_fleet_report(report):
+        metrics.update(_fleet_parent_metrics(report))
+    return metrics
+
+
+def pipeline_tags(report: dict, cfg: PipelineConfig) -> dict[str, str]:
+    """The pipeline run's tags: best baseline, reference, dataset (with its series column and
+    count over several series), status and the selected variants."""
     tags = {}
-    if baselines.get("best"):
-        tags["onnxcast.baseline"] = baselines["best"]
+    if report["baselines"].get("best"):
+        tags["onnxcast.baseline"] = report["baselines"]["best"]
     if report.get("reference"):
         tags["onnxcast.reference"] = report["reference"]["model"]
     for key in ("rows", "sha256", "start", "end", "freq"):
         tags[f"onnxcast.dataset.{key}"] = str(report["dataset"].get(key))
-    if fleet:
+    if is_fleet_report(report):
         tags["onnxcast.dataset.series_column"] = str(cfg.series_column)
         tags["onnxcast.dataset.n_series"] = str(report["dataset"].get("n_series"))
     tags["onnxcast.status"] = report.get("status", "passed")
     for channel, choice in (report.get("selected") or {}).items():
         tags[f"onnxcast.selected.{channel}"] = f"{choice['family']}/{choice['variant']}"
-    _log_batch(client, parent, metrics=metrics, tags=tags)
-    client.log_artifact(parent, str(report_path))
-    if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
-        client.log_table(parent, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
-    if layout.quality.is_dir():
-        client.log_artifacts(parent, str(layout.quality), "quality")
-    selected = (report.get("selected") or {}).get("edge", {}).get("family")
-    if fleet:
-        _log_fleet_tables(client, parent, layout, [*families, *extra_families], selected)
-    elif selected:  # one series' holdout as a picture (a fleet has its per-series table instead)
-        plot = plot_forecast(layout.root, selected, layout.plots / "forecast_vs_actual.png")
-        client.log_artifact(parent, str(plot), "plots")
+    return tags
 
-    children = {}
-    for family in [*families, *extra_families]:
-        role = "champion-evaluation" if family in extra_families else "family"
-        child = _find_or_create_run(client, experiment_id, run_key, role, family,
-                                    {**base_tags, ROLE_TAG: role, FAMILY_TAG: family,
-                                     "mlflow.parentRunId": parent}, f"{family}")
-        _log_family(client, child, layout, family, report if fleet else None)
-        client.set_terminated(child, "FINISHED")
-        children[family] = child
-    client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
-    log.info("logged run %s to MLflow experiment %s (parent run %s)", run_key, model_name, parent)
-    return TrackedRun(experiment_id, parent, children)
+
+def _log_pipeline_artifacts(client, run_id: str, layout: RunLayout, report: dict, report_path: Path,
+                            families: list[str]) -> None:
+    """The report, the ranking table and the quality report; the selected family's holdout
+    as a picture for one series, the per-series tables for several (there is no one series)."""
+    client.log_artifact(run_id, str(report_path))
+    if report.get("ranking"):  # every candidate with its goal figures, as a table in the MLflow UI
+        client.log_table(run_id, data=_ranking_table(report["ranking"]), artifact_file="ranking.json")
+    if layout.quality.is_dir():
+        client.log_artifacts(run_id, str(layout.quality), "quality")
+    selected = (report.get("selected") or {}).get("edge", {}).get("family")
+    if is_fleet_report(report):
+        _log_fleet_tables(client, run_id, layout, families, selected)
+    elif selected:
+        plot = plot_forecast(layout.root, selected, layout.plots / "forecast_vs_actual.png")
+        client.log_artifact(run_id, str(plot), "plots")
 
 
 def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str, run_key: str,
@@ -293,9 +324,6 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
     retried task never adds a duplicate version.
     """
     import mlflow
-    from mlflow.entities import LoggedModelOutput
-    from mlflow.models import infer_signature
-    from mlflow.types import Schema, TensorSpec
 
     layout = RunLayout(run_dir)
     report = read_json(layout.report)
@@ -308,58 +336,15 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
         client.set_registered_model_alias(model_name, CHALLENGER, existing.version)
         return RegisteredVersion(model_name, str(existing.version), existing.run_id, f"models:/{model_name}/{existing.version}",
                                  family, created=False)
-
-    import numpy as np
-    import onnx
-
-    family_dir = layout.family(family)
-    onnx_dir = layout.onnx_dir(family)
-    fleet = is_fleet_report(report)
-    if fleet:
-        example = fleet_tracking.input_example(layout, PipelineConfig.load(layout.config).lookback)
-    else:
-        example = _holdout_example(layout)
-    output, quantiles, levels = interval_figures.forecast_and_quantiles(layout.onnx(family), example)
-    inferred = infer_signature({"history": example}, {"forecast": output})
-    # the contract: batch and time are dynamic (infer_signature fixes time at the example's);
-    # a model with forecast distributions also has quantiles [batch, horizon, Q]
-    outputs = [TensorSpec(np.dtype("float32"), (-1, output.shape[1]), "forecast")]
-    if quantiles is not None:
-        outputs.append(TensorSpec(np.dtype("float32"), (-1, *quantiles.shape[1:]), QUANTILES_NAME))
-    signature = type(inferred)(
-        inputs=Schema([TensorSpec(np.dtype("float32"), (-1, -1, example.shape[2]), "history")]),
-        outputs=Schema(outputs), params=inferred.params)
-    # every variant (fp32 too, byte for byte: the flavor re-serializes its own copy)
-    extra_files = [str(p) for p in sorted(onnx_dir.glob("*.onnx"))]
-    extra_files += [str(family_dir / name) for name in PYTORCH_FILES]
-    extra_files += [str(layout.validation(family)), str(layout.report)]
-    report_sha = sha256_file(layout.report)
     child = tracked.family_run_ids[family]
-    # The logged model is made here and linked to the child run and its metrics in two calls.
-    # mlflow.onnx.log_model inside the run would read the history of every metric of the run
-    # (one request each: 109 of the 305 a registration cost on the stack, issue 30 item 4).
-    params = {k: str(v)[:6000] for k, v in family_params(layout, family).items()}
-    logged = client.create_logged_model(tracked.experiment_id, name=MODEL_ARTIFACT, source_run_id=child,
-                                        params=params)
-    # the requirements MLflow would infer (mlflow, numpy, onnx, onnxruntime) named here: inferring
-    # them loads the model in a subprocess, 14 of the 17 s of a registration measured over HTTP
-    requirements = [f"mlflow=={mlflow.__version__}", f"numpy=={np.__version__}",
-                    *mlflow.onnx.get_default_pip_requirements()]
-    info = mlflow.onnx.log_model(
-        onnx.load(str(layout.onnx(family))), name=MODEL_ARTIFACT, signature=signature,
-        input_example={"history": example}, save_as_external_data=False, model_id=logged.model_id,
-        onnx_execution_providers=["CPUExecutionProvider"], extra_files=extra_files, pip_requirements=requirements,
-        metadata={"onnxcast_family": family, "onnxcast_run_key": run_key})
-    client.log_outputs(child, [LoggedModelOutput(logged.model_id, step=0)])
-    _log_batch(client, child, metrics=family_metrics(layout, family, report if fleet else None),
-               model_id=logged.model_id)
+    info, levels = _log_model(client, layout, report, tracked.experiment_id, child, family, run_key)
     client.set_terminated(child, "FINISHED")
-    tags = {RUN_KEY_TAG: run_key, FAMILY_TAG: family, REPORT_SHA_TAG: report_sha,
+    tags = {RUN_KEY_TAG: run_key, FAMILY_TAG: family, REPORT_SHA_TAG: sha256_file(layout.report),
             "onnxcast.parent_run_id": tracked.parent_run_id,
             "onnxcast.fp32_holdout_mae": str(_family_entry(report, family)["fp32_holdout_mae"]),
             "onnxcast.selected": json.dumps(report["selected"], sort_keys=True)}
-    if fleet:  # what a later run checks before it compares with this version (champion.decide)
-        tags.update(fleet_tracking.version_tags(layout, report, family))
+    if is_fleet_report(report):  # what a later run checks before it compares with this version (champion.decide)
+        tags.update(global_version_tags(layout, report, family))
     tags.update(interval_tags(report, family, levels))
     _ensure_registered_model(client, model_name)
     version = mlflow.register_model(info.model_uri, model_name, tags=tags)
@@ -370,6 +355,67 @@ def register_model(run_dir: str | Path, tracked: TrackedRun, *, model_name: str,
                              family, created=True)
 
 
+def _log_model(client, layout: RunLayout, report: dict, experiment_id: str, child: str, family: str,
+               run_key: str):
+    """(the logged ONNX model's info, its quantile levels): every variant, the PyTorch files,
+    validation and report as its files, linked to the family's child run and its metrics."""
+    import mlflow
+    import numpy as np
+    import onnx
+    from mlflow.entities import LoggedModelOutput
+
+    example = _input_example(layout, report)
+    signature, levels = _signature(layout.onnx(family), example)
+    # every variant (fp32 too, byte for byte: the flavor re-serializes its own copy)
+    extra_files = [str(p) for p in sorted(layout.onnx_dir(family).glob("*.onnx"))]
+    extra_files += [str(layout.family(family) / name) for name in PYTORCH_FILES]
+    extra_files += [str(layout.validation(family)), str(layout.report)]
+    # The logged model is made here and linked to the child run and its metrics in two calls.
+    # mlflow.onnx.log_model inside the run would read the history of every metric of the run
+    # (one request each: 109 of the 305 a registration cost on the stack, issue 30 item 4).
+    params = {k: str(v)[:6000] for k, v in family_params(layout, family).items()}
+    logged = client.create_logged_model(experiment_id, name=MODEL_ARTIFACT, source_run_id=child, params=params)
+    # the requirements MLflow would infer (mlflow, numpy, onnx, onnxruntime) named here: inferring
+    # them loads the model in a subprocess, 14 of the 17 s of a registration measured over HTTP
+    requirements = [f"mlflow=={mlflow.__version__}", f"numpy=={np.__version__}",
+                    *mlflow.onnx.get_default_pip_requirements()]
+    info = mlflow.onnx.log_model(
+        onnx.load(str(layout.onnx(family))), name=MODEL_ARTIFACT, signature=signature,
+        input_example={"history": example}, save_as_external_data=False, model_id=logged.model_id,
+        onnx_execution_providers=["CPUExecutionProvider"], extra_files=extra_files, pip_requirements=requirements,
+        metadata={"onnxcast_family": family, "onnxcast_run_key": run_key})
+    client.log_outputs(child, [LoggedModelOutput(logged.model_id, step=0)])
+    fleet_report = report if is_fleet_report(report) else None
+    _log_batch(client, child, metrics=family_metrics(layout, family, fleet_report), model_id=logged.model_id)
+    return info, levels
+
+
+def _input_example(layout: RunLayout, report: dict):
+    """Two real histories for the signature: the holdout's of one series, else of the checked fleet."""
+    if is_fleet_report(report):
+        return _fleet_input_example(layout, PipelineConfig.load(layout.config).lookback)
+    return _holdout_example(layout)
+
+
+def _signature(onnx_path: Path, example):
+    """(the model's signature, its quantile levels). The contract: batch and time are dynamic
+    (infer_signature fixes time at the example's); a model with forecast distributions also has
+    quantiles [batch, horizon, Q]."""
+    import numpy as np
+    from mlflow.models import infer_signature
+    from mlflow.types import Schema, TensorSpec
+
+    output, quantiles, levels = interval_figures.forecast_and_quantiles(onnx_path, example)
+    inferred = infer_signature({"history": example}, {"forecast": output})
+    outputs = [TensorSpec(np.dtype("float32"), (-1, output.shape[1]), "forecast")]
+    if quantiles is not None:
+        outputs.append(TensorSpec(np.dtype("float32"), (-1, *quantiles.shape[1:]), QUANTILES_NAME))
+    signature = type(inferred)(
+        inputs=Schema([TensorSpec(np.dtype("float32"), (-1, -1, example.shape[2]), "history")]),
+        outputs=Schema(outputs), params=inferred.params)
+    return signature, levels
+
+
 def interval_tags(report: dict, family: str, levels: tuple[float, ...] | None) -> dict[str, str]:
     """Tags of the version's forecast distribution: the quantile levels of its ONNX model and
     fp32's holdout coverage of the 80% and 95% intervals and 95% MSIS (a fleet: means over
@@ -378,10 +424,7 @@ def interval_tags(report: dict, family: str, levels: tuple[float, ...] | None) -
     tags = {}
     if levels:
         tags["onnxcast.quantile_levels"] = format_quantile_levels(levels)
-    if is_fleet_report(report):
-        figures = interval_figures.fleet_intervals(report, family)
-    else:
-        figures = interval_figures.variant_intervals(_family_entry(report, family))
+    figures = interval_figures.family_intervals(report, family)
     for key in ("coverage_80", "coverage_95", "msis_95"):
         value = interval_figures.numbers(figures).get(key)
         if value is not None and value == value:
@@ -533,6 +576,222 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     return path
 
 
+# --- several series: aggregates and per-series tables (docs/design/fleet.md section 4.5) ------
+# A fleet is judged on thousands of series; MLflow gets the *aggregates* as metrics (tens of
+# them, never one per series) and the per-series tables as Parquet artifacts, plus one compact
+# table for the UI. Every input is optional: a run from an older layout (no per-series table,
+# no reference, no ``fleet`` block in validation.json) logs what it has.
+
+def is_fleet_report(report: dict) -> bool:
+    """A report of a fleet run: it has the ``fleet`` block, or its config names a series column."""
+    return bool(report.get("fleet")) or bool((report.get("config") or {}).get("series_column"))
+
+
+def _count(value) -> int | None:
+    """A count from a report field that holds either the count or the list of what it counts."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, list | tuple | dict):
+        return len(value)
+    return None
+
+
+def _fleet_parent_metrics(report: dict) -> dict[str, float]:
+    """``fleet.*`` metrics of the pipeline run: series kept, excluded and padded, the best
+    naive's and each reference model's aggregates (mean MASE with its interval, sMAPE, MAPE)."""
+    fleet = report.get("fleet") or {}
+    gate = (report.get("quality") or {}).get("series") or {}  # dataset.json's quality.series
+    metrics: dict[str, float] = {}
+    for key, fallback in (("series", "n_series"), ("excluded", "excluded"), ("padded", "padded"),
+                          ("shards", "shards")):
+        value = _count(fleet.get(fallback if key == "series" else key))
+        if value is None:
+            value = _count(gate.get("kept" if key == "series" else key))
+        if value is not None:
+            metrics[f"fleet.{key}"] = value
+    if isinstance(gate.get("excluded_share"), int | float):
+        metrics["fleet.excluded_share"] = gate["excluded_share"]
+    best = (fleet.get("baselines") or {}).get("best_naive")
+    if best:
+        metrics.update({f"fleet.best_naive.{k}": v for k, v in _scalars(_aggregate_numbers(best)).items()})
+        metrics.update({f"fleet.best_naive.{k}": v for k, v in interval_figures.numbers(best.get("intervals") or {}).items()})
+    reference = fleet.get("reference") or {}
+    for model, aggregate in (reference.get("aggregates") or {}).items():
+        metrics.update({f"fleet.reference.{model}.{k}": v for k, v in _scalars(_aggregate_numbers(aggregate)).items()})
+        # its own level=[80, 95] intervals, means over series (absent before forecast distributions)
+        metrics.update({f"fleet.reference.{model}.{k}": v for k, v in interval_figures.numbers(aggregate.get("intervals") or {}).items()})
+    if isinstance(reference.get("sample_size"), int | float):
+        metrics["fleet.reference.sample_size"] = reference["sample_size"]
+    return metrics
+
+
+def _fleet_family_metrics(validation: dict, report: dict, family: str) -> dict[str, float]:
+    """The child run's fleet metrics: per variant ``<variant>.fleet_mase_mean`` (+ interval),
+    ``fleet_smape_mean``, ``fleet_mape_mean``, ``loses_share``, and the fp32 paired tests
+    across series (``fp32_vs_best_naive.p_value``, ``fp32_vs_<reference>.p_value``)."""
+    judged = validation.get("fleet") or {}
+    variants = judged.get("variants") or ((report.get("fleet") or {}).get("families") or {}).get(family) or {}
+    metrics: dict[str, float] = {}
+    for variant, aggregate in variants.items():
+        for key, value in _scalars(_aggregate_numbers(aggregate)).items():
+            name = key if key in ("loses_share", "losers_count") else f"fleet_{key}"
+            metrics[f"{variant}.{name}"] = value
+    tests = ((report.get("fleet") or {}).get("tests") or {}).get(family) or {}
+    vs_naive = judged.get("vs_best_naive") or tests.get("vs_best_naive")
+    if vs_naive:
+        metrics.update({f"fp32_vs_best_naive.{k}": v for k, v in _test_numbers(vs_naive).items()})
+    for model, test in (judged.get("vs_reference") or tests.get("vs_reference") or {}).items():
+        metrics.update({f"fp32_vs_{model}.{k}": v for k, v in _test_numbers(test).items()})
+    if tests.get("vs_best_family"):
+        metrics.update({f"fp32_vs_best_family.{k}": v
+                        for k, v in _test_numbers(tests["vs_best_family"]).items()})
+    return metrics
+
+
+def _losers_text(validation: dict, report: dict, family: str, limit: int = 20) -> str | None:
+    """The first ``limit`` series where the family's fp32 loses to the best naive (a tag: a JSON
+    list of ids, unambiguous whatever characters an id holds)."""
+    judged = (validation.get("fleet") or {}).get("variants") or (
+        ((report.get("fleet") or {}).get("families") or {}).get(family) or {})
+    losers = (judged.get("fp32") or {}).get("losers")
+    ids = [str(loser["series"] if isinstance(loser, dict) else loser) for loser in losers[:limit]] if losers else []
+    return json.dumps(ids) if ids else None
+
+
+@contextmanager
+def per_series_artifacts(layout: RunLayout, families: list[str]) -> Iterator[dict[str, Path]]:
+    """``{family: path}`` of the families' per-series tables that exist, plus ``reference``,
+    each copied as ``<name>.parquet`` into a scratch folder (every family's file is called
+    per_series.parquet, and MLflow names an artifact by its file name)."""
+    with tempfile.TemporaryDirectory(prefix="onnxcast-per-series-") as scratch:
+        out = {}
+        sources = {family: layout.per_series(family) for family in families}
+        sources["reference"] = layout.reference_table
+        for name, source in sources.items():
+            if source.is_file():
+                target = Path(scratch) / f"{name}.parquet"
+                shutil.copyfile(source, target)
+                out[name] = target
+        yield out
+
+
+def compact_table(layout: RunLayout, families: list[str], selected: str | None):
+    """One row per series for the MLflow UI: the id, the best naive's and each reference
+    model's MASE, each family's fp32 MASE, and ``loses`` (the selected family's fp32 MASE
+    above the best naive's); with forecast distributions, the reference's and each family's
+    fp32 95% MSIS after them. None when there is no per-series table, or more than
+    :data:`MAX_TABLE_ROWS` series (the Parquet artifacts hold them)."""
+    import pandas as pd
+
+    columns, intervals = [], []
+    if layout.reference_table.is_file():
+        reference = read_per_series(layout.reference_table)
+        keep = [c for c in reference.columns if c.endswith(".mase") and c.split(".")[0] in
+                ("best_naive", "AutoETS", "AutoTheta", "MSTL")]
+        columns.append(reference[[SERIES, *keep]].set_index(SERIES))
+        msis = [c.replace(".mase", ".msis_95") for c in keep if c.replace(".mase", ".msis_95") in reference]
+        intervals.append(reference[[SERIES, *msis]].set_index(SERIES))
+    for family in families:
+        path = layout.per_series(family)
+        if path.is_file():
+            table = read_per_series(path, ["fp32.mase"]).set_index(SERIES)
+            columns.append(table[["fp32.mase"]].rename(columns={"fp32.mase": f"{family}.fp32.mase"}))
+            if "fp32.msis_95" in table:
+                intervals.append(table[["fp32.msis_95"]].rename(columns={"fp32.msis_95": f"{family}.fp32.msis_95"}))
+    if not columns:
+        return None
+    table = pd.concat(columns, axis=1, join="outer")
+    if len(table) > MAX_TABLE_ROWS:
+        return None
+    edge = f"{selected}.fp32.mase"
+    if edge in table and "best_naive.mase" in table:
+        table["loses"] = (table[edge] > table["best_naive.mase"]).where(
+            table[edge].notna() & table["best_naive.mase"].notna())
+    if any(len(part.columns) for part in intervals):  # after ``loses``: the MASE columns keep their places
+        table = pd.concat([table, *[p for p in intervals if len(p.columns)]], axis=1, join="outer")
+    table = table.reset_index().rename(columns={"index": SERIES})
+    # JSON has no NaN: a series outside the reference sample gets null
+    return table.astype(object).where(table.notna(), None)
+
+
+def read_per_series(path: str | Path, columns: list[str] | None = None):
+    """A per-series table (Parquet) with its ``series`` ids as text; ``columns`` must exist.
+    A one-line DataError names the file and what it lacks."""
+    import pandas as pd
+
+    try:
+        table = pd.read_parquet(path)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: not a per-series table ({' '.join(str(error).split())})") from None
+    missing = [c for c in [SERIES, *(columns or [])] if c not in table.columns]
+    if missing:
+        raise DataError(f"{path}: no column {', '.join(map(repr, missing))} (has {list(table.columns)[:8]})")
+    table[SERIES] = table[SERIES].astype(str)
+    return table
+
+
+def global_version_tags(layout: RunLayout, report: dict, family: str) -> dict[str, str]:
+    """Tags of a fleet model version: global, over how many series, which series column,
+    horizon and frequency (what a later run checks before comparing), and the metric its
+    ``onnxcast.fp32_holdout_mae`` holds (mean MASE). From the ONNX metadata when present."""
+    import onnx
+
+    config = report.get("config") or {}
+    tags = {"onnxcast.global": "true",
+            "onnxcast.n_series": str((report.get("fleet") or {}).get("n_series") or
+                                     (report.get("dataset") or {}).get("n_series") or ""),
+            "onnxcast.series_column": str(config.get("series_column") or ""),
+            "onnxcast.horizon": str(config.get("horizon", "")),
+            "onnxcast.freq": str((report.get("dataset") or {}).get("freq") or config.get("freq") or ""),
+            "onnxcast.metric": "mase"}
+    path = layout.onnx(family)
+    if path.is_file():
+        meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        tags.update({key: str(meta[key]) for key in GLOBAL_META if key in meta})
+    entry = next((m for m in report.get("models", []) if m["family"] == family), {})
+    fp32 = (((report.get("fleet") or {}).get("families") or {}).get(family) or {}).get("fp32") or {}
+    mase = fp32.get("mase_mean", entry.get("fp32_holdout_mase", entry.get("fp32_holdout_mae")))
+    if mase is not None:
+        tags["onnxcast.fp32_holdout_mase"] = str(mase)
+    if fp32.get("mase_ci95"):
+        tags["onnxcast.fp32_mase_ci95"] = json.dumps(fp32["mase_ci95"])
+    return tags
+
+
+def _fleet_input_example(layout: RunLayout, lookback: int):
+    """Two real histories ``[2, lookback, features]`` from the checked fleet (data/fleet, else
+    the first shard), edge-padded when a series is shorter than the lookback."""
+    import numpy as np
+
+    from onnxcast.pipeline.fleet_data import FLEET_JSON, FleetData
+
+    candidates = [layout.fleet, *sorted((layout.data / "shards").glob("*/"))]
+    folder = next((c for c in candidates if (c / FLEET_JSON).is_file()), None)
+    if folder is None:
+        raise DataError(f"{layout.fleet}: no checked fleet in the run directory (needed for the signature example)")
+    fleet = FleetData.load(folder, mmap=True)
+    rows = []
+    for i in range(min(2, fleet.n_series)):
+        history = np.asarray(fleet.series(i)[-lookback:], dtype=np.float32)
+        if len(history) < lookback:
+            history = np.concatenate([np.repeat(history[:1], lookback - len(history), axis=0), history])
+        rows.append(history)
+    while len(rows) < 2:  # a fleet of one series: batch 2 all the same (see docs: batch >= 2)
+        rows.append(rows[0])
+    return np.ascontiguousarray(np.stack(rows), dtype=np.float32)
+
+
+def _aggregate_numbers(aggregate: dict) -> dict:
+    """An aggregate without its list of losers (ids are not metrics)."""
+    return {k: v for k, v in aggregate.items() if k != "losers"}
+
+
+def _test_numbers(test: dict) -> dict[str, float]:
+    return {k: v for k, v in _scalars(test).items() if k in TEST_KEYS}
+
+
 # --- helpers ------------------------------------------------------------------------------
 
 def _find_or_create_run(client, experiment_id: str, run_key: str, role: str, family: str | None,
@@ -559,15 +818,15 @@ def _ranking_table(ranking: list[dict]) -> dict[str, list]:
 def _log_fleet_tables(client, run_id: str, layout: RunLayout, families: list[str], selected: str | None) -> None:
     """The reference's per-series table (Parquet) and one compact table for the UI on the
     pipeline run; the families' own tables go to their child runs (_log_family)."""
-    with fleet_tracking.per_series_artifacts(layout, []) as files:
+    with per_series_artifacts(layout, []) as files:
         if "reference" in files:
             client.log_artifact(run_id, str(files["reference"]), "per_series")
-    table = fleet_tracking.compact_table(layout, families, selected)
+    table = compact_table(layout, families, selected)
     if table is not None:
-        client.log_table(run_id, data=table, artifact_file=fleet_tracking.TABLE_ARTIFACT)
+        client.log_table(run_id, data=table, artifact_file=TABLE_ARTIFACT)
     elif layout.reference_table.is_file() or any(layout.per_series(f).is_file() for f in families):
         client.set_tag(run_id, "onnxcast.per_series_table",
-                       f"over {fleet_tracking.MAX_TABLE_ROWS} series: see the per_series/*.parquet artifacts")
+                       f"over {MAX_TABLE_ROWS} series: see the per_series/*.parquet artifacts")
 
 
 def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_report: dict | None = None) -> None:
@@ -578,10 +837,10 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_repor
     entry = read_json(layout.validation(family))
     tags = {"onnxcast.gates_passed": str(entry["gates_passed"])}
     if fleet_report is not None:
-        losers = fleet_tracking.losers_text(entry, fleet_report, family)
+        losers = _losers_text(entry, fleet_report, family)
         if losers:
             tags["onnxcast.fleet.fp32_losers"] = losers[:4900]
-        with fleet_tracking.per_series_artifacts(layout, [family]) as files:
+        with per_series_artifacts(layout, [family]) as files:
             if family in files:
                 client.log_artifact(run_id, str(files[family]), "per_series")
     _log_batch(client, run_id, params=family_params(layout, family),
@@ -616,7 +875,7 @@ def family_metrics(layout: RunLayout, family: str, fleet_report: dict | None = N
             metrics[f"{name}.holdout_{key}"] = value
         intervals = interval_figures.variant_intervals(entry, name)
         if not intervals and fleet_report is not None:
-            intervals = interval_figures.fleet_intervals(fleet_report, family, name)
+            intervals = interval_figures.family_intervals(fleet_report, family, name)
         metrics.update({f"{name}.{key}": value for key, value in interval_figures.numbers(intervals).items()})
         for key, value in variant.get("latency_ms", {}).items():
             metrics[f"{name}.latency_{key}_ms"] = value
@@ -629,7 +888,7 @@ def family_metrics(layout: RunLayout, family: str, fleet_report: dict | None = N
         if isinstance(training.get(key), int | float):
             metrics[f"training.{key}"] = training[key]
     if fleet_report is not None:
-        metrics.update(fleet_tracking.family_metrics(entry, fleet_report, family, _scalars))
+        metrics.update(_fleet_family_metrics(entry, fleet_report, family))
     return metrics
 
 

@@ -272,18 +272,15 @@ def check_interval(seconds: float) -> float:
 
 
 def run_edge_predict(args: argparse.Namespace) -> int:
-    from onnxcast.rollout.edge import predict, predict_fleet
+    from onnxcast.rollout.edge import predict
 
-    if args.series_column is None:
-        if args.min_rows is not None:
-            raise ConfigError("--min-rows applies to a fleet input: add --series-column")
-        predict(args.dir, args.input, out=sys.stdout, time_column=args.time_column)
-        return 0
-    if args.series_column == args.time_column:
+    if args.series_column is None and args.min_rows is not None:
+        raise ConfigError("--min-rows applies to a fleet input: add --series-column")
+    if args.series_column is not None and args.series_column == args.time_column:
         raise ConfigError(f"--series-column and --time-column are both {args.series_column!r}; "
                           "a fleet table needs one column of each")
-    predict_fleet(args.dir, args.input, args.series_column, out=sys.stdout, time_column=args.time_column,
-                  min_rows=args.min_rows)
+    predict(args.dir, args.input, out=sys.stdout, time_column=args.time_column, series_column=args.series_column,
+            min_rows=args.min_rows)
     return 0
 
 

@@ -32,7 +32,6 @@ import stat
 import sys
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -219,40 +218,45 @@ def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interva
     return failures
 
 
-def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = None,
-            threads: int = 1, time_column: str = DEFAULT_TIME_COLUMN) -> np.ndarray:
-    """Forecast from the last ``lookback`` rows of ``input_csv`` with ``model_dir/current``;
-    write ``step,<time_column>,forecast[,q<level>...],version`` CSV to ``out`` (stdout by
-    default) and return the forecast. A model with the ``quantiles`` output gets one column
-    per level after ``forecast``, in the model's order (``q0.025``, ..., ``q0.975``); one
-    from before it has none. The times follow the input's last ``time_column`` value at the
-    model's ``onnxcast.freq``; they are left empty (with a warning) when that value is not
-    an ISO 8601 time or the frequency is not one this client steps."""
+def predict(model_dir: str | Path, input_csv: str | Path, out: TextIO | None = None, threads: int = 1,
+            time_column: str = DEFAULT_TIME_COLUMN, *, series_column: str | None = None, min_rows: int | None = None,
+            chunk: int = ORT_CHUNK) -> Forecast:
+    """Forecast every series of the CSV table ``input_csv`` with ``model_dir/current``, ``chunk``
+    series an ONNX Runtime call, and write the forecast as CSV to ``out`` (stdout by default).
+
+    Without ``series_column`` the table is one series: its newest ``lookback`` rows are the
+    history (``min_rows`` defaults to the whole lookback) and the output is
+    ``step,<time_column>,forecast[,q<level>...],version``. With it, the table is long (one row
+    per series and time, any order) and each series gets ``horizon`` rows of
+    ``<series_column>,step,...``; a series shorter than the lookback is edge-padded (a warning
+    names it), one with fewer than ``min_rows`` real rows (default: the model's season, see
+    ``fleet_min_rows``) is refused, since its forecast would be made of padding. A model with
+    the ``quantiles`` output gets one column per level after ``forecast``, in the model's
+    order (``q0.025``, ..., ``q0.975``). The times follow each series' last ``time_column``
+    value at the model's ``onnxcast.freq``; they are left empty (with a warning) when that
+    value is not an ISO 8601 time or the frequency is not one this client steps."""
+    if not 1 <= chunk <= 1 << 20:
+        raise ConfigError(f"chunk must be between 1 and {1 << 20:,} series, got {chunk!r}")
     model = _open_model(model_dir, threads)
-    window = read_input(input_csv, model.columns, model.lookback, time_column)
-    forecasts, quantiles = model.run(window.values[None])
-    forecast = forecasts[0]
-    times = future_times(window.last_time, model.meta.get("freq", ""), len(forecast))
-    if times is None:
-        log.warning("%s: forecast times left empty (last %s value %s, model frequency %s); the steps count from "
-                    "the input's last row", input_csv, time_column, quote(window.last_time),
-                    quote(model.meta.get("freq")))
-        times = [""] * len(forecast)
-    out = out or sys.stdout
-    writer = csv.writer(out, lineterminator="\n")  # text cells through text_cell: no spreadsheet formulas
-    writer.writerow(["step", text_cell(time_column), "forecast", *model.quantile_columns, "version"])
-    version = text_cell(model.info.get("version"))
-    for step, (moment, value) in enumerate(zip(times, forecast, strict=True), start=1):
-        writer.writerow([step, text_cell(moment), _format_value(value), *_quantile_cells(quantiles, 0, step - 1),
-                         version])
-    return forecast
+    least = _least_rows(model, series_column, min_rows)
+    if series_column is not None and model.meta.get("global") != "true":
+        log.warning("%s: the model was trained on one series, not a fleet (no onnxcast.global); it forecasts each "
+                    "series from that series' own history all the same", model_dir)
+    table = read_input(input_csv, model.columns, model.lookback, series_column=series_column,
+                       time_column=time_column, min_rows=least)
+    parts = [model.run(table.histories[i:i + chunk]) for i in range(0, len(table.series), chunk)]
+    forecast = np.concatenate([f for f, _ in parts])
+    quantiles = np.concatenate([q for _, q in parts]) if model.levels else None
+    result = Forecast(table.series, forecast, table.padded, quantiles)
+    _write_forecast(out or sys.stdout, model, table, result, input_csv, series_column, time_column)
+    return result
 
 
 @dataclass(frozen=True)
-class FleetForecast:
-    """What ``predict_fleet`` forecast: ``forecast[i]`` is series ``series[i]``'s, in the
-    order the series first appear in the input; ``padded`` names the series that were
-    shorter than the lookback (edge-padded)."""
+class Forecast:
+    """What ``predict`` forecast: ``forecast[i]`` is series ``series[i]``'s, in the order the
+    series first appear in the input (one series without a series column: ``series == [""]``);
+    ``padded`` names the series that were shorter than the lookback (edge-padded)."""
 
     series: list[str]
     forecast: np.ndarray  # float32 [n_series, horizon]
@@ -260,56 +264,8 @@ class FleetForecast:
     quantiles: np.ndarray | None = None  # float32 [n_series, horizon, Q]; None: the model has no quantiles output
 
 
-def predict_fleet(model_dir: str | Path, input_csv: str | Path, series_column: str, out: TextIO | None = None,
-                  threads: int = 1, time_column: str = DEFAULT_TIME_COLUMN, min_rows: int | None = None,
-                  chunk: int = ORT_CHUNK) -> FleetForecast:
-    """Forecast every series of the long table ``input_csv`` (one row per series and time)
-    with ``model_dir/current``, ``chunk`` series an ONNX Runtime call;
-    write ``<series_column>,step,<time_column>,forecast[,q<level>...],version`` CSV to ``out``
-    (stdout by default), ``horizon`` rows per series (the ``q`` columns as in :func:`predict`).
-
-    A fleet model is a global model: the ONNX contract is the one-series one with batch =
-    series, so each series' history is its own newest ``lookback`` rows (ordered by time).
-    A series with fewer rows is edge-padded with its first row (a warning names it); one
-    with fewer than ``min_rows`` real rows (default: the model's season, see
-    ``fleet_min_rows``) is refused, since its forecast would be made of padding."""
-    if not 1 <= chunk <= 1 << 20:
-        raise ConfigError(f"chunk must be between 1 and {1 << 20:,} series, got {chunk!r}")
-    model = _open_model(model_dir, threads)
-    least = fleet_min_rows(model.meta, model.lookback) if min_rows is None else min_rows
-    if not 1 <= least <= model.lookback:
-        raise ConfigError(f"min_rows must be between 1 and the model's lookback of {model.lookback}, got {least!r}")
-    if model.meta.get("global") != "true":
-        log.warning("%s: the model was trained on one series, not a fleet (no onnxcast.global); it forecasts each "
-                    "series from that series' own history all the same", model_dir)
-    fleet = read_fleet_input(input_csv, model.columns, model.lookback, series_column, time_column, least)
-    parts = [model.run(fleet.histories[i:i + chunk]) for i in range(0, len(fleet.series), chunk)]
-    forecast = np.concatenate([f for f, _ in parts])
-    quantiles = np.concatenate([q for _, q in parts]) if model.levels else None
-    freq, version = model.meta.get("freq", ""), text_cell(model.info.get("version"))
-    out = out or sys.stdout
-    writer = csv.writer(out, lineterminator="\n")  # text cells through text_cell: no spreadsheet formulas
-    writer.writerow([text_cell(series_column), "step", text_cell(time_column), "forecast", *model.quantile_columns,
-                     "version"])
-    no_times = []
-    for row, (series, last, values) in enumerate(zip(fleet.series, fleet.last_times, forecast, strict=True)):
-        times = future_times(last, freq, len(values))
-        if times is None:
-            no_times.append(series)
-            times = [""] * len(values)
-        cell = text_cell(series)
-        for step, (moment, value) in enumerate(zip(times, values, strict=True), start=1):
-            writer.writerow([cell, step, text_cell(moment), _format_value(value),
-                             *_quantile_cells(quantiles, row, step - 1), version])
-    if no_times:
-        log.warning("%s: forecast times left empty for %d series (first %s, last %s value %s, model frequency %s); "
-                    "their steps count from each series' last row", input_csv, len(no_times), quote(no_times[0]),
-                    time_column, quote(fleet.last_times[fleet.series.index(no_times[0])]), quote(freq))
-    return FleetForecast(fleet.series, forecast, fleet.padded, quantiles)
-
-
 def fleet_min_rows(meta: dict[str, str], lookback: int) -> int:
-    """The fewest real rows a series needs for ``predict_fleet``: one season of the model
+    """The fewest real rows a series of a long table needs by default: one season of the model
     (``onnxcast.season``, at least 2), at most its lookback; 2 when it names no season.
     Below a season, edge padding would fill the seasonal anchor the graph forecasts from."""
     try:
@@ -317,6 +273,51 @@ def fleet_min_rows(meta: dict[str, str], lookback: int) -> int:
     except ValueError:
         season = 2
     return min(max(season, 2), lookback)
+
+
+def _least_rows(model: _Model, series_column: str | None, min_rows: int | None) -> int:
+    """The fewest real rows a series needs: ``min_rows`` when given, else the whole lookback
+    for one series and ``fleet_min_rows`` for a long table."""
+    if min_rows is None:
+        return model.lookback if series_column is None else fleet_min_rows(model.meta, model.lookback)
+    if not 1 <= min_rows <= model.lookback:
+        raise ConfigError(f"min_rows must be between 1 and the model's lookback of {model.lookback}, got {min_rows!r}")
+    return min_rows
+
+
+def _write_forecast(out: TextIO, model: _Model, table: SeriesInput, result: Forecast, input_csv,
+                    series_column: str | None, time_column: str) -> None:
+    """``horizon`` CSV rows per series, the series id first when the table has a series column;
+    text cells through text_cell (no spreadsheet formulas), numbers as numbers."""
+    freq, version = model.meta.get("freq", ""), text_cell(model.info.get("version"))
+    writer = csv.writer(out, lineterminator="\n")
+    id_header = [text_cell(series_column)] if series_column is not None else []
+    writer.writerow([*id_header, "step", text_cell(time_column), "forecast", *model.quantile_columns, "version"])
+    no_times = []
+    for row, (series, last, values) in enumerate(zip(table.series, table.last_times, result.forecast, strict=True)):
+        times = future_times(last, freq, len(values))
+        if times is None:
+            no_times.append(row)
+            times = [""] * len(values)
+        id_cell = [text_cell(series)] if series_column is not None else []
+        for step, (moment, value) in enumerate(zip(times, values, strict=True), start=1):
+            writer.writerow([*id_cell, step, text_cell(moment), _format_value(value),
+                             *_quantile_cells(result.quantiles, row, step - 1), version])
+    if no_times:
+        _warn_no_times(input_csv, table, no_times, series_column, time_column, freq)
+
+
+def _warn_no_times(input_csv, table: SeriesInput, rows: list[int], series_column: str | None, time_column: str,
+                   freq: str) -> None:
+    """One warning line for the series whose forecast times were left empty."""
+    first = rows[0]
+    if series_column is None:
+        log.warning("%s: forecast times left empty (last %s value %s, model frequency %s); the steps count from "
+                    "the input's last row", input_csv, time_column, quote(table.last_times[first]), quote(freq))
+        return
+    log.warning("%s: forecast times left empty for %d series (first %s, last %s value %s, model frequency %s); "
+                "their steps count from each series' last row", input_csv, len(rows), quote(table.series[first]),
+                time_column, quote(table.last_times[first]), quote(freq))
 
 
 @dataclass(frozen=True)
@@ -404,199 +405,194 @@ def installed(model_dir: str | Path) -> tuple[Path, dict]:
 
 
 @dataclass(frozen=True)
-class InputWindow:
-    """The newest ``lookback`` rows of an input table, and its last time value (None without one)."""
-
-    values: np.ndarray
-    last_time: str | None
-
-
-def read_window(path: str | Path, columns: list[str], lookback: int) -> np.ndarray:
-    """The last ``lookback`` rows of ``columns`` in CSV ``path`` as float32 ``[lookback, n]``."""
-    return read_input(path, columns, lookback).values
-
-
-def read_input(path: str | Path, columns: list[str], lookback: int,
-               time_column: str | None = None) -> InputWindow:
-    """The last ``lookback`` rows of ``columns`` in CSV ``path`` (a regular file of at most
-    MAX_INPUT_BYTES, streamed: only ``lookback`` rows are held) and its last ``time_column``
-    value. A file that is not such a table is refused in one line that never quotes it."""
-    with _open_input(path) as lines:
-        reader = csv.reader(lines)
-        try:
-            header = next(reader, None) or []
-            if len(header) > MAX_FIELDS:
-                raise DataError(f"{path}: {len(header):,} fields in its first line, more than {MAX_FIELDS:,}; "
-                                "expected a CSV table")
-            index = {name: i for i, name in reversed(list(enumerate(header)))}
-            missing = [c for c in columns if c not in index]
-            if missing:
-                raise DataError(f"{path}: missing column(s) {', '.join(quote(c) for c in missing)}; "
-                                f"{_describe_header(header)}")
-            wanted = [index[c] for c in columns]
-            at_time = index.get(time_column) if time_column else None
-            # Only the cells used are kept (the columns, then the time): `lookback` rows of a
-            # few cells, whatever the width of the file's rows.
-            keep = [*wanted, at_time] if at_time is not None else wanted
-            rows: deque[list[str]] = deque(maxlen=lookback)
-            count = 0
-            for row in reader:
-                if len(row) > MAX_FIELDS:
-                    raise DataError(f"{path}: line {reader.line_num} has {len(row):,} fields, more than "
-                                    f"{MAX_FIELDS:,}; expected a CSV table")
-                if row:
-                    rows.append([row[i] if i < len(row) else "" for i in keep])
-                    count += 1
-        except UnicodeDecodeError:
-            raise DataError(f"{path}: not UTF-8 text; expected a CSV table") from None
-        except csv.Error as exc:
-            raise DataError(f"{path}: not a CSV table (line {reader.line_num}: {exc})") from None
-    if count < lookback:
-        raise DataError(f"{path}: {count} row(s), the model needs the last {lookback}")
-    first = count - lookback
-    window = np.empty((lookback, len(columns)), dtype=np.float32)
-    for i, row in enumerate(rows):
-        for j, column in enumerate(columns):
-            cell = row[j]
-            try:
-                window[i, j] = float(cell)
-            except ValueError:
-                raise DataError(f"{path}: column {quote(column)} has non-numeric value {quote(cell)} "
-                                f"at data row {first + i + 1}") from None
-    if not np.isfinite(window).all():
-        i, j = np.argwhere(~np.isfinite(window))[0]
-        raise DataError(f"{path}: column {quote(columns[j])} is not finite at data row {first + i + 1}")
-    last_time = rows[-1][len(columns)] if at_time is not None else None
-    return InputWindow(window, last_time)
-
-
-@dataclass(frozen=True)
-class FleetInput:
-    """The histories of a long table's series: ``histories[i]`` is series ``series[i]``'s
-    newest ``lookback`` rows (edge-padded when it has fewer), ``last_times[i]`` its newest
-    time value as written, ``rows[i]`` how many rows it has in the file."""
+class SeriesInput:
+    """The histories of a table's series: ``histories[i]`` is series ``series[i]``'s newest
+    ``lookback`` rows (edge-padded when it has fewer), ``last_times[i]`` its newest time value
+    as written (None without a time column), ``rows[i]`` how many rows it has in the file. A
+    table without a series column is one series, named ``""``."""
 
     series: list[str]
     histories: np.ndarray  # float32 [n_series, lookback, n_columns]
-    last_times: list[str]
+    last_times: list[str | None]
     rows: list[int]
     padded: list[str]
 
 
-def read_fleet_input(path: str | Path, columns: list[str], lookback: int, series_column: str,
-                     time_column: str, min_rows: int = 1) -> FleetInput:
-    """Group the long CSV table ``path`` (series id, time, ``columns``; any row order) by
-    ``series_column`` and keep each series' newest ``lookback`` rows by ``time_column``
-    (ISO 8601 times or numbers). Streamed under the same limits as ``read_input`` (bytes,
-    line length, fields); memory holds ``lookback`` rows per series, at most MAX_SERIES
-    series. Every row's values are checked; a bad series id, a duplicate time among the
-    rows kept, a time or value that is not one is refused in one line naming the series,
-    the line and the value. A series with fewer than ``min_rows`` rows is refused (up to
-    MAX_SHORT_SHOWN named); one shorter than ``lookback`` is edge-padded with its first row,
-    with a warning naming it."""
+def read_input(path: str | Path, columns: list[str], lookback: int, *, series_column: str | None = None,
+               time_column: str | None = None, min_rows: int | None = None) -> SeriesInput:
+    """Each series' newest ``lookback`` rows of ``columns`` in the CSV table ``path``: a regular
+    file of at most MAX_INPUT_BYTES, streamed under the line and field limits; memory holds
+    ``lookback`` rows per series, at most MAX_SERIES series.
+
+    Rows are grouped by ``series_column`` and ordered by ``time_column`` (ISO 8601 times or
+    numbers; any row order). Without a series column the table is one series in file order,
+    and ``time_column`` (optional) only gives the last time. Every row's values are checked:
+    a bad series id, a time or value that is not one, a duplicate time among the rows kept
+    is refused in one line naming the file, the series, the column, the line and the value;
+    the file itself is never quoted. A series with fewer than ``min_rows`` rows (default:
+    ``lookback``) is refused (up to MAX_SHORT_SHOWN named); one shorter than ``lookback`` is
+    edge-padded with its first row, with a warning naming it."""
+    if series_column is not None and time_column is None:
+        raise ConfigError("a table with a series column needs a time column to order each series' rows")
     with _open_input(path) as lines:
         reader = csv.reader(lines)
         try:
             header = next(reader, None) or []
-            if len(header) > MAX_FIELDS:
-                raise DataError(f"{path}: {len(header):,} fields in its first line, more than {MAX_FIELDS:,}; "
-                                "expected a CSV table")
-            index = {name: i for i, name in reversed(list(enumerate(header)))}
-            needed = [series_column, time_column, *[c for c in columns if c not in (series_column, time_column)]]
-            missing = [c for c in needed if c not in index]
-            if missing:
-                raise DataError(f"{path}: missing column(s) {', '.join(quote(c) for c in missing)}; "
-                                f"{_describe_header(header)}")
-            at_series, at_time = index[series_column], index[time_column]
-            wanted = [index[c] for c in columns]
-            # Per series: a min-heap of (time key, line, values) of the rows kept, their
-            # {time key: line}, and the newest time as written (the forecast's times follow it).
-            # Compact on purpose: 10,000 series x 144 rows is 1.4 million entries.
-            kept: dict[str, list] = {}
-            lines_of: dict[str, dict] = {}
-            newest: dict[str, tuple[float, str]] = {}
-            counts: dict[str, int] = {}
-            kinds: dict[str, str] = {}
+            _check_fields(path, header, None)
+            table = _LongTable(path, header, columns, lookback, series_column, time_column)
             for row in reader:
-                if len(row) > MAX_FIELDS:
-                    raise DataError(f"{path}: line {reader.line_num} has {len(row):,} fields, more than "
-                                    f"{MAX_FIELDS:,}; expected a CSV table")
-                if not row:
-                    continue
-                line = reader.line_num
-                series = row[at_series] if at_series < len(row) else ""
-                if series not in counts:
-                    _check_series_id(path, series, line, series_column)
-                    if len(counts) >= MAX_SERIES:
-                        raise DataError(f"{path}: more than {MAX_SERIES:,} series in column {quote(series_column)} "
-                                        f"(line {line}); split the table")
-                    kept[series], lines_of[series], counts[series] = [], {}, 0
-                    newest[series] = (-math.inf, "")
-                text = _cell(row, at_time)
-                kind, key = _time_key(text)
-                if kind is None:
-                    raise DataError(f"{path}: series {quote(series)}: {time_column} value {quote(text)} at line "
-                                    f"{line} is not an ISO 8601 time or a number")
-                if kinds.setdefault(series, kind) != kind:
-                    raise DataError(f"{path}: series {quote(series)}: {time_column} value {quote(text)} at line "
-                                    f"{line} is a {kind}, its earlier rows have a {kinds[series]}")
-                values: list[float] = []
-                for column, i in zip(columns, wanted, strict=True):
-                    cell = row[i] if i < len(row) else ""
-                    try:
-                        value = float(cell)
-                    except ValueError:
-                        raise DataError(f"{path}: series {quote(series)}: column {quote(column)} has non-numeric "
-                                        f"value {quote(cell)} at line {line}") from None
-                    if not abs(value) <= _FLOAT32_MAX:  # NaN and infinity too: the model takes float32
-                        raise DataError(f"{path}: series {quote(series)}: column {quote(column)} value "
-                                        f"{quote(cell)} at line {line} is not finite")
-                    values.append(value)
-                counts[series] += 1
-                heap, seen = kept[series], lines_of[series]
-                if key in seen:
-                    raise DataError(f"{path}: series {quote(series)}: duplicate {time_column} {quote(text)} at "
-                                    f"lines {seen[key]} and {line}")
-                entry = (key, line, tuple(values))
-                if key > newest[series][0]:
-                    newest[series] = (key, text)
-                if len(heap) < lookback:
-                    heapq.heappush(heap, entry)
-                elif key > heap[0][0]:  # newer than the oldest row kept: replaces it
-                    del seen[heapq.heapreplace(heap, entry)[0]]
-                else:
-                    continue  # older than every row kept: outside the window
-                seen[key] = line
+                _check_fields(path, row, reader.line_num)
+                if row:
+                    table.add(row, reader.line_num)
         except UnicodeDecodeError:
             raise DataError(f"{path}: not UTF-8 text; expected a CSV table") from None
         except csv.Error as exc:
             raise DataError(f"{path}: not a CSV table (line {reader.line_num}: {exc})") from None
-    if not counts:
-        raise DataError(f"{path}: no data rows; expected one row per series and {time_column}")
-    short = [s for s, n in counts.items() if n < min_rows]
-    if short:
-        named = ", ".join(f"{quote(s)} ({counts[s]})" for s in short[:MAX_SHORT_SHOWN])
-        more = f" and {len(short) - MAX_SHORT_SHOWN:,} more" if len(short) > MAX_SHORT_SHOWN else ""
-        raise DataError(f"{path}: {len(short):,} series with fewer than the {min_rows} row(s) the model needs "
-                        f"(rows in brackets): {named}{more}; drop them or pass a lower --min-rows")
-    histories = np.empty((len(counts), lookback, len(columns)), dtype=np.float32)
-    last_times, padded = [], []
-    for i, (series, heap) in enumerate(kept.items()):
-        heap.sort()
-        values = np.asarray([entry[2] for entry in heap], dtype=np.float32)
-        gap = lookback - len(heap)
-        if gap:
-            padded.append(series)
-            if len(padded) <= MAX_PADDED_NAMED:  # a 10,000-series fleet had 8,450 of them: the rest are counted
-                log.warning("%s: series %s has %d row(s), edge-padded to the model's lookback of %d with its "
-                            "first row", path, quote(series), len(heap), lookback)
-        histories[i, :gap] = values[0]
-        histories[i, gap:] = values
-        last_times.append(newest[series][1])
-    if len(padded) > MAX_PADDED_NAMED:
-        log.warning("%s: %d more series shorter than the lookback of %d were edge-padded (%d in all)",
-                    path, len(padded) - MAX_PADDED_NAMED, lookback, len(padded))
-    return FleetInput(list(kept), histories, last_times, list(counts.values()), padded)
+    return table.histories(lookback if min_rows is None else min_rows)
+
+
+def _check_fields(path, row: list[str], line: int | None) -> None:
+    """A header (``line`` None) or row of at most MAX_FIELDS fields."""
+    if len(row) > MAX_FIELDS:
+        count = f"{len(row):,} fields in its first line" if line is None else f"line {line} has {len(row):,} fields"
+        raise DataError(f"{path}: {count}, more than {MAX_FIELDS:,}; expected a CSV table")
+
+
+class _LongTable:
+    """The rows kept while a table streams by: per series a min-heap of (time key, line,
+    values) of its newest ``lookback`` rows, their {time key: line}, and its newest time as
+    written (the forecast's times follow it). Compact on purpose: 10,000 series x 144 rows is
+    1.4 million entries."""
+
+    def __init__(self, path, header: list[str], columns: list[str], lookback: int, series_column: str | None,
+                 time_column: str | None) -> None:
+        index = {name: i for i, name in reversed(list(enumerate(header)))}
+        keys = [series_column, time_column] if series_column is not None else []
+        needed = [*keys, *[c for c in columns if c not in keys]]
+        missing = [c for c in needed if c not in index]
+        if missing:
+            raise DataError(f"{path}: missing column(s) {', '.join(quote(c) for c in missing)}; "
+                            f"{_describe_header(header)}")
+        self.path, self.columns, self.lookback = path, columns, lookback
+        self.series_column, self.time_column = series_column, time_column
+        self.at_series = index[series_column] if series_column is not None else None
+        self.at_time = index.get(time_column) if time_column is not None else None
+        self.wanted = [index[c] for c in columns]
+        self.kept: dict[str, list] = {}
+        self.lines_of: dict[str, dict] = {}
+        self.newest: dict[str, tuple[float, str | None]] = {}
+        self.counts: dict[str, int] = {}
+        self.kinds: dict[str, str] = {}
+        if series_column is None:
+            self._new_series("")  # one series, present even in a table without rows
+
+    def add(self, row: list[str], line: int) -> None:
+        """Check one data row and keep it when it is among its series' newest ``lookback``."""
+        series = self._series_of(row, line)
+        key, text = self._time_of(series, row, line)
+        values = self._values_of(series, row, line)
+        self.counts[series] += 1
+        heap, seen = self.kept[series], self.lines_of[series]
+        if key in seen:
+            raise DataError(f"{self._where(series)}duplicate {self.time_column} {quote(text)} at lines "
+                            f"{seen[key]} and {line}")
+        entry = (key, line, values)
+        if key > self.newest[series][0]:
+            self.newest[series] = (key, text)
+        if len(heap) < self.lookback:
+            heapq.heappush(heap, entry)
+        elif key > heap[0][0]:  # newer than the oldest row kept: replaces it
+            del seen[heapq.heapreplace(heap, entry)[0]]
+        else:
+            return  # older than every row kept: outside the window
+        seen[key] = line
+
+    def histories(self, min_rows: int) -> SeriesInput:
+        """The kept rows as float32 histories, oldest first, after refusing short series."""
+        self._refuse_short(min_rows)
+        histories = np.empty((len(self.kept), self.lookback, len(self.columns)), dtype=np.float32)
+        padded = []
+        for i, (series, heap) in enumerate(self.kept.items()):
+            heap.sort()
+            values = np.asarray([entry[2] for entry in heap], dtype=np.float32)
+            gap = self.lookback - len(heap)
+            if gap:
+                padded.append(series)
+                if len(padded) <= MAX_PADDED_NAMED:  # a 10,000-series fleet had 8,450 of them: the rest are counted
+                    log.warning("%s: series %s has %d row(s), edge-padded to the model's lookback of %d with its "
+                                "first row", self.path, quote(series), len(heap), self.lookback)
+            histories[i, :gap] = values[0]
+            histories[i, gap:] = values
+        if len(padded) > MAX_PADDED_NAMED:
+            log.warning("%s: %d more series shorter than the lookback of %d were edge-padded (%d in all)",
+                        self.path, len(padded) - MAX_PADDED_NAMED, self.lookback, len(padded))
+        last_times = [self.newest[series][1] for series in self.kept]
+        return SeriesInput(list(self.kept), histories, last_times, list(self.counts.values()), padded)
+
+    def _where(self, series: str) -> str:
+        """The start of an error line about a row of ``series``."""
+        return f"{self.path}: series {quote(series)}: " if self.series_column is not None else f"{self.path}: "
+
+    def _new_series(self, series: str) -> None:
+        self.kept[series], self.lines_of[series], self.counts[series] = [], {}, 0
+        self.newest[series] = (-math.inf, None)
+
+    def _series_of(self, row: list[str], line: int) -> str:
+        if self.at_series is None:
+            return ""
+        series = _cell(row, self.at_series)
+        if series not in self.counts:
+            _check_series_id(self.path, series, line, self.series_column)
+            if len(self.counts) >= MAX_SERIES:
+                raise DataError(f"{self.path}: more than {MAX_SERIES:,} series in column "
+                                f"{quote(self.series_column)} (line {line}); split the table")
+            self._new_series(series)
+        return series
+
+    def _time_of(self, series: str, row: list[str], line: int) -> tuple[float, str | None]:
+        """(sort key, time as written) of a row. One series (no series column) is in file order,
+        the line is its key: a device appends its log as it measures, and a clock set back or a
+        repeated local hour must not reorder or refuse it; its time column only dates the forecast."""
+        if self.at_series is None:
+            return float(line), _cell(row, self.at_time) if self.at_time is not None else None
+        text = _cell(row, self.at_time)
+        kind, key = _time_key(text)
+        if kind is None:
+            raise DataError(f"{self._where(series)}{self.time_column} value {quote(text)} at line {line} is not an "
+                            "ISO 8601 time or a number")
+        if self.kinds.setdefault(series, kind) != kind:
+            raise DataError(f"{self._where(series)}{self.time_column} value {quote(text)} at line {line} is a "
+                            f"{kind}, its earlier rows have a {self.kinds[series]}")
+        return key, text
+
+    def _values_of(self, series: str, row: list[str], line: int) -> tuple[float, ...]:
+        values = []
+        for column, i in zip(self.columns, self.wanted, strict=True):
+            cell = _cell(row, i)
+            try:
+                value = float(cell)
+            except ValueError:
+                raise DataError(f"{self._where(series)}column {quote(column)} has non-numeric value {quote(cell)} "
+                                f"at line {line}") from None
+            if not abs(value) <= _FLOAT32_MAX:  # NaN and infinity too: the model takes float32
+                raise DataError(f"{self._where(series)}column {quote(column)} value {quote(cell)} at line {line} "
+                                "is not finite")
+            values.append(value)
+        return tuple(values)
+
+    def _refuse_short(self, min_rows: int) -> None:
+        if self.series_column is None:
+            if self.counts[""] < min_rows:
+                raise DataError(f"{self.path}: {self.counts['']} row(s), the model needs the last {min_rows}")
+            return
+        if not self.counts:
+            raise DataError(f"{self.path}: no data rows; expected one row per series and {self.time_column}")
+        short = [s for s, n in self.counts.items() if n < min_rows]
+        if short:
+            named = ", ".join(f"{quote(s)} ({self.counts[s]})" for s in short[:MAX_SHORT_SHOWN])
+            more = f" and {len(short) - MAX_SHORT_SHOWN:,} more" if len(short) > MAX_SHORT_SHOWN else ""
+            raise DataError(f"{self.path}: {len(short):,} series with fewer than the {min_rows} row(s) the model "
+                            f"needs (rows in brackets): {named}{more}; drop them or pass a lower --min-rows")
 
 
 def _cell(row: list[str], at: int) -> str:
@@ -1085,71 +1081,88 @@ def scan_model_bytes(data: bytes) -> dict:
     """``{"opset": default-domain opset, "external": [(tensor name, location)]}`` read from
     ONNX ModelProto bytes on the protobuf wire format: every tensor of the graph, its
     subgraphs, sparse initializers and model-local functions. ValueError if malformed."""
-    external: list[tuple[str, str]] = []
-    opset = 0
-    # field numbers from onnx.proto: which fields of which message hold what
-    model_graph, model_opset, model_functions = 7, 8, 25
-    graph_node, graph_initializer, graph_sparse = 1, 5, 15
-    node_attribute, function_node = 5, 7
-    attr_tensor, attr_graph, attr_tensors, attr_graphs, attr_sparse, attr_sparses = 5, 6, 10, 11, 22, 23
+    scan = _WireScan()
+    scan.model(data)
+    return {"opset": scan.opset, "external": scan.external}
 
-    def tensor(buf: bytes) -> None:
+
+# Field numbers from onnx.proto: which fields of which message hold what.
+_MODEL_GRAPH, _MODEL_OPSET, _MODEL_FUNCTIONS = 7, 8, 25
+_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_SPARSE = 1, 5, 15
+_NODE_ATTRIBUTE, _FUNCTION_NODE = 5, 7
+_ATTR_TENSORS, _ATTR_GRAPHS, _ATTR_SPARSES = (5, 10), (6, 11), (22, 23)  # one, and the repeated field
+_TENSOR_NAME, _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 8, 13, 14
+_SPARSE_TENSORS = (1, 2)  # values, indices
+_WIRE_VARINT, _WIRE_BYTES = 0, 2
+
+
+class _WireScan:
+    """One walk over a ModelProto's bytes, collecting its opset and external tensors."""
+
+    def __init__(self) -> None:
+        self.external: list[tuple[str, str]] = []
+        self.opset = 0
+
+    def model(self, buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if wire != _WIRE_BYTES:
+                continue
+            if field == _MODEL_GRAPH:
+                self.graph(value)
+            elif field == _MODEL_OPSET:
+                entry = {f: v for f, _, v in _fields(value)}
+                if entry.get(1, b"") in (b"", b"ai.onnx") and isinstance(entry.get(2), int):
+                    self.opset = entry[2]
+            elif field == _MODEL_FUNCTIONS:
+                for f, w, v in _fields(value):
+                    if f == _FUNCTION_NODE and w == _WIRE_BYTES:
+                        self.node(v)
+
+    def graph(self, buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if wire != _WIRE_BYTES:
+                continue
+            if field == _GRAPH_NODE:
+                self.node(value)
+            elif field == _GRAPH_INITIALIZER:
+                self.tensor(value)
+            elif field == _GRAPH_SPARSE:
+                self.sparse(value)
+
+    def node(self, buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if field == _NODE_ATTRIBUTE and wire == _WIRE_BYTES:
+                self.attribute(value)
+
+    def attribute(self, buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if wire != _WIRE_BYTES:
+                continue
+            if field in _ATTR_TENSORS:
+                self.tensor(value)
+            elif field in _ATTR_GRAPHS:
+                self.graph(value)
+            elif field in _ATTR_SPARSES:
+                self.sparse(value)
+
+    def sparse(self, buf: bytes) -> None:
+        for field, wire, value in _fields(buf):
+            if field in _SPARSE_TENSORS and wire == _WIRE_BYTES:
+                self.tensor(value)
+
+    def tensor(self, buf: bytes) -> None:
         name, location, is_external = "", "", False
         for field, wire, value in _fields(buf):
-            if field == 8 and wire == 2:
+            if field == _TENSOR_NAME and wire == _WIRE_BYTES:
                 name = value.decode(errors="replace")
-            elif field == 14 and wire == 0 and value == 1:  # data_location = EXTERNAL
+            elif field == _TENSOR_DATA_LOCATION and wire == _WIRE_VARINT and value == 1:  # EXTERNAL
                 is_external = True
-            elif field == 13 and wire == 2:
-                entry = {f: v for f, w, v in _fields(value) if w == 2}
+            elif field == _TENSOR_EXTERNAL_DATA and wire == _WIRE_BYTES:
+                entry = {f: v for f, w, v in _fields(value) if w == _WIRE_BYTES}
                 if entry.get(1) == b"location":
                     location = entry.get(2, b"").decode(errors="replace")
         if is_external or location:
-            external.append((name, location))
-
-    def sparse(buf: bytes) -> None:
-        for field, wire, value in _fields(buf):
-            if field in (1, 2) and wire == 2:
-                tensor(value)
-
-    def node(buf: bytes) -> None:
-        for field, wire, value in _fields(buf):
-            if field == node_attribute and wire == 2:
-                for f, w, v in _fields(value):
-                    if w != 2:
-                        continue
-                    if f in (attr_tensor, attr_tensors):
-                        tensor(v)
-                    elif f in (attr_graph, attr_graphs):
-                        graph(v)
-                    elif f in (attr_sparse, attr_sparses):
-                        sparse(v)
-
-    def graph(buf: bytes) -> None:
-        for field, wire, value in _fields(buf):
-            if wire != 2:
-                continue
-            if field == graph_node:
-                node(value)
-            elif field == graph_initializer:
-                tensor(value)
-            elif field == graph_sparse:
-                sparse(value)
-
-    for field, wire, value in _fields(data):
-        if wire != 2:
-            continue
-        if field == model_graph:
-            graph(value)
-        elif field == model_opset:
-            entry = {f: v for f, _, v in _fields(value)}
-            if entry.get(1, b"") in (b"", b"ai.onnx") and isinstance(entry.get(2), int):
-                opset = entry[2]
-        elif field == model_functions:
-            for f, w, v in _fields(value):
-                if f == function_node and w == 2:
-                    node(v)
-    return {"opset": opset, "external": external}
+            self.external.append((name, location))
 
 
 def _fields(buf: bytes):

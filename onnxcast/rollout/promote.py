@@ -170,24 +170,8 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
                 for c in plan.channels_to_move}
     if before_move is not None:
         before_move({c: (_served(pointers[c]), plan.version) for c in plan.channels_to_move})
-
-    written, skipped = [], []
-    existing = store.read_manifest(model_name, plan.version)
-    if existing is not None:
-        _check_same_version(store, model_name, plan, existing)
-    else:
-        manifest = sign_envelope(plan.manifest(model_name, actor, reason), signers)
-        key = store.version_key(model_name, plan.version)
-        root.verify(manifest, MANIFEST_ROLE, MANIFEST_TYPE, store.url(key))  # before the first write
-        for artifact in plan.artifacts:
-            artifact_key = store.version_key(model_name, plan.version, artifact.name)
-            (written if _write_once(store, artifact_key, artifact.data) else skipped).append(artifact.name)
-        if not store.create(key, dump_json(manifest)):  # a concurrent twin wrote it first
-            _check_same_version(store, model_name, plan, store.read_manifest(model_name, plan.version))
-        else:
-            written.append(MANIFEST)
+    written, skipped = _publish_version(store, model_name, plan, root, signers, actor, reason)
     manifest, manifest_sha = verify_version(store, model_name, plan.version, root)
-
     moved = {}
     for channel in plan.channels_to_move:
         changed = _move_pointer(store, model_name, channel, plan.version, manifest, manifest_sha,
@@ -198,6 +182,28 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
             on_moved(channel)
     _publish_model_repositories(store, model_name, moved, signers)
     return PromotionResult(model_name, plan.version, store.uri, tuple(written), tuple(skipped), moved)
+
+
+def _publish_version(store: RolloutStore, model_name: str, plan, root, signers, actor: str,
+                     reason: str) -> tuple[list[str], list[str]]:
+    """Write the plan's artifacts and signed manifest once (names written, names already
+    there); a version already published must be the same one (``_check_same_version``)."""
+    written, skipped = [], []
+    existing = store.read_manifest(model_name, plan.version)
+    if existing is not None:
+        _check_same_version(store, model_name, plan, existing)
+        return written, skipped
+    manifest = sign_envelope(plan.manifest(model_name, actor, reason), signers)
+    key = store.version_key(model_name, plan.version)
+    root.verify(manifest, MANIFEST_ROLE, MANIFEST_TYPE, store.url(key))  # before the first write
+    for artifact in plan.artifacts:
+        artifact_key = store.version_key(model_name, plan.version, artifact.name)
+        (written if _write_once(store, artifact_key, artifact.data) else skipped).append(artifact.name)
+    if not store.create(key, dump_json(manifest)):  # a concurrent twin wrote it first
+        _check_same_version(store, model_name, plan, store.read_manifest(model_name, plan.version))
+    else:
+        written.append(MANIFEST)
+    return written, skipped
 
 
 def rollback(store: RolloutStore | str, model_name: str, channel: str, *, to_version: str | None = None,

@@ -20,6 +20,7 @@ from fastapi import (  # module level: FastAPI resolves the handlers' annotation
     Request,
     Response,
 )
+from fastapi.responses import JSONResponse
 
 from onnxcast.base.contract import INPUT_NAME, OUTPUT_NAME, QUANTILES_NAME
 from onnxcast.base.errors import ConfigError
@@ -144,78 +145,74 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
     FastAPI app, so no caller can serve the endpoints without them); ``follower`` defaults to
     one following ``settings``' channel."""
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-    from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    metrics = Metrics(settings.model)
-    follower = follower or ChannelFollower(
-        settings.store, settings.model, settings.channel, settings.dest, interval=settings.poll_interval,
-        threads=settings.threads, on_swap=metrics.swapped, trust=settings.trust, timeout=settings.poll_timeout,
-        min_history=settings.min_history,
-        on_poll_error=lambda error: metrics.poll_errors.labels(settings.model, error).inc())
-    batcher = Batcher(lambda: follower.current, max_batch_size=settings.max_batch_size,
-                      max_delay=settings.max_delay_ms / 1000, observe=metrics.batch)
+    plane = DataPlane(settings, follower)
+    app = FastAPI(title="onnxcast serve", version="2", lifespan=plane.lifespan,
+                  description="Open Inference Protocol (KServe V2) for onnxcast forecasters", docs_url=None,
+                  redoc_url=None)
+    V2Endpoints(plane).register(app)
+    return ServeASGI(app, plane)
+
+
+class ModelUnavailable(Exception):
+    """The request names a model or version this server does not serve now (404), or no
+    verified version is loaded yet (503); ``version`` is the one serving, when there is one."""
+
+    def __init__(self, status: int, message: str, version: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.version = status, version
+
+    def headers(self) -> dict[str, str]:
+        return {"x-model-version": self.version} if self.version else {}
+
+
+class DataPlane:
+    """What the endpoints answer, without HTTP: the model the channel follower serves, the
+    batcher in front of ONNX Runtime, the metrics, the bearer token (KServe's DataPlane)."""
+
+    def __init__(self, settings: ServeSettings, follower: ChannelFollower | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics = Metrics(settings.model)
+        self.follower = follower or ChannelFollower(
+            settings.store, settings.model, settings.channel, settings.dest, interval=settings.poll_interval,
+            threads=settings.threads, on_swap=metrics.swapped, trust=settings.trust, timeout=settings.poll_timeout,
+            min_history=settings.min_history,
+            on_poll_error=lambda error: metrics.poll_errors.labels(settings.model, error).inc())
+        self.batcher = Batcher(lambda: self.follower.current, max_batch_size=settings.max_batch_size,
+                               max_delay=settings.max_delay_ms / 1000, observe=metrics.batch)
 
     @asynccontextmanager
-    async def lifespan(app):
-        await batcher.start()
-        follower.start()  # the first poll runs in the follower's thread: live at once, ready when loaded
+    async def lifespan(self, app):
+        settings = self.settings
+        await self.batcher.start()
+        self.follower.start()  # the first poll runs in the follower's thread: live at once, ready when loaded
         log.info("onnxcast serve: %s channel %s from %s on http://%s:%s", settings.model, settings.channel,
                  settings.store, settings.host, settings.port)
         yield
         log.info("shutting down: finishing queued requests")
-        follower.stop()
-        await batcher.stop()
+        self.follower.stop()
+        await self.batcher.stop()
 
-    app = FastAPI(title="onnxcast serve", version="2", lifespan=lifespan,
-                  description="Open Inference Protocol (KServe V2) for onnxcast forecasters", docs_url=None,
-                  redoc_url=None)
-    app.state.follower, app.state.batcher, app.state.metrics = follower, batcher, metrics
+    @property
+    def ready(self) -> bool:
+        return self.follower.current is not None
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):  # V2 errors are {"error": ...}
-        return Response(error_body(str(exc.detail)), exc.status_code, headers=exc.headers, media_type=JSON)
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception):  # a bug: still a V2 error, never a traceback
-        return Response(error_body(f"internal error ({type(exc).__name__}); see the server log"), 500,
-                        media_type=JSON)
-
-    def error(status: int, message: str, version: str | None = None) -> Response:
-        headers = {"x-model-version": version} if version else None
-        return Response(error_body(message), status, headers=headers, media_type=JSON)
-
-    def served(name: str, version: str | None = None) -> ServedModel | Response:
-        if name != settings.model:
-            return error(404, f"unknown model {shown(name)}; this server serves {settings.model!r}")
-        model = follower.current
+    def served(self, name: str, version: str | None = None) -> ServedModel:
+        """The model serving ``name`` (at ``version`` when given); ModelUnavailable otherwise."""
+        if name != self.settings.model:
+            raise ModelUnavailable(404, f"unknown model {shown(name)}; this server serves {self.settings.model!r}")
+        model = self.follower.current
         if model is None:  # why is in the log and poll_errors_total: its message names local paths
-            return error(503, f"model {name!r} is not ready: no verified version loaded yet (see the server log)")
+            raise ModelUnavailable(503, f"model {name!r} is not ready: no verified version loaded yet (see the "
+                                        "server log)")
         if version is not None and version != model.version:
-            return error(404, f"version {shown(version)} of {name!r} is not served; serving {model.version!r}",
-                         model.version)
+            raise ModelUnavailable(404, f"version {shown(version)} of {name!r} is not served; serving "
+                                        f"{model.version!r}", model.version)
         return model
 
-    @app.get("/v2/health/live", **openapi.health("live"))
-    async def live():
-        return {"live": True}
-
-    @app.get("/v2/health/ready", **openapi.health("ready"))
-    async def ready():
-        if follower.current is None:
-            return JSONResponse({"ready": False}, 503)
-        return {"ready": True}
-
-    @app.get("/v2", **openapi.SERVER_METADATA)
-    async def server_metadata():
-        return {"name": SERVER_NAME, "version": _onnxcast_version(), "extensions": ["binary_tensor_data"]}
-
-    async def model_metadata(name: str, version: str | None = None):
-        model = served(name, version)
-        if isinstance(model, Response):
-            return model
-        return JSONResponse({
+    def model_metadata(self, model: ServedModel) -> dict:
+        settings = self.settings
+        return {
             "name": model.name, "versions": [model.version], "platform": "onnxruntime_onnx",
             "inputs": [{"name": INPUT_NAME, "datatype": "FP32", "shape": [-1, -1, model.n_features]}],
             "outputs": output_metadata(model),
@@ -223,65 +220,59 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
                            "columns": list(model.columns), "lookback": model.lookback,
                            "horizon": model.horizon, **_limits_of(model, settings).__dict__,
                            "max_body_bytes": settings.max_body_bytes, **fleet_parameters(model.metadata),
-                           **({"quantile_levels": list(model.levels)} if model.levels else {})}},
-            headers={"x-model-version": model.version})
+                           **({"quantile_levels": list(model.levels)} if model.levels else {})}}
 
-    async def model_ready(name: str, version: str | None = None):
-        model = served(name, version)
-        if isinstance(model, Response):
-            return model
-        return JSONResponse({"name": name, "ready": True}, headers={"x-model-version": model.version})
-
-    async def handle_infer(name: str, version: str | None, headers: dict[str, str],
-                           read_body) -> tuple[int, dict[str, str], bytes]:
-        """One inference request: (status, headers, body). ``headers`` have lower-case names."""
+    async def infer(self, name: str, version: str | None, headers: dict[str, str],
+                    read_body) -> tuple[int, dict[str, str], bytes]:
+        """One inference request: (status, headers, body), counted in the metrics. ``headers``
+        have lower-case names."""
         started = time.perf_counter()
         model = None
         try:
-            model = served(name, version)
-            if isinstance(model, Response):
-                status, payload = model.status_code, model.body
-                extra = {k: v for k, v in model.headers.items() if k != "content-length"}
-            else:
-                length = headers.get("content-length", "")
-                if length.isdigit() and int(length) > settings.max_body_bytes:
-                    raise RequestError(f"request body of {length} bytes is over the {settings.max_body_bytes} "
-                                       "limit", 413)
-                body = await read_body()
-                decoded = decode_request(body, headers.get(HEADER_LENGTH), _limits_of(model, settings), model.outputs)
-                results, answered_by = await batcher.submit(decoded.history)
-                missing = [o.name for o in decoded.outputs if o.name not in results]
-                if missing:  # a new version without that output came in between (a rollback): retry
-                    raise NotReadyError(f"version {answered_by} has no output {', '.join(missing)}: "
-                                        "the model changed while the request waited; retry")
-                payload, extra = encode_response(name, answered_by, decoded.id, results, decoded.outputs)
-                extra["content-type"] = "application/octet-stream" if decoded.binary_output else JSON
-                status = 200
+            model = self.served(name, version)
+            extra, payload = await self._forecast(model, name, headers, read_body)
+            status = 200
+        except ModelUnavailable as exc:
+            status, extra, payload = exc.status, exc.headers(), error_body(str(exc))
         except RequestError as exc:
             status, extra, payload = exc.status, {"x-model-version": model.version}, error_body(str(exc))
         except NotReadyError as exc:
             status, extra, payload = 503, {}, error_body(str(exc))
         except Exception as exc:  # a bug or an ONNX Runtime failure: a V2 500, counted; the trace in the log
             log.exception("inference request failed")
-            version = {"x-model-version": model.version} if isinstance(model, ServedModel) else {}
-            status, extra = 500, version
+            status, extra = 500, {"x-model-version": model.version} if isinstance(model, ServedModel) else {}
             payload = error_body(f"internal error ({type(exc).__name__}); see the server log")
         extra.setdefault("content-type", JSON)
-        metrics.requests.labels(settings.model, extra.get("x-model-version", ""), str(status)).inc()
+        self.metrics.requests.labels(self.settings.model, extra.get("x-model-version", ""), str(status)).inc()
         if status == 200:
-            metrics.latency.labels(settings.model).observe(time.perf_counter() - started)
+            self.metrics.latency.labels(self.settings.model).observe(time.perf_counter() - started)
         return status, extra, payload
 
-    async def infer(request: Request, name: str, version: str | None = None):
-        status, headers, payload = await handle_infer(name, version, dict(request.headers), request.body)
-        return Response(payload, status, headers=headers)
+    async def _forecast(self, model: ServedModel, name: str, headers: dict[str, str],
+                        read_body) -> tuple[dict[str, str], bytes]:
+        """Read and decode the body, run it in the next batch, encode the answer."""
+        limit = self.settings.max_body_bytes
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise RequestError(f"request body of {length} bytes is over the {limit} limit", 413)
+        body = await read_body()
+        decoded = decode_request(body, headers.get(HEADER_LENGTH), _limits_of(model, self.settings), model.outputs)
+        results, answered_by = await self.batcher.submit(decoded.history)
+        missing = [o.name for o in decoded.outputs if o.name not in results]
+        if missing:  # a new version without that output came in between (a rollback): retry
+            raise NotReadyError(f"version {answered_by} has no output {', '.join(missing)}: "
+                                "the model changed while the request waited; retry")
+        payload, extra = encode_response(name, answered_by, decoded.id, results, decoded.outputs)
+        extra["content-type"] = "application/octet-stream" if decoded.binary_output else JSON
+        return extra, payload
 
-    def unauthorized(headers: dict[str, str]) -> tuple[int, dict[str, str], bytes] | None:
+    def unauthorized(self, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes] | None:
         """None when the request may go on; else the 401 to answer (compared in constant time)."""
-        if settings.token is None:
+        token = self.settings.token
+        if token is None:
             return None
         scheme, _, given = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), settings.token.encode()):
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
             return None
         if scheme:
             challenge, message = 'Bearer realm="onnxcast", error="invalid_token"', "the bearer token is not valid"
@@ -289,20 +280,71 @@ def create_app(settings: ServeSettings, follower: ChannelFollower | None = None)
             challenge, message = 'Bearer realm="onnxcast"', "authentication required: send Authorization: Bearer <token>"
         return 401, {"www-authenticate": challenge, "content-type": JSON}, error_body(message)
 
-    app.state.handle_infer, app.state.max_body_bytes = handle_infer, settings.max_body_bytes
-    app.state.unauthorized = unauthorized
-    app.get("/v2/models/{name}", **openapi.MODEL_METADATA)(model_metadata)
-    app.get("/v2/models/{name}/versions/{version}", **openapi.MODEL_METADATA)(model_metadata)
-    app.get("/v2/models/{name}/ready", **openapi.MODEL_READY)(model_ready)
-    app.get("/v2/models/{name}/versions/{version}/ready", **openapi.MODEL_READY)(model_ready)
-    app.post("/v2/models/{name}/infer", **openapi.INFER)(infer)
-    app.post("/v2/models/{name}/versions/{version}/infer", **openapi.INFER)(infer)
 
-    @app.get("/metrics", **openapi.METRICS)
-    async def prometheus():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+class V2Endpoints:
+    """The KServe V2 REST endpoints over a DataPlane, registered on a FastAPI app; errors are
+    mapped to V2 error bodies in one place (``register``'s exception handlers)."""
 
-    return ServeASGI(app)
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    def register(self, app) -> None:
+        from starlette.exceptions import HTTPException as StarletteHTTPException
+
+        app.add_exception_handler(StarletteHTTPException, http_error)
+        app.add_exception_handler(ModelUnavailable, model_unavailable)
+        app.add_exception_handler(Exception, server_error)
+        app.get("/v2/health/live", **openapi.health("live"))(self.live)
+        app.get("/v2/health/ready", **openapi.health("ready"))(self.ready)
+        app.get("/v2", **openapi.SERVER_METADATA)(self.server_metadata)
+        paths = ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
+        for path in paths:
+            app.get(path, **openapi.MODEL_METADATA)(self.model_metadata)
+        for path in paths:
+            app.get(f"{path}/ready", **openapi.MODEL_READY)(self.model_ready)
+        for path in paths:
+            app.post(f"{path}/infer", **openapi.INFER)(self.infer)
+        app.get("/metrics", **openapi.METRICS)(self.prometheus)
+
+    async def live(self):
+        return {"live": True}
+
+    async def ready(self):
+        return {"ready": True} if self.plane.ready else JSONResponse({"ready": False}, 503)
+
+    async def server_metadata(self):
+        return {"name": SERVER_NAME, "version": _onnxcast_version(), "extensions": ["binary_tensor_data"]}
+
+    async def model_metadata(self, name: str, version: str | None = None):
+        model = self.plane.served(name, version)
+        return JSONResponse(self.plane.model_metadata(model), headers={"x-model-version": model.version})
+
+    async def model_ready(self, name: str, version: str | None = None):
+        model = self.plane.served(name, version)
+        return JSONResponse({"name": name, "ready": True}, headers={"x-model-version": model.version})
+
+    async def infer(self, request: Request, name: str, version: str | None = None):
+        status, headers, payload = await self.plane.infer(name, version, dict(request.headers), request.body)
+        return Response(payload, status, headers=headers)
+
+    async def prometheus(self):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(self.plane.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """V2 errors are ``{"error": ...}``: FastAPI's own 404/405/422 too."""
+    return Response(error_body(str(exc.detail)), exc.status_code, headers=exc.headers, media_type=JSON)
+
+
+async def model_unavailable(request: Request, exc: Exception) -> Response:
+    return Response(error_body(str(exc)), exc.status, headers=exc.headers() or None, media_type=JSON)
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    """A bug: still a V2 error, never a traceback."""
+    return Response(error_body(f"internal error ({type(exc).__name__}); see the server log"), 500, media_type=JSON)
 
 
 def serve(settings: ServeSettings) -> None:
@@ -342,12 +384,12 @@ class ServeASGI:
     Request/Response objects and the middleware stack saves about a third of the service's
     CPU time per small request (docs/serving.md)."""
 
-    def __init__(self, app):
+    def __init__(self, app, plane: DataPlane):
         self.app = app
-        self.handle = app.state.handle_infer
-        self.unauthorized = app.state.unauthorized
-        self.metrics: Metrics = app.state.metrics
-        self.max_body_bytes = app.state.max_body_bytes
+        self.handle = plane.infer
+        self.unauthorized = plane.unauthorized
+        self.metrics: Metrics = plane.metrics
+        self.max_body_bytes = plane.settings.max_body_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

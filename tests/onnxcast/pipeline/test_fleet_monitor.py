@@ -14,8 +14,14 @@ import numpy as np
 import pytest
 from fleet_run_fixtures import fleet_tracking_uri  # noqa: F401  (fixture)
 
-from onnxcast.pipeline.fleet_monitor import MIN_SERIES, holdout_per_series, paired_degradation_test
-from onnxcast.pipeline.monitor import MonitorInput, monitor, reasons
+from onnxcast.pipeline.monitor import (
+    MIN_SERIES,
+    MonitorInput,
+    degradation_test,
+    holdout_per_series,
+    monitor,
+    reasons,
+)
 from onnxcast.registry.monitoring import TAG_FIELDS
 
 TRAINED_UNTIL = "1998-07-01"  # the 18 months after: M3's official test period
@@ -116,7 +122,7 @@ class TestHealthyFleet:
         import pandas as pd
 
         from onnxcast.pipeline.data import parse_utc
-        from onnxcast.pipeline.fleet_monitor import _runner, read_fleet
+        from onnxcast.pipeline.monitor import _runner, read_fleet
         from onnxcast.pipeline.sessions import open_model
 
         cfg, fleet, _ = read_fleet(deployed["report"], None, tmp_path)
@@ -189,6 +195,21 @@ class TestChangedFleet:
         assert (result["origins"], result["degraded"], result["mase"], result["drift"]) == (0, False, None, [])
         assert result["fleet"]["left_out_because"] == {"too_short": N_SERIES} and reasons(result) == []
 
+    def test_one_series_left_to_judge_is_judged_on_its_origins(self, panel, deployed, tmp_path):
+        """Issue 31: the sample chooses the test. One series of the fleet, three times larger after
+        training: judged over its origins (batch means), not across one series. M3's 18 new
+        months make one origin at horizon 18, too few to judge (and the holdout of a global model
+        records no per-origin errors to compare with)."""
+        frame = panel["frame"]
+        one = frame[frame["unique_id"] == sorted(frame["unique_id"].unique())[0]].copy()
+        path, _ = changed({"frame": one}, tmp_path, "one", lambda y: 3.0 * y, share=1.0)
+        result = monitor(MonitorInput(deployed["model"], deployed["report"], "edge", path, deployed["table"]),
+                         tmp_path / "work")
+        assert result["fleet"]["judged"] == 1 and result["origins"] == len(result["per_origin_mase"]) > 0
+        assert result["test"]["test"].startswith("t on batch means") and result["test"]["origins"] == result["origins"]
+        assert result["degraded"] is False and result["test"]["note"].endswith("not judged")
+        assert "min_series" not in result["test"] and result["drift"] == ["y"]  # the drift check still sees it
+
     def test_the_monitor_plot_draws_a_fleet(self, deployed, tmp_path):
         from onnxcast.registry.monitoring import plot_monitor
 
@@ -196,35 +217,35 @@ class TestChangedFleet:
         assert path.stat().st_size > 10_000
 
 
-class TestPairedDegradationTest:
+class TestDegradationAcrossSeries:
     def test_the_same_errors_with_noise_are_not_degraded(self):
         rng = np.random.default_rng(0)
         holdout = rng.lognormal(0, 0.5, 200)
-        test = paired_degradation_test(holdout * rng.lognormal(0, 0.3, 200), holdout)
+        test = degradation_test(holdout * rng.lognormal(0, 0.3, 200), holdout, series=200)
         assert test["degraded"] is False and test["p_value"] > 0.05
 
     def test_most_series_worse_is_degraded(self):
         rng = np.random.default_rng(0)
         holdout = rng.lognormal(0, 0.5, 200)
-        test = paired_degradation_test(holdout * rng.lognormal(np.log(1.2), 0.3, 200), holdout)
+        test = degradation_test(holdout * rng.lognormal(np.log(1.2), 0.3, 200), holdout, series=200)
         assert test["degraded"] is True and test["p_value"] < 0.001 and test["worse_share"] > 0.6
 
     def test_better_series_are_not_degraded(self):
         rng = np.random.default_rng(0)
         holdout = rng.lognormal(0, 0.5, 200)
-        test = paired_degradation_test(0.7 * holdout, holdout)
+        test = degradation_test(0.7 * holdout, holdout, series=200)
         assert test["degraded"] is False and test["p_value"] > 0.99
 
     def test_one_non_finite_series_does_not_hide_the_degraded_ones(self):
         holdout = np.ones(30)
         realised = np.r_[np.full(29, 3.0), np.nan]
-        test = paired_degradation_test(realised, holdout, non_finite=["s29"])
+        test = degradation_test(realised, holdout, series=30, non_finite=["s29"])
         assert test["degraded"] is True and test["p_value"] is None and "non-finite forecasts" in test["note"]
         result = {"channel": "edge", "degraded": True, "test": test, "drift": [], "fleet": {"worst": []}}
         assert reasons(result) == ["edge: non-finite forecasts in 1 series (s29)"]
 
     def test_too_few_series_are_not_judged(self):
-        test = paired_degradation_test(np.full(MIN_SERIES - 1, 10.0), np.full(MIN_SERIES - 1, 1.0))
+        test = degradation_test(np.full(MIN_SERIES - 1, 10.0), np.full(MIN_SERIES - 1, 1.0), series=MIN_SERIES - 1)
         assert test["degraded"] is False and test["p_value"] is None and "fewer than" in test["note"]
 
 
@@ -281,7 +302,7 @@ class TestLikeSizedComparisonHoldsItsSize:
 
     def alarms(self, dist: str, scale_up: float = 1.0, seed: int = 0) -> float:
         from onnxcast.pipeline.evaluation import fleet_origins
-        from onnxcast.pipeline.fleet_monitor import _truncated, compared_mase
+        from onnxcast.pipeline.monitor import _truncated, compared_mase
 
         rng = np.random.default_rng(seed)
         back, _ = fleet_origins(self.HOLDOUT, self.HORIZON, (12,))
@@ -294,7 +315,7 @@ class TestLikeSizedComparisonHoldsItsSize:
             _, holdout = compared_mase(before, index, first_new - self.HOLDOUT, back, zero, 1, self.HORIZON, ones)
             like, realised = compared_mase(fleet, index, first_new, back, zero, 1, self.HORIZON, ones)
             assert len(like) == self.SERIES
-            count += paired_degradation_test(realised, holdout[like])["degraded"]
+            count += degradation_test(realised, holdout[like], series=len(like))["degraded"]
         print(f"{dist}, scale {scale_up}: {count}/{self.RUNS} runs degraded")
         return count / self.RUNS
 

@@ -185,7 +185,7 @@ class TestDegradationTestHoldsItsSize:
         rng = np.random.default_rng(seed)
         realised = factor * ar1_errors(rng, self.RUNS, new, horizon, phi)
         holdout = ar1_errors(rng, self.RUNS, 100, horizon, phi)
-        flagged = [degradation_test(r, h, horizon)["degraded"] for r, h in zip(realised, holdout, strict=True)]
+        flagged = [degradation_test(r, h, block=horizon)["degraded"] for r, h in zip(realised, holdout, strict=True)]
         print(f"h={horizon} phi={phi} {new} new origins, errors x{factor}: {sum(flagged)}/{self.RUNS} degraded")
         return float(np.mean(flagged))
 
@@ -242,7 +242,7 @@ class TestDriftSuiteOnHourlyDemand:
 
         series = self.series(demand, tmp_path)
         first = len(series.values) - 24 * 14  # two weeks after training
-        result = check_drift(series, first, 168)
+        result = check_drift(list(series.columns), [(series.values, first, series.timestamps)], 168)
         assert result["drifted"] == [], [c for c in result["checks"] if not c["passed"]]
 
     def test_a_shifted_feature_is_named_alone(self, demand, tmp_path):
@@ -257,5 +257,58 @@ class TestDriftSuiteOnHourlyDemand:
         frame.loc[frame.index[first + 24 * 4:], "yesterday"] += 3000.0
         path = tmp_path / "shifted.csv"
         frame.to_csv(path, index=False)
-        result = check_drift(self.series(str(path), tmp_path), first, 168)
+        series = self.series(str(path), tmp_path)
+        result = check_drift(list(series.columns), [(series.values, first, series.timestamps)], 168)
         assert result["drifted"] == ["yesterday"]
+
+
+class TestOneDriftCheckForAnyNumberOfSeries:
+    """check_drift takes any number of series: one as it is, several pooled on their scaled
+    seasonal change (issue 31 merged pooled_drift into it)."""
+
+    def test_too_little_training_is_a_note_not_an_error(self):
+        """Three training rows of weekly change: no profile to check against. The check says so
+        and the monitor goes on to judge accuracy (a one-series monitor raised ConfigError)."""
+        from onnxcast.pipeline.drift import check_drift
+
+        stamps = np.arange(40).astype("datetime64[D]")
+        result = check_drift(["y"], [(np.arange(40.0)[:, None], 10, stamps)], 7)
+        assert result["note"] == "fewer than 4 training rows of seasonal change: no drift check"
+        assert (result["drifted"], result["rows"], "pooled" in result) == ([], 30, False)
+
+    def test_several_series_of_any_scale_are_pooled(self):
+        """A series a thousand times larger does not drift the others: each change is scaled by
+        its training's; a level shift on both series after training is seen."""
+        from onnxcast.pipeline.drift import check_drift
+
+        rng = np.random.default_rng(0)
+        stamps = np.arange(400).astype("datetime64[D]")
+        small, large = rng.normal(0, 1, (400, 1)), 1000 * rng.normal(0, 1, (400, 1))
+        quiet = check_drift(["y"], [(small, 300, stamps), (large, 300, stamps)], 7)
+        assert quiet["pooled"] is True and quiet["series"] == 2 and quiet["drifted"] == []
+        shifted = [(np.where(np.arange(400)[:, None] >= 320, v + 5 * v.std(), v), 300, stamps) for v in (small, large)]
+        assert check_drift(["y"], shifted, 7)["drifted"] == ["y"]
+
+
+class TestTheSampleChoosesTheTest:
+    """One monitor for any number of series: the degradation test is the one the sample supports
+    (significance.judged_across_series), never a mode of the caller."""
+
+    def test_one_series_is_judged_over_its_origins_several_across_series(self):
+        rng = np.random.default_rng(0)
+        over = degradation_test(1.5 * rng.gamma(2.0, 0.3, 100), rng.gamma(2.0, 0.3, 100), series=1, block=4)
+        assert over["test"].startswith("t on batch means") and over["degraded"] is True and "min_series" not in over
+        holdout = rng.lognormal(0, 0.5, 40)
+        across = degradation_test(1.5 * holdout, holdout, series=40)
+        assert across["test"].startswith("Wilcoxon") and across["degraded"] is True and across["series"] == 40
+
+    def test_a_fleet_of_one_series_is_judged_on_its_origins(self):
+        """A model over several series with one series left to judge: its per-origin errors,
+        and no per-origin holdout errors to compare with (not judged), unless a forecast is
+        non-finite, which is named by origin as for any one series."""
+        quiet = degradation_test(np.ones(60), np.zeros(0), series=1)
+        assert quiet["degraded"] is False and "the holdout's 0 origins" in quiet["note"]
+        broken = degradation_test(np.r_[np.ones(30), np.nan], np.zeros(0), series=1)
+        result = {"channel": "edge", "degraded": True, "test": broken, "origins": 31, "drift": [],
+                  "fleet": {"worst": []}}
+        assert reasons(result) == ["edge: non-finite forecasts at 1 of 31 origins"]

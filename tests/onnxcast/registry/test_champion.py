@@ -58,6 +58,17 @@ def test_challenger_must_beat_the_champion(tmp_path, challenger, champion, margi
     assert json.loads((tmp_path / "run/champion_challenger.json").read_text()) == decision
 
 
+def test_one_series_and_a_fleet_word_the_verdict_alike(tmp_path):
+    """Issue 31: one decision for any number of series; the reason reads as a fleet's does (the
+    figures, the champion, where, then the evidence with its alpha), and the test is the one
+    the sample supports: one series, Diebold-Mariano over its origins (Newey-West)."""
+    decision = decide(make_run(tmp_path, 90.0, 100.0))
+    assert decision["paired_test"]["test"] == "Diebold-Mariano (Newey-West, HLN)"
+    p = decision["paired_test"]["p_value"]
+    assert decision["reason"] == (f"challenger MAE 90 beats champion v3 100 (+10.00%) on the same holdout "
+                                  f"(p={p:.3g} on 100 paired origins, alpha 0.05)")
+
+
 def test_a_lower_mae_that_is_noise_keeps_the_champion(tmp_path):
     """Issue 13: 2% better on average, but the per-origin differences are mostly noise."""
     decision = decide(make_run(tmp_path, 98.0, 100.0, noise=30.0))

@@ -55,7 +55,7 @@ class TestPull:
         dest = tmp_path / "device"
         promote(make_run("a"), store_uri, "m", "edge", version="1")
         pull(store_uri, "m", "edge", dest)
-        before = predict(dest, history_csv, out=io.StringIO())
+        before = predict(dest, history_csv, out=io.StringIO()).forecast
         promote(make_run("b"), store_uri, "m", "edge", version="2")
         _overwrite(store_uri, "m/versions/2/lstm-fp32-opt.onnx", lambda data: data[:-4] + b"evil")
         with pytest.raises(RefusedError, match=r"versions/2/lstm-fp32-opt.onnx: sha256 \w+ \(\d+ bytes\) does not "
@@ -63,7 +63,7 @@ class TestPull:
                                                r"\(still serving version 1\)"):
             pull(store_uri, "m", "edge", dest)
         assert (dest / "current").readlink().as_posix() == "versions/1"
-        assert np.array_equal(predict(dest, history_csv, out=io.StringIO()), before)
+        assert np.array_equal(predict(dest, history_csv, out=io.StringIO()).forecast, before)
         assert [p.name for p in dest.iterdir() if p.name.startswith(".staging")] == []
 
     def test_tampered_manifest_is_refused(self, store_uri, make_run, tmp_path):
@@ -200,8 +200,8 @@ class TestPredict:
     @pytest.mark.parametrize("content, message", [
         ("ds,y\n1,2\n", r"missing column\(s\) 'x1'; found 'ds', 'y'$"),
         ("y,x1\n" + "1,2\n" * 5, r"5 row\(s\), the model needs the last 16"),
-        ("y,x1\n" + "1,2\n" * 15 + "1,abc\n", r"column 'x1' has non-numeric value 'abc' at data row 16"),
-        ("y,x1\n" + "1,2\n" * 15 + "nan,1\n", r"column 'y' is not finite at data row 16"),
+        ("y,x1\n" + "1,2\n" * 15 + "1,abc\n", r"in.csv: column 'x1' has non-numeric value 'abc' at line 17$"),
+        ("y,x1\n" + "1,2\n" * 15 + "nan,1\n", r"in.csv: column 'y' value 'nan' at line 17 is not finite$"),
     ])
     def test_bad_csv(self, tmp_path, make_run, content, message):
         promote(make_run("a"), str(tmp_path / "store"), "m", "edge")
@@ -209,6 +209,32 @@ class TestPredict:
         (tmp_path / "in.csv").write_text(content)
         with pytest.raises(DataError, match=message):
             predict(tmp_path / "device", tmp_path / "in.csv", out=io.StringIO())
+
+    def test_a_bad_value_outside_the_window_is_refused_too(self, tmp_path, make_run):
+        """Every row is checked, as in a long table (issue 31): before, one series' reader looked
+        only at its last ``lookback`` rows and forecast from this table."""
+        promote(make_run("a"), str(tmp_path / "store"), "m", "edge")
+        pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")
+        (tmp_path / "in.csv").write_text("y,x1\n1,2\n1,abc\n" + "1,2\n" * 20)
+        with pytest.raises(DataError, match=r"in.csv: column 'x1' has non-numeric value 'abc' at line 3$"):
+            predict(tmp_path / "device", tmp_path / "in.csv", out=io.StringIO())
+
+    def test_one_series_is_a_fleet_of_one(self, tmp_path, make_run, history_csv, caplog):
+        """The same rows with a series column, shuffled: the same forecast, one block of rows."""
+        promote(make_run("a"), str(tmp_path / "store"), "m", "edge")
+        pull(str(tmp_path / "store"), "m", "edge", tmp_path / "device")
+        rows = [line.split(",", 1)[1] for line in history_csv.read_text().splitlines()[1:]]
+        timed = [f"2026-01-{1 + i // 24:02d}T{i % 24:02d}:00:00Z,{row}" for i, row in enumerate(rows)]
+        (tmp_path / "plain.csv").write_text("ds,y,x1\n" + "\n".join(timed) + "\n")
+        shuffled = [f"meter 1,{row}" for row in timed]
+        np.random.default_rng(1).shuffle(shuffled)
+        (tmp_path / "long.csv").write_text("id,ds,y,x1\n" + "\n".join(shuffled) + "\n")
+        one, out = predict(tmp_path / "device", tmp_path / "plain.csv", out=io.StringIO()), io.StringIO()
+        fleet = predict(tmp_path / "device", tmp_path / "long.csv", out=out, series_column="id")
+        assert one.series == [""] and fleet.series == ["meter 1"] and fleet.padded == []
+        assert np.array_equal(one.forecast, fleet.forecast) and one.forecast.shape == (1, 4)
+        lines = out.getvalue().splitlines()
+        assert lines[0] == "id,step,ds,forecast,version" and lines[1].startswith("meter 1,1,2026-01-02T16:00:00Z,")
 
     def test_nothing_installed(self, tmp_path, history_csv):
         with pytest.raises(ConfigError, match="no model installed; run 'onnxcast edge pull' first"):

@@ -18,7 +18,7 @@ import pytest
 
 from onnxcast import cli
 from onnxcast.rollout.cli import edge_main
-from onnxcast.rollout.edge import future_times, predict_fleet, pull
+from onnxcast.rollout.edge import future_times, predict, pull
 from onnxcast.rollout.promote import promote
 
 LOOKBACK, HORIZON, SEASON = 24, 18, 12
@@ -125,8 +125,8 @@ class TestFleetPredict:
         frame, _ = panel_frame
         sorted_path = _write(frame, tmp_path / "sorted.csv", shuffle=False, extra=False)
         shuffled_path = _write(frame, tmp_path / "shuffled.csv")
-        a = predict_fleet(dest, sorted_path, "unique_id", out=io.StringIO())
-        b = predict_fleet(dest, shuffled_path, "unique_id", out=io.StringIO(), chunk=7)
+        a = predict(dest, sorted_path, series_column="unique_id", out=io.StringIO())
+        b = predict(dest, shuffled_path, series_column="unique_id", out=io.StringIO(), chunk=7)
         assert a.padded == list(dict.fromkeys(frame["unique_id"]))[:PADDED]
         by_id = dict(zip(b.series, b.forecast, strict=True))
         np.testing.assert_allclose(a.forecast, np.stack([by_id[s] for s in a.series]), rtol=1e-6, atol=1e-3)

@@ -20,7 +20,7 @@ from rollout_support import one_error_line
 
 from onnxcast import cli
 from onnxcast.base.errors import VerificationError
-from onnxcast.rollout.edge import inspect_model, predict_fleet, pull
+from onnxcast.rollout.edge import inspect_model, predict, pull
 from onnxcast.rollout.promote import promote
 from onnxcast.rollout.store import open_store
 
@@ -105,7 +105,7 @@ class TestPredictWithQuantiles:
         forecast, quantiles = _ort(onnx_path, np.stack([windows[s] for s in "abc"]))
         printed = np.array([[np.float32(v) for v in r[3:-1]] for r in rows[1:]]).reshape(3, 4, 1 + len(LEVELS))
         assert np.array_equal(printed[..., 0], forecast) and np.array_equal(printed[..., 1:], quantiles)
-        result = predict_fleet(dest, fleet_csv, "unique_id", out=io.StringIO(), chunk=2)  # chunks join
+        result = predict(dest, fleet_csv, series_column="unique_id", out=io.StringIO(), chunk=2)  # chunks join
         assert result.quantiles.shape == (3, 4, 5) and np.array_equal(result.quantiles, quantiles)
 
     def test_a_model_without_quantiles_prints_what_it_always_did(self, tmp_path, make_run, history_csv, fleet_csv,
@@ -119,7 +119,7 @@ class TestPredictWithQuantiles:
         assert cli.main(["edge", "predict", "--dir", dest, "--input", str(fleet_csv), "--series-column",
                          "unique_id"]) == 0
         assert capsys.readouterr().out.splitlines()[0] == "unique_id,step,ds,forecast,version"
-        assert predict_fleet(dest, fleet_csv, "unique_id", out=io.StringIO()).quantiles is None
+        assert predict(dest, fleet_csv, series_column="unique_id", out=io.StringIO()).quantiles is None
 
 
 class TestVerification:

@@ -1,4 +1,4 @@
-"""Issue 18, the rollout's part: a device folder with planted symlinks, a store holding what
+"""Hostile surroundings of the rollout: a device folder with planted symlinks, a store holding what
 no writer makes (deep JSON, a FIFO, a giant pointer), writers signing with a revoked key,
 inputs that are not tables, and the device command itself. Each through the real CLI
 (``onnxcast.cli.main`` or the console scripts): one error line, nothing outside the device

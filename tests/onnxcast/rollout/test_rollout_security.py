@@ -60,11 +60,11 @@ def device(tmp_path, history_csv):
         forecasts: np.ndarray | None = None
 
         def remember(self):
-            self.forecasts = predict(dest, history_csv, out=io.StringIO())
+            self.forecasts = predict(dest, history_csv, out=io.StringIO()).forecast
 
         def still_serves(self, version: str):
             assert (dest / "current").readlink().as_posix() == f"versions/{version}"
-            assert np.array_equal(predict(dest, history_csv, out=io.StringIO()), self.forecasts)
+            assert np.array_equal(predict(dest, history_csv, out=io.StringIO()).forecast, self.forecasts)
 
     return Device()
 
