@@ -58,3 +58,23 @@ def test_a_connection_without_a_login_sets_nothing(monkeypatch):
     with hook.login():
         assert "MLFLOW_TRACKING_USERNAME" not in os.environ
     assert "MLFLOW_TRACKING_USERNAME" not in os.environ
+
+
+def test_the_alias_watchers_poll_runs_as_the_login_and_leaves_none_behind(mlflow_connection, monkeypatch):
+    """The triggerer runs many triggers in one process: a poll's login must not outlive it."""
+    import onnxcast.registry.release as release
+    from onnxcast.airflow.triggers import RegistryAliasTrigger
+
+    seen = []
+
+    class RegistryDown:
+        def __init__(self, tracking_uri, aliases):
+            seen.append((tracking_uri, [os.environ.get(name) for name in LOGIN]))
+            raise ConnectionError("registry down")
+
+    monkeypatch.setattr(release, "Registry", RegistryDown)
+    trigger = RegistryAliasTrigger(channel_aliases={"edge": "edge"}, store_uri="unused")
+    with pytest.raises(ConnectionError):
+        trigger.poll_sync()
+    assert seen == [("http://127.0.0.1:1", ["pipeline", "pw-1"])]
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else" and "MLFLOW_TRACKING_PASSWORD" not in os.environ
