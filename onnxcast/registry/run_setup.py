@@ -1,0 +1,103 @@
+"""What a training run starts from, once its data is checked: the retraining it answers
+(``trigger.json``) and its plan (``plan.json``: the families it trains or fetches, and the
+registry's champion when the run can evaluate it).
+
+A champion is evaluated alongside the challengers only when it is comparable: the same
+horizon from the same features as this run (else its consumers would get other shapes);
+an incomparable one is recorded in the plan, and champion.decide then refuses to replace it
+automatically. The data check operator (onnxcast.airflow.steps.CheckDataOperator) calls these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onnxcast.base.files import write_json
+from onnxcast.base.s3 import S3Settings
+from onnxcast.pipeline.layout import RunLayout
+from onnxcast.registry.fetch import FetchError, read_source_spec
+from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
+from onnxcast.registry.tracking import CHAMPION, alias_version
+
+RETRAIN_ASSET = "onnxcast_retrain"
+
+
+class ChallengerSourceError(FetchError):
+    """The model the run was asked to fetch (``fetch_from``) cannot be read: the same next try."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The plan written: the family names in order, the champion evaluated (``{version,
+    source}``, None when none is) and the notes on why a champion is not."""
+
+    families: list[str]
+    champion: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_run(cfg: Any, *, fetch_from: str | None = None, compare_with_champion: bool = True,
+             tracking_uri: str | None = None,
+             s3_settings: S3Settings | Callable[[], S3Settings | None] | None = None) -> RunPlan:
+    """Write ``plan.json`` in ``cfg``'s run folder: the families of ``cfg.models`` trained here,
+    or the one model ``fetch_from`` names (ChallengerSourceError when it cannot be read), and,
+    with ``compare_with_champion``, the registry's ``champion`` as the family ``champion`` when
+    it forecasts the same horizon from the same features. ``s3_settings`` (for an ``s3://``
+    ``fetch_from``) may be a function, called only when there is a model to fetch."""
+    entries = _challengers(cfg, fetch_from, tracking_uri, s3_settings)
+    notes: list[str] = []
+    incomparable: dict = {}
+    champion = comparable_champion(cfg, notes, incomparable, tracking_uri) if compare_with_champion else None
+    if champion:
+        entries.append({"family": CHAMPION_FAMILY, "source": champion["source"], "role": "champion",
+                        "version": champion["version"]})
+    elif not compare_with_champion:
+        notes.append("comparison with the champion is off")
+    write_plan(cfg.run_dir, entries, notes, incomparable or None)
+    return RunPlan([e["family"] for e in entries], champion, notes)
+
+
+def comparable_champion(cfg: Any, notes: list[str], incomparable: dict, tracking_uri: str | None) -> dict | None:
+    """The registry's champion of ``cfg.model_name`` (``{version, source}``) when this run can
+    evaluate it; else None, with why appended to ``notes`` (and, when it forecasts another
+    horizon or from other features, ``{version, differences}`` put in ``incomparable``)."""
+    version = alias_version(cfg.model_name, CHAMPION, tracking_uri)
+    if version is None:
+        notes.append(f"no {CHAMPION} registered for {cfg.model_name}")
+        return None
+    source = f"models:/{cfg.model_name}/{version}"
+    spec = read_source_spec(source, tracking_uri=tracking_uri)
+    wanted = {"horizon": cfg.horizon, "n_features": cfg.n_features}
+    different = {k: spec.get(k) for k, v in wanted.items() if spec.get(k) != v}
+    if different:
+        notes.append(f"{CHAMPION} v{version} is not comparable ({different} vs {wanted})")
+        incomparable.update(version=version, differences={k: [v, wanted[k]] for k, v in different.items()})
+        return None
+    return {"version": version, "source": source}
+
+
+def record_retraining(run_dir: str | Path, events: list[dict], taken: dict, left_out: list[str]) -> dict:
+    """``trigger.json`` (the report's ``trigger``) of a run retraining events asked for: the
+    newest event's model, channel and version, every event's reasons, the settings taken from
+    the newest event's ``conf`` and those left out."""
+    event = events[-1]  # several events queued up: the newest one's settings
+    reasons = [str(r) for e in events for r in (e.get("reasons") or [])]
+    trigger = {"kind": "retrain", "asset": RETRAIN_ASSET, "model": event.get("model"),
+               "channel": event.get("channel"), "version": event.get("version"), "reasons": reasons,
+               "settings": sorted(taken), "left_out": left_out, "events": len(events)}
+    write_json(RunLayout(run_dir).trigger, trigger)
+    return trigger
+
+
+def _challengers(cfg: Any, fetch_from: str | None, tracking_uri: str | None, s3_settings: Any) -> list[dict]:
+    if fetch_from in (None, "", "None"):
+        return [{"family": f, "source": None, "role": "challenger"} for f in cfg.models]
+    s3_settings = s3_settings() if callable(s3_settings) else s3_settings
+    try:
+        spec = read_source_spec(fetch_from, tracking_uri=tracking_uri, s3_settings=s3_settings)
+    except FetchError as exc:
+        raise ChallengerSourceError(str(exc)) from None
+    return [{"family": spec["family"], "source": fetch_from, "role": "challenger"}]
