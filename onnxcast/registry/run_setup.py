@@ -10,11 +10,12 @@ automatically. The data check operator (onnxcast.airflow.steps.CheckDataOperator
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.layout import RunLayout
@@ -23,6 +24,7 @@ from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
 from onnxcast.registry.tracking import CHAMPION, alias_version
 
 RETRAIN_ASSET = "onnxcast_retrain"
+RETRAIN_SOURCE = ("onnxcast_monitor", "retrain_signal")  # the only producer whose events are taken
 
 
 class ChallengerSourceError(FetchError):
@@ -77,6 +79,28 @@ def comparable_champion(cfg: Any, notes: list[str], incomparable: dict, tracking
         incomparable.update(version=version, differences={k: [v, wanted[k]] for k, v in different.items()})
         return None
     return {"version": version, "source": source}
+
+
+def retraining_events(events: Iterable[Any]) -> list[dict]:
+    """The extras of the retraining asset's events (``extra``, ``source_dag_id``,
+    ``source_task_id``) that :data:`RETRAIN_SOURCE` emitted. One posted through the REST API
+    (``POST /api/v2/assets/events`` needs asset permissions only; Airflow marks its extra
+    ``from_rest_api``) or from another task is refused: ConfigError naming it when no event is
+    taken, so a forged event trains nothing."""
+    found, refused = [], []
+    for event in events:
+        extra = getattr(event, "extra", None) or {}
+        source = (getattr(event, "source_dag_id", None), getattr(event, "source_task_id", None))
+        if not isinstance(extra, dict) or extra.get("from_rest_api"):
+            refused.append("posted through the REST API")
+        elif source != RETRAIN_SOURCE:
+            refused.append(f"from {source[0]}.{source[1]}, not {'.'.join(RETRAIN_SOURCE)}")
+        else:
+            found.append(dict(extra))
+    if refused and not found:
+        raise ConfigError(f"refused the {RETRAIN_ASSET} event that triggered this run ({refused[0]}): only "
+                          f"{'.'.join(RETRAIN_SOURCE)} asks for a retraining")
+    return found
 
 
 def record_retraining(run_dir: str | Path, events: list[dict], taken: dict, left_out: list[str]) -> dict:

@@ -9,10 +9,16 @@ from types import SimpleNamespace
 import pytest
 
 import onnxcast.registry.run_setup as run_setup
+from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import read_json
 from onnxcast.registry.fetch import FetchError
 from onnxcast.registry.plan import read_plan
-from onnxcast.registry.run_setup import ChallengerSourceError, plan_run, record_retraining
+from onnxcast.registry.run_setup import (
+    ChallengerSourceError,
+    plan_run,
+    record_retraining,
+    retraining_events,
+)
 
 
 @pytest.fixture
@@ -96,3 +102,31 @@ class TestRetrainingRecord:
                            "version": "4", "reasons": ["drift: load", "degraded: p=0.001"],
                            "settings": ["horizon", "lookback"], "left_out": ["out_dir"], "events": 2}
         assert read_json(tmp_path / "trigger.json") == trigger
+
+
+class TestRetrainingEvents:
+    @staticmethod
+    def event(extra=None, source=("onnxcast_monitor", "retrain_signal")):
+        return SimpleNamespace(extra={"model": "demand", "reasons": ["drift"]} if extra is None else extra,
+                               source_dag_id=source[0], source_task_id=source[1])
+
+    def test_the_monitors_events_are_taken(self):
+        assert retraining_events([self.event(), self.event({"model": "other"})]) == [
+            {"model": "demand", "reasons": ["drift"]}, {"model": "other"}]
+
+    @pytest.mark.parametrize("forged, why", [
+        ({"extra": {"from_rest_api": True, "model": "demand"}}, "posted through the REST API"),
+        ({"extra": "not a mapping"}, "posted through the REST API"),
+        ({"source": ("some_dag", "emit")}, "from some_dag.emit, not onnxcast_monitor.retrain_signal"),
+    ])
+    def test_a_forged_event_alone_trains_nothing(self, forged, why):
+        with pytest.raises(ConfigError, match=f"refused the onnxcast_retrain event that triggered this run "
+                                              f"\\({why}\\)"):
+            retraining_events([self.event(**forged)])
+
+    def test_a_forged_event_beside_the_monitors_is_left_out(self):
+        assert retraining_events([self.event(source=("x", "y")), self.event()]) == [
+            {"model": "demand", "reasons": ["drift"]}]
+
+    def test_no_event_is_a_scheduled_run(self):
+        assert retraining_events([]) == []
