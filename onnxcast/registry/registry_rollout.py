@@ -2,7 +2,8 @@
 the alias watcher's events become ``onnxcast_promote`` runs, and what such a run writes back on
 the model version when it ends.
 
-The alias watcher (onnxcast.airflow.triggers) emits an asset event per request; the
+The alias watcher (onnxcast.airflow.triggers) looks at the registry and the store
+(:func:`watch_once`) and emits an asset event per request; the
 dispatcher turns the events into runs (:func:`promote_requests`: only the watcher's own events,
 each payload checked and the registry read again). ``onnxcast_promote``'s last task writes the
 outcome (:func:`report_rollout`): ``deployed``, ``refused`` (a gate, a verification, a conflict;
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from onnxcast.pipeline.config import CHANNELS
@@ -25,15 +27,21 @@ from onnxcast.registry.alias_rollout import (
     DEPLOYED,
     FAILED,
     MODEL_NAME,
+    PENDING,
     REFUSED,
+    REVERT,
     SUPERSEDED,
     VERSION,
     check_request,
     promote_run_id,
+    read_registry,
+    read_serving,
+    reconcile,
     write_rollout_state,
 )
 from onnxcast.registry.release import REGISTRY_SOURCE, Registry, ReleaseError
 from onnxcast.registry.tracking import alias_version
+from onnxcast.rollout.store import RolloutStore
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +153,40 @@ def _writer(registry: Registry, model: str, version: str, *, run_id: str, source
                             source=source, **extra)
 
     return write
+
+
+# --- the watcher: what the aliases ask for -> asset events ---------------------------------------
+
+def watch_once(registry: Registry, store: RolloutStore, now: datetime | None = None) -> tuple[list[dict], list[str]]:
+    """One look of the alias watcher at the registry and the store
+    (onnxcast.registry.alias_rollout.reconcile over ``registry.channel_aliases``): the payloads
+    of the new requests, each marked pending on its model version first, and notes on what it
+    did. A request for a version refused before is not asked again: its alias goes back to what
+    the channel serves (:meth:`Registry.revert`)."""
+    now = now or datetime.now(UTC)
+    aliases = registry.channel_aliases
+    client = registry.client
+    models = read_registry(client, aliases)
+
+    def served(model: str, channel: str) -> str | None:
+        value = store.read_channel(model, channel).value
+        return None if value is None else str(value.get("version"))
+
+    requests, notes = reconcile(models, read_serving(models, aliases, served), aliases, now)
+    payloads = []
+    for request in requests:
+        if request.action == REVERT:  # refused before: the alias must not claim it
+            notes.append(f"{request.model}: " + registry.revert(request.model, request.alias, request.version,
+                                                                request.serving))
+            continue
+        payload = request.payload(now.strftime("%Y%m%dT%H%M%SZ"))
+        write_rollout_state(client, request.model, request.version, request.channel, PENDING, at=now,
+                            reason=f"alias {request.alias} set to v{request.version} in the MLflow registry",
+                            run_id=payload["run_id"], alias=request.alias, serving=request.serving)
+        notes.append(f"{request.model}@{request.alias} names v{request.version}, channel {request.channel} "
+                     f"serves {'v' + request.serving if request.serving else 'nothing'}: promotion requested")
+        payloads.append(payload)
+    return payloads, notes
 
 
 # --- the dispatcher: the watcher's events -> onnxcast_promote runs ------------------------------

@@ -1,7 +1,7 @@
 """What an onnxcast_promote run writes back on the model version (onnxcast.registry.registry_rollout
 .report_rollout), without Airflow: deployed, refused (a registry-sourced run's alias goes back to
 what the channel serves), failed (an outage: the alias stays for the watcher to ask again),
-superseded; and which task's failure is named."""
+superseded; and which task's failure is named. What the alias watcher asks for (watch_once)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from onnxcast.registry.registry_rollout import PromoteRun, RolloutRefused, report_rollout
+from onnxcast.registry.registry_rollout import (
+    PromoteRun,
+    RolloutRefused,
+    report_rollout,
+    watch_once,
+)
 from onnxcast.registry.release import Registry
 
 
@@ -122,3 +127,60 @@ class TestFailureNamed:
 
     def test_a_failure_without_its_kind_counts_as_a_refusal(self):
         assert PromoteRun(failures={"promote": ("conflict", None)}).failure() == ("promote: conflict", "refused")
+
+
+class TestWatchOnce:
+    """One look of the alias watcher (watch_once), on a local MLflow store and a signed local store."""
+
+    @pytest.fixture
+    def watched(self, tmp_path, make_run):
+        from onnxcast.registry.tracking import client_for
+        from onnxcast.rollout.store import open_store
+
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        client = client_for(uri)
+        client.create_registered_model("watched")
+        for _ in range(2):
+            client.create_model_version("watched", source=str(tmp_path), run_id=None)
+        store = tmp_path / "store"
+        promote_pointer_only(make_run("a"), str(store), "1")
+        return Registry(uri, {"edge": "edge", "cloud": "cloud"}), open_store(str(store)), client
+
+    def test_an_alias_ahead_of_its_channel_is_requested_once_and_marked_pending(self, watched):
+        from datetime import UTC, datetime
+
+        from onnxcast.registry.alias_rollout import rollout_state
+
+        registry, store, client = watched
+        client.set_registered_model_alias("watched", "edge", "2")
+        now = datetime(2026, 12, 5, 1, 0, tzinfo=UTC)
+        payloads, notes = watch_once(registry, store, now)
+        assert [(p["model"], p["channel"], p["version"], p["run_id"]) for p in payloads] == [
+            ("watched", "edge", "2", "registry__watched__edge__v2__20261205T010000Z")]
+        assert notes[-1] == "watched@edge names v2, channel edge serves v1: promotion requested"
+        assert rollout_state(client.get_model_version("watched", "2").tags, "edge")["state"] == "pending"
+        assert watch_once(registry, store, now)[0] == []  # pending: not asked again
+
+    def test_an_alias_on_what_the_channel_serves_asks_nothing(self, watched):
+        registry, store, client = watched
+        client.set_registered_model_alias("watched", "edge", "1")
+        assert watch_once(registry, store)[0] == []
+
+    def test_an_alias_set_again_on_a_refused_version_goes_back_to_what_the_channel_serves(self, watched):
+        from datetime import UTC, datetime
+
+        from onnxcast.registry.alias_rollout import state_value
+
+        registry, store, client = watched
+        client.set_model_version_tag("watched", "2", "onnxcast.rollout.edge",
+                                     state_value("refused", at=datetime.now(UTC), reason="gate", run_id="r"))
+        client.set_registered_model_alias("watched", "edge", "2")
+        payloads, notes = watch_once(registry, store)
+        assert payloads == [] and "alias edge moved back to v1" in " ".join(notes)
+        assert str(client.get_model_version_by_alias("watched", "edge").version) == "1"
+
+
+def promote_pointer_only(report, store: str, version: str) -> None:
+    from onnxcast.registry.release import promote
+
+    promote(report, store, "watched", ["edge"], registry=None, version=version, reason="first")
