@@ -38,7 +38,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
 from onnxcast.airflow.links import MlflowRunLink, persist_mlflow_run_url
 from onnxcast.base.errors import ConfigError, DataError
-from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
 
 if TYPE_CHECKING:
@@ -272,16 +272,13 @@ class CheckDataOperator(TrackedOperator):
         return shards, plan.families, summary
 
     def _settings(self, context: Context, run_dir: Path) -> PipelineConfig:
-        extra = _extra_settings(self.extra_settings)
-        values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
-        values.update(self._retrain_settings(context, run_dir))
-        if "data_uri" in values:
-            values["data_uri"] = data_source(values["data_uri"])
-        values["out_dir"] = str(run_dir)
-        values["trained_until"] = self.trained_until or values.get("trained_until") or _interval_end(context)
-        try:
-            return PipelineConfig.from_dict(values)
-        except ConfigError as exc:  # bad settings: retrying cannot help
+        from onnxcast.registry.run_setup import run_config
+
+        retrain = self._retrain_settings(context, run_dir)
+        try:  # bad settings: retrying cannot help
+            return run_config(self.settings, extra_settings=self.extra_settings, retrain=retrain, run_dir=run_dir,
+                              trained_until=self.trained_until, default_end=_interval_end(context))
+        except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
 
     def _retrain_settings(self, context: Context, run_dir: Path) -> dict:
@@ -673,18 +670,3 @@ def _safe(run_id: str) -> str:
     from onnxcast.runstore import safe_segment
 
     return safe_segment(run_id)
-
-
-def _extra_settings(value: Any) -> dict:
-    """The ``extra_settings`` param: a mapping, JSON text of one, or nothing; anything else fails
-    the task (ignoring it silently would train with settings the user did not ask for)."""
-    if value in (None, "", "None"):
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise AirflowFailException(f"extra_settings must be a JSON object, got {value[:80]!r}") from None
-    if not isinstance(value, dict):
-        raise AirflowFailException(f"extra_settings must be a mapping of setting to value, got {type(value).__name__}")
-    return value

@@ -1,5 +1,6 @@
-"""What a training run starts from, once its data is checked: the retraining it answers
-(``trigger.json``) and its plan (``plan.json``: the families it trains or fetches, and the
+"""What a training run starts from: its settings (the trigger form's, extra settings, a
+retraining event's), the retraining it answers (``trigger.json``) and, once its data is
+checked, its plan (``plan.json``: the families it trains or fetches, and the
 registry's champion when the run can evaluate it).
 
 A champion is evaluated alongside the challengers only when it is comparable: the same
@@ -10,7 +11,8 @@ automatically. The data check operator (onnxcast.airflow.steps.CheckDataOperator
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import write_json
 from onnxcast.base.s3 import S3Settings
+from onnxcast.pipeline.config import PipelineConfig, data_source
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fetch import FetchError, read_source_spec
 from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
@@ -39,6 +42,38 @@ class RunPlan:
     families: list[str]
     champion: dict | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def run_config(settings: Mapping[str, Any], *, extra_settings: Any = None, retrain: Mapping[str, Any] | None = None,
+               run_dir: str | Path, trained_until: str | None = None, default_end: str | None = None) -> PipelineConfig:
+    """The run's settings: ``extra_settings`` (a mapping or JSON text of one: the settings the
+    form has no field for) under ``settings`` (the form's), empty values left out, then the
+    settings a retraining event carries (``retrain``), the data in ``run_dir`` until
+    ``trained_until``, else the settings' own ``trained_until``, else ``default_end`` (the run's
+    data interval end). ConfigError naming the setting at fault."""
+    extra = parse_extra_settings(extra_settings)
+    values = {k: v for k, v in {**extra, **dict(settings)}.items() if v not in (None, "", "None")}
+    values.update(retrain or {})
+    if "data_uri" in values:
+        values["data_uri"] = data_source(values["data_uri"])
+    values["out_dir"] = str(run_dir)
+    values["trained_until"] = trained_until or values.get("trained_until") or default_end
+    return PipelineConfig.from_dict(values)
+
+
+def parse_extra_settings(value: Any) -> dict:
+    """The ``extra_settings`` param: a mapping, JSON text of one, or nothing; ConfigError for
+    anything else (ignoring it silently would train with settings the user did not ask for)."""
+    if value in (None, "", "None"):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ConfigError(f"extra_settings must be a JSON object, got {value[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"extra_settings must be a mapping of setting to value, got {type(value).__name__}")
+    return value
 
 
 def plan_run(cfg: Any, *, fetch_from: str | None = None, compare_with_champion: bool = True,

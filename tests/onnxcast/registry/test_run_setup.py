@@ -15,9 +15,11 @@ from onnxcast.registry.fetch import FetchError
 from onnxcast.registry.plan import read_plan
 from onnxcast.registry.run_setup import (
     ChallengerSourceError,
+    parse_extra_settings,
     plan_run,
     record_retraining,
     retraining_events,
+    run_config,
 )
 
 
@@ -130,3 +132,43 @@ class TestRetrainingEvents:
 
     def test_no_event_is_a_scheduled_run(self):
         assert retraining_events([]) == []
+
+
+class TestRunConfig:
+    SETTINGS = {"data_uri": "data.csv", "target_column": "y", "freq": "h", "horizon": 12, "lookback": 48,
+                "model_name": "demand", "max_epochs": None, "series_column": "None"}
+
+    def test_the_forms_settings_win_over_extra_and_a_retraining_event_over_both(self, tmp_path):
+        cfg = run_config({**self.SETTINGS, "horizon": 24}, extra_settings='{"horizon": 6, "n_heads": 2}',
+                         retrain={"lookback": 96}, run_dir=tmp_path, default_end="2026-12-01T00:00:00+00:00")
+        assert (cfg.horizon, cfg.n_heads, cfg.lookback) == (24, 2, 96)
+        assert cfg.out_dir == str(tmp_path) and cfg.trained_until == "2026-12-01T00:00:00+00:00"
+
+    def test_the_training_end_given_wins_over_the_settings_and_the_interval(self, tmp_path):
+        settings = {**self.SETTINGS, "trained_until": "2026-06-01T00:00:00+00:00"}
+        assert run_config(settings, run_dir=tmp_path, default_end="2026-12-01").trained_until == \
+            "2026-06-01T00:00:00+00:00"
+        assert run_config(settings, run_dir=tmp_path, trained_until="2026-03-01T00:00:00+00:00",
+                          default_end="2026-12-01").trained_until == "2026-03-01T00:00:00+00:00"
+
+    def test_the_example_data_names_the_shipped_file(self, tmp_path):
+        from onnxcast.pipeline.config import EXAMPLE_DATA, data_source
+
+        cfg = run_config({**self.SETTINGS, "data_uri": EXAMPLE_DATA}, run_dir=tmp_path)
+        assert cfg.data_uri == data_source(EXAMPLE_DATA) != EXAMPLE_DATA
+
+    @pytest.mark.parametrize("extra, message", [
+        ("n_heads=0", "extra_settings must be a JSON object, got 'n_heads=0'"),
+        (["n_heads"], "extra_settings must be a mapping of setting to value, got list"),
+    ])
+    def test_extra_settings_that_are_not_a_mapping_are_refused(self, tmp_path, extra, message):
+        with pytest.raises(ConfigError, match=message):
+            run_config(self.SETTINGS, extra_settings=extra, run_dir=tmp_path)
+
+    def test_a_bad_setting_is_named(self, tmp_path):
+        with pytest.raises(ConfigError, match="horizon"):
+            run_config({**self.SETTINGS, "horizon": 0}, run_dir=tmp_path)
+
+    @pytest.mark.parametrize("empty", [None, "", "None"])
+    def test_no_extra_settings(self, empty):
+        assert parse_extra_settings(empty) == {}
