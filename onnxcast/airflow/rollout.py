@@ -138,7 +138,7 @@ class PromoteModelOperator(_StoreOperator):
             cfg = load_config(work)
             self.link_mlflow_run(context, cfg.model_name)
             try:
-                release = promote_run(cfg, self.open_store, self.channels, registry=self.registry(),
+                release = promote_run(cfg, self.open_store, self.channels, registry=self.registry,
                                       version=str(self.version), decision=decision, reassemble=self.assemble_report,
                                       reason=self.reason, move_champion=as_bool(self.move_champion),
                                       source=self.source, alias=self.alias, actor=_actor(context),
@@ -216,7 +216,7 @@ class RollbackChannelOperator(_StoreOperator):
         from onnxcast.registry.release import rollback_once
 
         try:
-            release = rollback_once(self.open_store(), self.model_name, self.channel, registry=self.registry(),
+            release = rollback_once(self.open_store(), self.model_name, self.channel, registry=self.registry,
                                     to_version=self.to_version, move_champion=as_bool(self.move_champion),
                                     actor=_actor(context), reason=self.reason, signers=self.release_signers)
         except OnnxcastError as exc:

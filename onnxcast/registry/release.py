@@ -313,9 +313,9 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
 # --- the releases the DAGs ask for ------------------------------------------------------------
 # onnxcast_training and onnxcast_promote promote a run after a decision, roll back once however
 # often the task is retried, and refresh every channel that exists; the operators
-# (onnxcast.airflow.rollout) call these and map the typed outcomes to skip or fail. The store
-# and the signers may be given as functions, called only when the release gets that far, so
-# a promotion the decision skips needs no store and no key.
+# (onnxcast.airflow.rollout) call these and map the typed outcomes to skip or fail. The store,
+# the signers and the registry may be given as functions, called (in that order) only when the
+# release gets that far, so a promotion the decision skips needs no store, key or registry.
 
 REGISTRY_SOURCE = "registry"  # a promotion the registry alias watcher asked for
 
@@ -338,7 +338,7 @@ def checked_decision(decision: Any, *, required: bool) -> dict | None:
 
 
 def promote_run(cfg: Any, store: RolloutStore | str | Callable[[], RolloutStore], channels: Sequence[str] | str, *,
-                registry: Registry | None, version: str, decision: dict | None = None, reassemble: bool = False,
+                registry: Registry | Callable[[], Registry | None] | None, version: str, decision: dict | None = None, reassemble: bool = False,
                 reason: str = "", move_champion: bool = True, source: str | None = None, alias: str | None = None,
                 actor: str | None = None, signers: Sequence | str | Callable[[], Sequence] | None = None) -> Release:
     """Promote the run of ``cfg`` (a PipelineConfig on its run folder) as ``version``: NotPromoted
@@ -355,7 +355,7 @@ def promote_run(cfg: Any, store: RolloutStore | str | Callable[[], RolloutStore]
     store = _opened(_called(store))
     signers = _called(signers)
     expect = (str(alias), str(version)) if source == REGISTRY_SOURCE and _given(alias) else None
-    return promote(cfg.run_dir, store, cfg.model_name, channels, registry=registry, version=str(version),
+    return promote(cfg.run_dir, store, cfg.model_name, channels, registry=_called(registry), version=str(version),
                    move_champion=move_champion, expect_alias=expect, actor=actor, reason=reason, signers=signers)
 
 
@@ -376,7 +376,8 @@ def reassemble_report(cfg: Any) -> dict:
 
 
 def rollback_once(store: RolloutStore | str | Callable[[], RolloutStore], model_name: str, channel: str, *,
-                  registry: Registry | None, actor: str, reason: str, to_version: str | None = None,
+                  registry: Registry | Callable[[], Registry | None] | None, actor: str, reason: str,
+                  to_version: str | None = None,
                   move_champion: bool = True, signers: Sequence | str | Callable[[], Sequence] | None = None) -> Release:
     """:func:`rollback`, unless the channel's last move is this ``actor``'s rollback with this
     ``reason`` to the version it serves (a retried task whose first try moved it: a second
@@ -387,10 +388,10 @@ def rollback_once(store: RolloutStore | str | Callable[[], RolloutStore], model_
     if done is not None:
         version = str(done["version"])
         return Release("rollback", model_name, store.uri, version, {channel: (done.get("from_version"), version)},
-                       (), registry=registry.where if registry else None,
-                       pointer_only="an earlier try made this rollback", repeated=True)
-    return rollback(store, model_name, channel, registry=registry, to_version=_given(to_version),
-                    move_champion=move_champion, actor=actor, reason=reason, signers=_called(signers))
+                       (), pointer_only="an earlier try made this rollback", repeated=True)
+    signers = _called(signers)
+    return rollback(store, model_name, channel, registry=_called(registry), to_version=_given(to_version),
+                    move_champion=move_champion, actor=actor, reason=reason, signers=signers)
 
 
 def earlier_rollback(store: RolloutStore, model_name: str, channel: str, *, actor: str, reason: str) -> dict | None:
@@ -432,8 +433,8 @@ def _given(value: Any) -> str | None:
 
 
 def _called(value: Any) -> Any:
-    """``value()`` for a function given in place of a store or signers, else ``value``."""
-    return value() if callable(value) and not isinstance(value, RolloutStore) else value
+    """``value()`` for a function given in place of a store, signers or a registry, else ``value``."""
+    return value() if callable(value) and not isinstance(value, (RolloutStore, Registry)) else value
 
 
 # --- how a release keeps the registry with the store -----------------------------------------

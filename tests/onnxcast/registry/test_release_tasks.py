@@ -114,3 +114,18 @@ class TestRefreshChannels:
 
     def test_no_channel_to_refresh_needs_no_key(self, store):
         assert refresh_channels(str(store), "m", "edge", signers=never("the key")) == {"edge": None}
+
+
+def test_a_kept_champion_needs_no_registry_either(make_run):
+    cfg = SimpleNamespace(run_dir=make_run("a").parent, model_name="m")
+    with pytest.raises(NotPromoted):
+        promote_run(cfg, never("the store"), ["edge"], registry=never("the registry"), version="1",
+                    decision={"promote": False, "reason": "kept"}, signers=never("the key"))
+
+
+def test_a_retried_rollback_opens_neither_key_nor_registry(promoted):
+    rollback_once(str(promoted), "m", "edge", registry=None, actor="airflow:run/1", reason="bad")
+    again = rollback_once(str(promoted), "m", "edge", registry=never("the registry"), actor="airflow:run/1",
+                          reason="bad", signers=never("the key"))
+    assert again.repeated and again.line() == "m channel edge: already at 2; channel pointer only: an earlier try " \
+                                              "made this rollback"
