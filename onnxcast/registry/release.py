@@ -75,6 +75,13 @@ class NotPromoted(OnnxcastError):
     """The champion/challenger decision keeps the champion: nothing to release."""
 
 
+class GatesRechecked(GateError):
+    """The gates of a staged version, evaluated again before its promotion, failed."""
+
+    def __str__(self) -> str:
+        return f"gates re-checked and failed: {super().__str__()}"
+
+
 class Superseded(ReleaseError):
     """A registry-sourced promotion whose alias names another version now; nothing moved."""
 
@@ -343,7 +350,7 @@ def promote_run(cfg: Any, store: RolloutStore | str | Callable[[], RolloutStore]
                 actor: str | None = None, signers: Sequence | str | Callable[[], Sequence] | None = None) -> Release:
     """Promote the run of ``cfg`` (a PipelineConfig on its run folder) as ``version``: NotPromoted
     when ``decision`` keeps the champion; with ``reassemble`` the report is rebuilt from the run's
-    validation first (its gates evaluated again: GateError). A registry-sourced run (``source``
+    validation first (its gates evaluated again: GatesRechecked). A registry-sourced run (``source``
     :data:`REGISTRY_SOURCE` with its ``alias``) is :class:`Superseded` when the alias has moved on
     from ``version`` by the time the channels would move. The reason: ``reason``, else the
     decision's, else "promoted by Airflow"."""
@@ -360,8 +367,8 @@ def promote_run(cfg: Any, store: RolloutStore | str | Callable[[], RolloutStore]
 
 
 def reassemble_report(cfg: Any) -> dict:
-    """report.json rebuilt from the run's validation (the gates evaluated again: GateError
-    "gates re-checked and failed: ..."), keeping the registry entry registration wrote."""
+    """report.json rebuilt from the run's validation (the gates evaluated again:
+    GatesRechecked), keeping the registry entry of the staged version's report."""
     # numpy, which release's callers do not load
     from onnxcast.pipeline.run import assemble_report
 
@@ -369,7 +376,7 @@ def reassemble_report(cfg: Any) -> dict:
     try:
         report = assemble_report(cfg, challengers(cfg.run_dir))
     except GateError as exc:
-        raise GateError(f"gates re-checked and failed: {exc}") from None
+        raise GatesRechecked(exc.failures) from None
     report["mlflow"] = staged["mlflow"]
     write_json(cfg.layout.report, report)
     return report

@@ -9,9 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from run_fixtures import tiny_lstm_run, tiny_lstm_run_copy  # noqa: F401  (fixtures)
 
 from onnxcast.base.errors import ConfigError
 from onnxcast.registry.release import (
+    GatesRechecked,
     NotPromoted,
     checked_decision,
     promote,
@@ -129,3 +131,33 @@ def test_a_retried_rollback_opens_neither_key_nor_registry(promoted):
                           reason="bad", signers=never("the key"))
     assert again.repeated and again.line() == "m channel edge: already at 2; channel pointer only: an earlier try " \
                                               "made this rollback"
+
+
+@pytest.mark.slow
+class TestGatesRechecked:
+    """A staged version's report is rebuilt from its validation before promotion (onnxcast_promote)."""
+
+    @pytest.fixture
+    def staged_cfg(self, tiny_lstm_run_copy):  # noqa: F811
+        from onnxcast.base.files import write_json
+        from onnxcast.pipeline.config import PipelineConfig
+
+        cfg = PipelineConfig.load(Path(tiny_lstm_run_copy) / "config.json")
+        write_json(cfg.layout.staged, {"mlflow": {"model": "m", "version": "4"}})
+        return cfg
+
+    def test_a_passing_run_is_promoted_with_the_staged_versions_registry_entry(self, staged_cfg, store):
+        release = promote_run(staged_cfg, str(store), ["edge"], registry=None, version="4", reassemble=True)
+        assert release.moved == ("edge",)
+        assert json.loads(staged_cfg.layout.report.read_text())["mlflow"] == {"model": "m", "version": "4"}
+
+    def test_a_failed_gate_refuses_the_promotion_in_one_line(self, staged_cfg, store):
+        from onnxcast.base.files import read_json, write_json
+
+        for family in staged_cfg.models:
+            path = staged_cfg.layout.validation(family)
+            write_json(path, {**read_json(path), "gates_passed": False, "failures": ["parity 0.1 > 0.0001"]})
+        with pytest.raises(GatesRechecked) as caught:
+            promote_run(staged_cfg, never("the store"), ["edge"], registry=None, version="4", reassemble=True)
+        assert str(caught.value) == ("gates re-checked and failed: validation gate(s) failed: "
+                                     f"{staged_cfg.models[0]}: parity 0.1 > 0.0001")
