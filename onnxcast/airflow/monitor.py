@@ -24,11 +24,19 @@ from onnxcast.airflow.links import persist_mlflow_run_url
 from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.steps import TrackedOperator, readable
 from onnxcast.base.errors import OnnxcastError
+from onnxcast.registry.monitor_verdict import (
+    ChannelFailed,
+    NoRetraining,
+    NothingJudged,
+    judge_channels,
+    number,
+    retraining_request,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["RETRAIN", "ChannelFailed", "MonitorChannelsOperator", "RetrainSignalOperator", "judge_channels"]
+__all__ = ["RETRAIN", "MonitorChannelsOperator", "RetrainSignalOperator"]
 
 
 class MonitorChannelsOperator(TrackedOperator):
@@ -58,8 +66,11 @@ class MonitorChannelsOperator(TrackedOperator):
         channels = [self.channels] if isinstance(self.channels, str) else list(self.channels or [])
         if not channels:
             raise AirflowFailException("channels: name at least one channel to monitor")
-        return judge_channels(channels, self._served, lambda channel: self._monitor(context, channel),
-                              model=self.model_name, log=self.log)
+        try:
+            return judge_channels(channels, self._served, lambda channel: self._monitor(context, channel),
+                                  model=self.model_name, log=self.log)
+        except NothingJudged as exc:
+            raise AirflowFailException(str(exc)) from None
 
     def _served(self, channel: str) -> bool:
         """Whether the store holds a pointer for ``channel`` (a model promoted to only one
@@ -90,7 +101,7 @@ class MonitorChannelsOperator(TrackedOperator):
             self._linked = True
         self.log.info("%s v%s on %s: realised MASE %s vs holdout %.4g [%.4g, %.4g], p=%s, degraded %s, drift %s "
                       "(%s new rows, %d origins; %.1fs, MLflow run %s)", self.model_name, summary["version"], channel,
-                      _fmt(summary["mase"]), summary["holdout_mase"], *summary["holdout_ci"], _fmt(summary["p_value"]),
+                      number(summary["mase"]), summary["holdout_mase"], *summary["holdout_ci"], number(summary["p_value"]),
                       summary["degraded"], readable(summary["drift"]) or "none", summary["new_rows"],
                       summary["origins"], summary["seconds"], summary["url"])
         return summary
@@ -102,39 +113,6 @@ class MonitorChannelsOperator(TrackedOperator):
         from onnxcast.airflow.settings import trust_root
 
         return trust_root(self.trust, development_keys_dir(), self.store_uri)
-
-
-class ChannelFailed(Exception):
-    """One channel could not be judged (its message names the model, channel and cause)."""
-
-
-def judge_channels(channels: list[str], served, judge, *, model: str, log) -> list[dict]:
-    """Each channel's summary: ``judge(channel)`` where ``served(channel)``, else a skipped
-    entry (``skipped: "serves nothing"``); a channel whose judging raised ChannelFailed (or
-    whose store could not be read) gets ``error``. Raises AirflowFailException when no channel
-    is served, or when every served channel failed (the errors named); otherwise the failures
-    are logged and kept in the XCom beside the others' results."""
-    summaries, failed = [], []
-    for channel in channels:
-        base = {"model": model, "channel": channel, "reasons": []}
-        try:
-            if not served(channel):
-                log.warning("%s channel %s serves nothing (no pointer in the rollout store): skipped", model, channel)
-                summaries.append({**base, "skipped": "serves nothing"})
-                continue
-            summaries.append(judge(channel))
-        except (ChannelFailed, OnnxcastError) as exc:
-            message = " ".join(str(exc).split())
-            if not isinstance(exc, ChannelFailed):
-                message = f"{model} channel {channel}: {message}"
-            log.error("%s", message)
-            failed.append(message)
-            summaries.append({**base, "error": message})
-    if all(s.get("skipped") for s in summaries):
-        raise AirflowFailException(f"{model}: no channel of {', '.join(channels)} serves a version (nothing promoted)")
-    if failed and all(s.get("skipped") or s.get("error") for s in summaries):
-        raise AirflowFailException("; ".join(failed))
-    return summaries
 
 
 class RetrainSignalOperator(BaseOperator):
@@ -149,25 +127,11 @@ class RetrainSignalOperator(BaseOperator):
         self.results = results
 
     def execute(self, context: Context) -> dict:
-        results = [r for r in (self.results or []) if isinstance(r, dict)]
-        flagged = [r for r in results if r.get("reasons")]
-        if not flagged:
-            raise AirflowSkipException("no channel degraded or drifted: " + "; ".join(_line(r) for r in results))
-        first = flagged[0]
-        extra = {"model": first["model"], "channel": first["channel"], "version": first["version"],
-                 "channels": [r["channel"] for r in flagged],
-                 "reasons": [line for r in flagged for line in r["reasons"]], "conf": first["conf"]}
+        try:
+            extra = retraining_request(self.results)
+        except NoRetraining as exc:
+            raise AirflowSkipException(str(exc)) from None
         for outlet in self.outlets:
             context["outlet_events"][outlet].extra = extra
-        self.log.info("Retraining asked for %s: %s", first["model"], "; ".join(extra["reasons"]))
+        self.log.info("Retraining asked for %s: %s", extra["model"], "; ".join(extra["reasons"]))
         return extra
-
-
-def _line(summary: dict) -> str:
-    if summary.get("skipped") or summary.get("error"):
-        return f"{summary['channel']} {summary.get('skipped') or 'not judged: ' + summary['error']}"
-    return f"{summary['channel']} v{summary['version']} p={_fmt(summary['p_value'])}"
-
-
-def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.4g}"

@@ -1,4 +1,5 @@
-"""Operators for MLflow: log the run and register the challenger; decide champion/challenger."""
+"""Operators for MLflow: log the run and register the challenger; decide champion/challenger
+(onnxcast.registry.challenger)."""
 
 from __future__ import annotations
 
@@ -31,45 +32,22 @@ class RegisterModelOperator(TrackedOperator):
         self.run_dir = run_dir
 
     def execute(self, context: Context) -> dict:
-        with self.workspace(context, self.run_dir) as work:
-            return self._register(context, work)
+        from onnxcast.registry.challenger import register_challenger
 
-    def _register(self, context: Context, work) -> dict:
-        from onnxcast.base.files import read_json, write_json
-        from onnxcast.pipeline.run import assemble_report
-        from onnxcast.registry.plan import challengers, champion_entry
-        from onnxcast.registry.tracking import log_pipeline_run, register_model, run_url
-
-        cfg = load_config(work)
-        families = challengers(work)
-        champion = champion_entry(work)
-        extra = [champion["family"]] if champion else []
-        key = run_key(context)
         tags = {"airflow.dag_id": context["dag_run"].dag_id, "airflow.run_id": context["run_id"]}
-        try:
-            assemble_report(cfg, families)
-        except GateError as exc:
-            tracked = log_pipeline_run(work, model_name=cfg.model_name, run_key=key, families=families,
-                                       extra_families=extra, tracking_uri=self.mlflow_hook.tracking_uri, tags=tags)
-            persist_mlflow_run_url(context, run_url(self.mlflow_hook.tracking_uri, tracked.experiment_id,
-                                                    tracked.parent_run_id, self.mlflow_hook.ui_url))
-            raise AirflowFailException(str(exc)) from None
-        tracked = log_pipeline_run(work, model_name=cfg.model_name, run_key=key, families=families,
-                                   extra_families=extra, tracking_uri=self.mlflow_hook.tracking_uri, tags=tags)
-        persist_mlflow_run_url(context, run_url(self.mlflow_hook.tracking_uri, tracked.experiment_id,
-                                                tracked.parent_run_id, self.mlflow_hook.ui_url))
-        version = register_model(work, tracked, model_name=cfg.model_name, run_key=key,
-                                 tracking_uri=self.mlflow_hook.tracking_uri)
-        # promotion names the registry version in the rollout manifest (report["mlflow"])
-        report_path = cfg.layout.report
-        report = read_json(report_path)
-        report["mlflow"] = {"tracking_uri": _public(self.mlflow_hook.tracking_uri), "model": cfg.model_name,
-                            "version": version.version, "run_id": version.run_id,
-                            "parent_run_id": tracked.parent_run_id, "experiment_id": tracked.experiment_id}
-        write_json(report_path, report)
+        with self.workspace(context, self.run_dir) as work:
+            cfg = load_config(work)
+            try:
+                registered = register_challenger(cfg, run_key=run_key(context), tags=tags,
+                                                 tracking_uri=self.mlflow_hook.tracking_uri,
+                                                 ui_url=self.mlflow_hook.ui_url,
+                                                 on_logged=lambda url: persist_mlflow_run_url(context, url))
+            except GateError as exc:
+                raise AirflowFailException(str(exc)) from None
+        version = registered.version
         self.log.info("Registered %s version %s (%s)%s", cfg.model_name, version.version, version.family,
                       "" if version.created else " (found from an earlier try)")
-        return {**version.as_xcom(), "parent_run_id": tracked.parent_run_id}
+        return registered.as_xcom()
 
 
 class ChampionChallengerOperator(TrackedOperator):
@@ -90,28 +68,13 @@ class ChampionChallengerOperator(TrackedOperator):
         self.require_beats_champion = require_beats_champion
 
     def execute(self, context: Context) -> dict:
+        from onnxcast.registry.challenger import judge_challenger
+
         with self.workspace(context, self.run_dir) as work:
-            return self._decide(context, work)
-
-    def _decide(self, context: Context, work) -> dict:
-        from onnxcast.base.files import read_json
-        from onnxcast.registry.champion import decide
-        from onnxcast.registry.tracking import record_decision
-
-        cfg = load_config(work)
-        decision = decide(work, min_improvement=float(self.min_improvement or 0.0),
-                          require_beats_champion=self.require_beats_champion,
-                          tracking_uri=self.mlflow_hook.tracking_uri)
-        decision["challenger_version"] = str(self.version)
-        parent = (read_json(cfg.layout.report).get("mlflow") or {}).get("parent_run_id")
-        record_decision(cfg.model_name, str(self.version), decision, parent_run_id=parent,
-                        tracking_uri=self.mlflow_hook.tracking_uri)
-        self.link_mlflow_run(context, cfg.model_name)
+            cfg = load_config(work)
+            decision = judge_challenger(cfg, str(self.version), min_improvement=self.min_improvement,
+                                        require_beats_champion=self.require_beats_champion,
+                                        tracking_uri=self.mlflow_hook.tracking_uri)
+            self.link_mlflow_run(context, cfg.model_name)
         self.log.info("%s: %s", "Promote" if decision["promote"] else "Keep the champion", decision["reason"])
         return decision
-
-
-def _public(uri: str) -> str:
-    from onnxcast.registry.tracking import redact_uri
-
-    return redact_uri(uri)

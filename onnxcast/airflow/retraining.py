@@ -21,32 +21,17 @@ RETRAIN = Asset(name="onnxcast_retrain", uri="x-onnxcast://retrain")
 NOT_CARRIED = ("out_dir", "trained_until")
 
 
-RETRAIN_SOURCE = ("onnxcast_monitor", "retrain_signal")  # the only producer whose events are taken
-
-
 def retrain_events(context: Any) -> list[dict]:
     """The extras of the :data:`RETRAIN` events that triggered this run (empty: a scheduled or
-    manual run). Only events of ``onnxcast_monitor.retrain_signal`` are taken: one posted
-    through the REST API (``POST /api/v2/assets/events`` needs asset permissions only; Airflow
-    marks its extra ``from_rest_api``) or from another task is refused. ConfigError naming
-    the refused event when no event is taken, so a forged event trains nothing."""
+    manual run), only those of ``onnxcast_monitor.retrain_signal``
+    (onnxcast.registry.run_setup.retraining_events: ConfigError naming the refused event when
+    none is taken, so a forged event trains nothing)."""
+    from onnxcast.registry.run_setup import retraining_events
+
     events = context.get("triggering_asset_events") or {}
-    found, refused = [], []
-    for asset in list(events):
-        if getattr(asset, "name", None) == RETRAIN.name and getattr(asset, "uri", None) == RETRAIN.uri:
-            for event in events[asset]:
-                extra = getattr(event, "extra", None) or {}
-                source = (getattr(event, "source_dag_id", None), getattr(event, "source_task_id", None))
-                if not isinstance(extra, dict) or extra.get("from_rest_api"):
-                    refused.append("posted through the REST API")
-                elif source != RETRAIN_SOURCE:
-                    refused.append(f"from {source[0]}.{source[1]}, not {'.'.join(RETRAIN_SOURCE)}")
-                else:
-                    found.append(dict(extra))
-    if refused and not found:
-        raise ConfigError(f"refused the {RETRAIN.name} event that triggered this run ({refused[0]}): only "
-                          f"{'.'.join(RETRAIN_SOURCE)} asks for a retraining")
-    return found
+    return retraining_events(event for asset in list(events)
+                             if getattr(asset, "name", None) == RETRAIN.name and getattr(asset, "uri", None) == RETRAIN.uri
+                             for event in events[asset])
 
 
 def retrain_settings(conf: Any) -> tuple[dict, list[str]]:

@@ -38,7 +38,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
 from onnxcast.airflow.links import MlflowRunLink, persist_mlflow_run_url
 from onnxcast.base.errors import ConfigError, DataError
-from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
 
 if TYPE_CHECKING:
@@ -263,25 +263,22 @@ class CheckDataOperator(TrackedOperator):
             from onnxcast.registry.monitoring import record_retrain_reason
 
             record_retrain_reason(run["parent_run_id"], trigger, self.mlflow_hook.tracking_uri)
-        families, champion, notes = self._plan(cfg, run_dir)
+        plan = self._plan(cfg)
         summary = {"run_dir": run_url, **facts, "trained_until": cfg.trained_until,
-                   "champion_version": champion["version"] if champion else None, "notes": notes,
+                   "champion_version": plan.champion["version"] if plan.champion else None, "notes": plan.notes,
                    "trigger": trigger}
-        self.log.info("Run %s: %s; families %s; %s", run_url, readable(facts), readable(families),
-                      "; ".join(notes) or "champion included")
-        return shards, families, summary
+        self.log.info("Run %s: %s; families %s; %s", run_url, readable(facts), readable(plan.families),
+                      "; ".join(plan.notes) or "champion included")
+        return shards, plan.families, summary
 
     def _settings(self, context: Context, run_dir: Path) -> PipelineConfig:
-        extra = _extra_settings(self.extra_settings)
-        values = {k: v for k, v in {**extra, **dict(self.settings)}.items() if v not in (None, "", "None")}
-        values.update(self._retrain_settings(context, run_dir))
-        if "data_uri" in values:
-            values["data_uri"] = data_source(values["data_uri"])
-        values["out_dir"] = str(run_dir)
-        values["trained_until"] = self.trained_until or values.get("trained_until") or _interval_end(context)
-        try:
-            return PipelineConfig.from_dict(values)
-        except ConfigError as exc:  # bad settings: retrying cannot help
+        from onnxcast.registry.run_setup import run_config
+
+        retrain = self._retrain_settings(context, run_dir)
+        try:  # bad settings: retrying cannot help
+            return run_config(self.settings, extra_settings=self.extra_settings, retrain=retrain, run_dir=run_dir,
+                              trained_until=self.trained_until, default_end=_interval_end(context))
+        except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
 
     def _retrain_settings(self, context: Context, run_dir: Path) -> dict:
@@ -289,7 +286,7 @@ class CheckDataOperator(TrackedOperator):
         version's, checked as trigger-form input) over the param defaults, and the reasons
         recorded (``trigger.json``: the report's ``trigger``). Nothing in other runs."""
         from onnxcast.airflow.retraining import retrain_events, retrain_settings
-        from onnxcast.base.files import write_json
+        from onnxcast.registry.run_setup import record_retraining
 
         try:
             events = retrain_events(context)  # a forged event (REST API, another task) fails here
@@ -297,20 +294,15 @@ class CheckDataOperator(TrackedOperator):
             raise AirflowFailException(str(exc)) from None
         if not events:
             return {}
-        event = events[-1]  # several events queued up: the newest one's settings
         try:
-            taken, left_out = retrain_settings(event.get("conf"))
+            taken, left_out = retrain_settings(events[-1].get("conf"))  # the newest event's settings
         except ConfigError as exc:
             raise AirflowFailException(str(exc)) from None
-        reasons = [str(r) for e in events for r in (e.get("reasons") or [])]
-        trigger = {"kind": "retrain", "asset": "onnxcast_retrain", "model": event.get("model"),
-                   "channel": event.get("channel"), "version": event.get("version"), "reasons": reasons,
-                   "settings": sorted(taken), "left_out": left_out, "events": len(events)}
-        write_json(RunLayout(run_dir).trigger, trigger)
-        self._trigger = trigger
+        self._trigger = trigger = record_retraining(run_dir, events, taken, left_out)
         self.log.info("Retraining asked for by the monitor (%s v%s, %s): %s; settings taken from the event: %s%s",
-                      event.get("model"), event.get("version"), event.get("channel"), "; ".join(reasons) or "no reason",
-                      readable(sorted(taken)), f"; left out: {readable(left_out)}" if left_out else "")
+                      trigger["model"], trigger["version"], trigger["channel"],
+                      "; ".join(trigger["reasons"]) or "no reason", readable(sorted(taken)),
+                      f"; left out: {readable(left_out)}" if left_out else "")
         return taken
 
     def _gate(self, cfg: PipelineConfig) -> tuple[list[int], dict]:
@@ -331,50 +323,15 @@ class CheckDataOperator(TrackedOperator):
             cfg.save(cfg.layout.config)
         return shards, {"series_column": cfg.series_column, "shards": len(shards), **_shard_facts(cfg)}
 
-    def _plan(self, cfg: PipelineConfig, run_dir: Path) -> tuple[list[str], dict | None, list[str]]:
+    def _plan(self, cfg: PipelineConfig):
         """plan.json: the families to train or fetch, and the champion when it is comparable."""
-        from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
-
-        entries, notes, incomparable = self._challengers(cfg), [], {}
-        compare = as_bool(self.compare_with_champion)
-        champion = self._champion(cfg, notes, incomparable) if compare else None
-        if champion:
-            entries.append({"family": CHAMPION_FAMILY, "source": champion["source"], "role": "champion",
-                            "version": champion["version"]})
-        elif not compare:
-            notes.append("comparison with the champion is off")
-        write_plan(run_dir, entries, notes, incomparable or None)
-        return [e["family"] for e in entries], champion, notes
-
-    def _challengers(self, cfg: PipelineConfig) -> list[dict]:
-        if self.fetch_from in (None, "", "None"):
-            return [{"family": f, "source": None, "role": "challenger"} for f in cfg.models]
-        from onnxcast.registry.fetch import FetchError, read_source_spec
+        from onnxcast.registry.run_setup import ChallengerSourceError, plan_run
 
         try:
-            spec = read_source_spec(self.fetch_from, tracking_uri=self.mlflow_hook.tracking_uri,
-                                    s3_settings=self.s3_hook.get_settings())
-        except FetchError as exc:
+            return plan_run(cfg, fetch_from=self.fetch_from, compare_with_champion=as_bool(self.compare_with_champion),
+                            tracking_uri=self.mlflow_hook.tracking_uri, s3_settings=self.s3_hook.get_settings)
+        except ChallengerSourceError as exc:
             raise AirflowFailException(str(exc)) from None
-        return [{"family": spec["family"], "source": self.fetch_from, "role": "challenger"}]
-
-    def _champion(self, cfg: PipelineConfig, notes: list[str], incomparable: dict) -> dict | None:
-        from onnxcast.registry.fetch import read_source_spec
-        from onnxcast.registry.tracking import CHAMPION, alias_version
-
-        version = alias_version(cfg.model_name, CHAMPION, self.mlflow_hook.tracking_uri)
-        if version is None:
-            notes.append(f"no {CHAMPION} registered for {cfg.model_name}")
-            return None
-        source = f"models:/{cfg.model_name}/{version}"
-        spec = read_source_spec(source, tracking_uri=self.mlflow_hook.tracking_uri)
-        wanted = {"horizon": cfg.horizon, "n_features": cfg.n_features}
-        different = {k: spec.get(k) for k, v in wanted.items() if spec.get(k) != v}
-        if different:
-            notes.append(f"{CHAMPION} v{version} is not comparable ({different} vs {wanted})")
-            incomparable.update(version=version, differences={k: [v, wanted[k]] for k, v in different.items()})
-            return None
-        return {"version": version, "source": source}
 
 
 class MergeDataOperator(TrackedOperator):
@@ -713,18 +670,3 @@ def _safe(run_id: str) -> str:
     from onnxcast.runstore import safe_segment
 
     return safe_segment(run_id)
-
-
-def _extra_settings(value: Any) -> dict:
-    """The ``extra_settings`` param: a mapping, JSON text of one, or nothing; anything else fails
-    the task (ignoring it silently would train with settings the user did not ask for)."""
-    if value in (None, "", "None"):
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise AirflowFailException(f"extra_settings must be a JSON object, got {value[:80]!r}") from None
-    if not isinstance(value, dict):
-        raise AirflowFailException(f"extra_settings must be a mapping of setting to value, got {type(value).__name__}")
-    return value

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import Asset, AssetWatcher
@@ -87,7 +86,9 @@ class RegistryAliasTrigger(BaseEventTrigger):
         """The blocking part of :meth:`poll` (MLflow and store calls), as the connection's MLflow
         login: set for the poll only, since the triggerer runs many triggers in one process."""
         from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
-        from onnxcast.airflow.settings import channel_aliases
+        from onnxcast.airflow.settings import channel_aliases, store_uri
+        from onnxcast.registry.registry_rollout import watch_once
+        from onnxcast.registry.release import Registry
 
         aliases = self.channel_aliases if self.channel_aliases is not None else channel_aliases()
         if self._hooks is None or time.monotonic() - self._hooks[0] > HOOKS_SECONDS:
@@ -96,47 +97,8 @@ class RegistryAliasTrigger(BaseEventTrigger):
             self._hooks = (time.monotonic(), MlflowHook(mlflow_conn_id=self.mlflow_conn_id, export_login=False),
                            S3SettingsHook(aws_conn_id=self.aws_conn_id))
         _, mlflow_hook, s3_hook = self._hooks
-        with mlflow_hook.login():
-            return self._poll(aliases, mlflow_hook.tracking_uri, s3_hook)
-
-    def _poll(self, aliases: dict[str, str], tracking_uri: str, s3_hook) -> tuple[list[dict], list[str]]:
-        from onnxcast.airflow.settings import store_uri
-        from onnxcast.registry.alias_rollout import (
-            PENDING,
-            REVERT,
-            read_registry,
-            read_serving,
-            reconcile,
-            write_rollout_state,
-        )
-        from onnxcast.registry.release import Registry
-
-        registry = Registry(tracking_uri, aliases)
-        client = registry.client
-        store = s3_hook.open_store(store_uri(self.store_uri))
-        models = read_registry(client, aliases)
-
-        def served(model: str, channel: str) -> str | None:
-            value = store.read_channel(model, channel).value
-            return None if value is None else str(value.get("version"))
-
-        now = datetime.now(UTC)
-        requests, notes = reconcile(models, read_serving(models, aliases, served), aliases, now)
-        payloads = []
-        for request in requests:
-            if request.action == REVERT:  # refused before: the alias must not claim it
-                notes.append(f"{request.model}: " + registry.revert(request.model, request.alias, request.version,
-                                                                    request.serving))
-                continue
-            requested_at = now.strftime("%Y%m%dT%H%M%SZ")
-            payload = request.payload(requested_at)
-            write_rollout_state(client, request.model, request.version, request.channel, PENDING, at=now,
-                                reason=f"alias {request.alias} set to v{request.version} in the MLflow registry",
-                                run_id=payload["run_id"], alias=request.alias, serving=request.serving)
-            notes.append(f"{request.model}@{request.alias} names v{request.version}, channel {request.channel} "
-                         f"serves {'v' + request.serving if request.serving else 'nothing'}: promotion requested")
-            payloads.append(payload)
-        return payloads, notes
+        with mlflow_hook.login():  # the connection's login for this poll only (many triggers share the process)
+            return watch_once(Registry(mlflow_hook.tracking_uri, aliases), s3_hook.open_store(store_uri(self.store_uri)))
 
 
 def registry_alias_asset() -> Asset:

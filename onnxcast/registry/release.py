@@ -44,9 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from onnxcast.base import environment
-from onnxcast.base.errors import ConfigError, OnnxcastError
+from onnxcast.base.errors import ConfigError, GateError, OnnxcastError, StoreError
+from onnxcast.base.files import read_json, write_json
 from onnxcast.pipeline.config import CHANNELS
 from onnxcast.registry.alias_rollout import DEFAULT_CHANNEL_ALIASES, VERSION, parse_channel_aliases
+from onnxcast.registry.plan import challengers
 from onnxcast.registry.tracking import bound_requests, client_for, redact_uri
 from onnxcast.rollout.promote import PromotionResult, default_actor, resolve_signers, restore
 from onnxcast.rollout.promote import promote as promote_version
@@ -67,6 +69,17 @@ class ReleaseError(OnnxcastError):
 
 class RegistryUnreachable(ReleaseError):
     """The registry could not be read or written; nothing moved."""
+
+
+class NotPromoted(OnnxcastError):
+    """The champion/challenger decision keeps the champion: nothing to release."""
+
+
+class GatesRechecked(GateError):
+    """The gates of a staged version, evaluated again before its promotion, failed."""
+
+    def __str__(self) -> str:
+        return f"gates re-checked and failed: {super().__str__()}"
 
 
 class Superseded(ReleaseError):
@@ -105,6 +118,8 @@ class Release:
     pointer_only: str | None = None
     promotion: PromotionResult | None = None
     signed: dict = field(default_factory=dict)  # refresh: the new pointer's fields
+    manifest: str | None = None  # promote: where the version's manifest is
+    repeated: bool = False  # rollback_once: an earlier try of the same rollback had made it
 
     @property
     def changed(self) -> bool:
@@ -266,7 +281,8 @@ def promote(report: str | Path, store: RolloutStore | str, model_name: str, chan
     aliases = step.follow(moved, undo=undo)
     return Release("promote", model_name, result.store, result.version, dict(step.moves), moved, aliases,
                    registry.where if registry else None, None if registry and step.registered else
-                   step.pointer_only(no_registry), promotion=result)
+                   step.pointer_only(no_registry), promotion=result,
+                   manifest=store.url(store.version_key(model_name, result.version)))
 
 
 def rollback(store: RolloutStore | str, model_name: str, channel: str, *, registry: Registry | None,
@@ -299,6 +315,133 @@ def refresh(store: RolloutStore | str, model_name: str, channel: str, *, signers
     version = str(value["version"])
     return Release("refresh", model_name, store.uri, version, {channel: (version, version)}, (), (), None,
                    "a refresh keeps the version", signed=value)
+
+
+# --- the releases the DAGs ask for ------------------------------------------------------------
+# onnxcast_training and onnxcast_promote promote a run after a decision, roll back once however
+# often the task is retried, and refresh every channel that exists; the operators
+# (onnxcast.airflow.rollout) call these and map the typed outcomes to skip or fail. The store,
+# the signers and the registry may be given as functions, called (in that order) only when the
+# release gets that far, so a promotion the decision skips needs no store, key or registry.
+
+REGISTRY_SOURCE = "registry"  # a promotion the registry alias watcher asked for
+
+
+def checked_decision(decision: Any, *, required: bool) -> dict | None:
+    """The champion/challenger decision, or None when none was asked for (``required`` False);
+    ConfigError for anything but a mapping with a boolean ``promote``.
+
+    A template rendered without ``render_template_as_native_obj`` arrives as a string, and a
+    missing XCom as None: promoting then would skip the comparison with the champion."""
+    if not required:
+        return None
+    if not isinstance(decision, dict) or not isinstance(decision.get("promote"), bool):
+        shown = " ".join(str(decision).split())[:80]
+        raise ConfigError(
+            f"refusing to promote: decision must be the champion/challenger result, a mapping with a "
+            f"boolean 'promote', got {type(decision).__name__} {shown!r} (is the DAG's "
+            "render_template_as_native_obj on, and did the decision task run?)")
+    return decision
+
+
+def promote_run(cfg: Any, store: RolloutStore | str | Callable[[], RolloutStore], channels: Sequence[str] | str, *,
+                registry: Registry | Callable[[], Registry | None] | None, version: str, decision: dict | None = None, reassemble: bool = False,
+                reason: str = "", move_champion: bool = True, source: str | None = None, alias: str | None = None,
+                actor: str | None = None, signers: Sequence | str | Callable[[], Sequence] | None = None) -> Release:
+    """Promote the run of ``cfg`` (a PipelineConfig on its run folder) as ``version``: NotPromoted
+    when ``decision`` keeps the champion; with ``reassemble`` the report is rebuilt from the run's
+    validation first (its gates evaluated again: GatesRechecked). A registry-sourced run (``source``
+    :data:`REGISTRY_SOURCE` with its ``alias``) is :class:`Superseded` when the alias has moved on
+    from ``version`` by the time the channels would move. The reason: ``reason``, else the
+    decision's, else "promoted by Airflow"."""
+    if decision is not None and not decision["promote"]:
+        raise NotPromoted(f"not promoted: {decision.get('reason')}")
+    if reassemble:
+        reassemble_report(cfg)
+    reason = reason or (decision or {}).get("reason") or "promoted by Airflow"
+    store = _opened(_called(store))
+    signers = _called(signers)
+    expect = (str(alias), str(version)) if source == REGISTRY_SOURCE and _given(alias) else None
+    return promote(cfg.run_dir, store, cfg.model_name, channels, registry=_called(registry), version=str(version),
+                   move_champion=move_champion, expect_alias=expect, actor=actor, reason=reason, signers=signers)
+
+
+def reassemble_report(cfg: Any) -> dict:
+    """report.json rebuilt from the run's validation (the gates evaluated again:
+    GatesRechecked), keeping the registry entry of the staged version's report."""
+    # numpy, which release's callers do not load
+    from onnxcast.pipeline.run import assemble_report
+
+    staged = read_json(cfg.layout.staged)
+    try:
+        report = assemble_report(cfg, challengers(cfg.run_dir))
+    except GateError as exc:
+        raise GatesRechecked(exc.failures) from None
+    report["mlflow"] = staged["mlflow"]
+    write_json(cfg.layout.report, report)
+    return report
+
+
+def rollback_once(store: RolloutStore | str | Callable[[], RolloutStore], model_name: str, channel: str, *,
+                  registry: Registry | Callable[[], Registry | None] | None, actor: str, reason: str,
+                  to_version: str | None = None,
+                  move_champion: bool = True, signers: Sequence | str | Callable[[], Sequence] | None = None) -> Release:
+    """:func:`rollback`, unless the channel's last move is this ``actor``'s rollback with this
+    ``reason`` to the version it serves (a retried task whose first try moved it: a second
+    rollback would walk one version further back). Then that rollback, ``repeated``, nothing
+    moved and the registry left as it is."""
+    store = _opened(_called(store))
+    done = earlier_rollback(store, model_name, channel, actor=actor, reason=reason)
+    if done is not None:
+        version = str(done["version"])
+        return Release("rollback", model_name, store.uri, version, {channel: (done.get("from_version"), version)},
+                       (), pointer_only="an earlier try made this rollback", repeated=True)
+    signers = _called(signers)
+    return rollback(store, model_name, channel, registry=_called(registry), to_version=_given(to_version),
+                    move_champion=move_champion, actor=actor, reason=reason, signers=signers)
+
+
+def earlier_rollback(store: RolloutStore, model_name: str, channel: str, *, actor: str, reason: str) -> dict | None:
+    """The pointer history entry of ``actor``'s rollback with ``reason``, when it is the channel's
+    last move and the pointer still names its version; None otherwise (or when the pointer
+    cannot be read: the rollback itself then says why)."""
+    try:
+        pointer = store.read_channel(model_name, channel).value or {}
+    except StoreError:
+        return None
+    history = pointer.get("history") or []
+    last = history[-1] if history else {}
+    if last.get("action") == "rollback" and last.get("by") == actor and last.get("reason") == reason \
+            and last.get("version") == pointer.get("version"):
+        return last
+    return None
+
+
+def refresh_channels(store: RolloutStore | str | Callable[[], RolloutStore], model_name: str,
+                     channels: Sequence[str] | str, *, signers: Sequence | str | Callable[[], Sequence] | None = None,
+                     expires_days: float | str | None = None, actor: str | None = None) -> dict[str, Release | None]:
+    """:func:`refresh` of each of ``channels`` that has a pointer; None for one that does not
+    exist yet (nothing to re-sign). ``expires_days`` may be text (a rendered template)."""
+    store = _opened(_called(store))
+    days = None if _given(expires_days) is None else float(expires_days)
+    done: dict[str, Release | None] = {}
+    for channel in [channels] if isinstance(channels, str) else list(channels):
+        if store.read_channel(model_name, channel).value is None:
+            done[channel] = None
+            continue
+        signers = _called(signers)
+        done[channel] = refresh(store, model_name, channel, signers=signers, expires_days=days, actor=actor)
+    return done
+
+
+def _given(value: Any) -> str | None:
+    """A templated optional argument: None, "" and "None" (a rendered None) are not given."""
+    return None if value in (None, "", "None") else str(value)
+
+
+def _called(value: Any) -> Any:
+    """``value()`` for a function given in place of a store, signers or a registry, else ``value``."""
+    return value() if callable(value) and not isinstance(value, (RolloutStore, Registry)) else value
 
 
 # --- how a release keeps the registry with the store -----------------------------------------
