@@ -174,10 +174,12 @@ class TestStoreWriterWithoutKeys:
     def test_expired_pointer_is_refused(self, store, make_run, device, capsys):
         """Freeze: the store keeps serving a pointer (the writer stopped signing, or an
         attacker holds the old one back); once it expires, the device stops trusting it."""
-        promote(make_run("a"), store, "m", "edge", version="1", expires_days=2 / 86400)
+        # 6 s: the first pull must come before the expiry even on a loaded machine (2 s did not)
+        promote(make_run("a"), store, "m", "edge", version="1", expires_days=6 / 86400)
+        expired_by = time.monotonic() + 6.3  # the expiry was signed before promote returned
         pull(store, "m", "edge", device.path)
         device.remember()
-        time.sleep(2.2)
+        time.sleep(max(0.0, expired_by - time.monotonic()))
         assert edge_cli(store, device.path) == 1
         err = one_error_line(capsys, "channels/edge.json: expired at ")
         assert "(a frozen or stale channel); refusing it (still serving version 1)" in err
