@@ -79,8 +79,9 @@ class TargetRun:
 
 
 def run_target(name: str, model: str | Path, histories: list[np.ndarray], *, repeats: int = 5,
-               sysroot: ArmSysroot | None = None, timeout_s: float = 1800.0) -> TargetRun:
-    """Run ``model`` on ``histories`` (float32 ``[batch, time, features]`` each) on target ``name``."""
+               sysroot: ArmSysroot | None = None, timeout_s: float = 1800.0, **options) -> TargetRun:
+    """Run ``model`` on ``histories`` (float32 ``[batch, time, features]`` each) on target ``name``;
+    ``options`` go to its runner (``batched=True``: OpenVINO on whole batches)."""
     declared = target(name)
     histories = [np.ascontiguousarray(h, dtype=np.float32) for h in histories]
     try:
@@ -89,7 +90,7 @@ def run_target(name: str, model: str | Path, histories: list[np.ndarray], *, rep
                                     "declared, unvalidated on this machine")
         runner = RUNNERS[name]
         return runner(declared, Path(model), histories, repeats=repeats, sysroot=sysroot or default_sysroot(),
-                      timeout_s=timeout_s)
+                      timeout_s=timeout_s, **options)
     except TargetUnavailable as exc:
         return TargetRun(name, UNAVAILABLE, str(exc), emulated=declared.emulated)
     except TargetUnsupported as exc:
@@ -120,10 +121,12 @@ def run_x86_64(declared: Target, model: Path, histories: list[np.ndarray], *, re
 
 
 def run_openvino(declared: Target, model: Path, histories: list[np.ndarray], *, repeats: int, timeout_s: float,
-                 **_) -> TargetRun:
+                 batched: bool = False, **_) -> TargetRun:
     """OpenVINO's CPU device on this machine's Python, in a child process (a crash in
-    ``compile_model`` is the target unavailable, not this process gone)."""
-    names, outputs, times, env = run_worker([sys.executable, "-I", str(WORKER)], "openvino", model, histories,
+    ``compile_model`` is the target unavailable, not this process gone). One row per inference
+    unless ``batched`` (OpenVINO 2026.4.1 miscomputes batches of these graphs: worker.openvino_runner)."""
+    runtime = "openvino-batched" if batched else "openvino"
+    names, outputs, times, env = run_worker([sys.executable, "-I", str(WORKER)], runtime, model, histories,
                                             repeats, timeout_s)
     return TargetRun(declared.name, OK, output_names=names, outputs=outputs, environment={**env, "emulated": False},
                      latency=latency_summary(histories, times, emulated=False), artifact_bytes=model.stat().st_size)

@@ -72,23 +72,35 @@ def onnxruntime_runner(model: str):
     return (lambda history: session.run(names, {"history": history})), names, {"onnxruntime": ort.__version__}
 
 
-def openvino_runner(model: str):
+def openvino_runner(model: str, row_by_row: bool = True):
+    """OpenVINO's CPU device, f32. ``row_by_row``: one history row per inference, because OpenVINO
+    2026.4.1 miscomputes a batch > 1 of these graphs: ReduceMean(keepdims) followed by an Add of a
+    [1, C, 1] constant gives wrong rows after the first (every family; docs/targets.md has a
+    three-node reproduction). Batch 1 agrees with ONNX Runtime within 1e-7 of the level."""
+    import numpy as np
     import openvino as ov
 
     core = ov.Core()
-    # f32: the PERFORMANCE mode silently computes in bf16 where the CPU has avx512_bf16 (this
-    # AMD CPU does), which costs parity (PITFALLS.md, "OpenVINO on this AMD CPU")
+    # f32: the PERFORMANCE mode silently computes in bf16 where the CPU has avx512_bf16, which costs
+    # parity (PITFALLS.md, "OpenVINO on this AMD CPU")
     compiled = core.compile_model(core.read_model(model), "CPU",
                                   {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1})
     names = [o.get_any_name() for o in compiled.outputs]
     request = compiled.create_infer_request()
 
-    def run(history):
+    def infer(history):
         result = request.infer({"history": history})
-        return [result[o] for o in compiled.outputs]
+        return [np.array(result[o], copy=True) for o in compiled.outputs]  # views of OpenVINO's buffers
+
+    def run(history):
+        if not row_by_row or len(history) <= 1:
+            return infer(history)
+        rows = [infer(history[i:i + 1]) for i in range(len(history))]
+        return [np.concatenate([r[k] for r in rows]) for k in range(len(names))]
 
     versions = {"openvino": ov.get_version(),
-                "inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT"))}
+                "inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+                "batching": "row by row" if row_by_row else "as given"}
     return run, names, versions
 
 
@@ -138,7 +150,8 @@ def compile_tvm(model: str, folder: str, shapes: list[list[int]], target: dict, 
     print(json.dumps({"compiled": len(shapes), "tvm": tvm.__version__}))
 
 
-RUNTIMES = {"onnxruntime": onnxruntime_runner, "openvino": openvino_runner, "tvm": tvm_runner}
+RUNTIMES = {"onnxruntime": onnxruntime_runner, "openvino": openvino_runner, "tvm": tvm_runner,
+            "openvino-batched": lambda model: openvino_runner(model, row_by_row=False)}
 
 
 def environment(versions: dict) -> dict:
