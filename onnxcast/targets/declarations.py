@@ -78,8 +78,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
            execution=CHILD_PROCESS, validated_here=True, emulated=False, device_install=(OPENVINO, NUMPY),
            notes="reads the ONNX file itself; f32 hint because PERFORMANCE mode computes in bf16 where the CPU "
                  "has avx512_bf16; compiled in a child process (reported SIGFPE in compile_model on some EPYCs); "
-                 "one history row per inference: 2026.4.1 miscomputes batches > 1 of these graphs (ReduceMean "
-                 "then Add of a [1, C, 1] constant), so a device must do the same"),
+                 "one history row per inference where the model reads features: 2026.4.1 miscomputes batches > 1 "
+                 "of these graphs (ReduceMean then the Add of a [1, C, 1] constant, C > 1), so a device must do "
+                 "the same"),
     Target("tvm-aarch64", runtime="apache-tvm Relax VM (llvm, aarch64-linux-gnu)", architecture="aarch64",
            execution=CROSS_COMPILED, validated_here=True, emulated=True, device_install=(TVM, NUMPY),
            apt_packages=("qemu-user-static", "gcc-aarch64-linux-gnu"),

@@ -123,8 +123,9 @@ def run_x86_64(declared: Target, model: Path, histories: list[np.ndarray], *, re
 def run_openvino(declared: Target, model: Path, histories: list[np.ndarray], *, repeats: int, timeout_s: float,
                  batched: bool = False, **_) -> TargetRun:
     """OpenVINO's CPU device on this machine's Python, in a child process (a crash in
-    ``compile_model`` is the target unavailable, not this process gone). One row per inference
-    unless ``batched`` (OpenVINO 2026.4.1 miscomputes batches of these graphs: worker.openvino_runner)."""
+    ``compile_model`` is the target unavailable, not this process gone). One row per inference where
+    the history has features, unless ``batched`` (OpenVINO 2026.4.1 miscomputes batches of those
+    graphs: worker.openvino_runner)."""
     runtime = "openvino-batched" if batched else "openvino"
     names, outputs, times, env = run_worker([sys.executable, "-I", str(WORKER)], runtime, model, histories,
                                             repeats, timeout_s)

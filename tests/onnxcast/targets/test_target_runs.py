@@ -90,7 +90,7 @@ def test_openvino_matches_x86_and_pytorch_at_every_parity_shape(dlinear, x86, hi
     assert_parity(run, x86, *[dlinear[0], histories])
     runtimes = run.environment["runtimes"]
     assert runtimes["openvino"].startswith("2026.4.1") and "float32" in runtimes["inference_precision"]
-    assert runtimes["batching"] == "row by row" and not run.emulated and run.latency["note"] == ""
+    assert runtimes["batching"].startswith("row by row where") and not run.emulated and run.latency["note"] == ""
 
 
 def test_openvino_on_whole_batches_is_caught_by_the_parity_check(dlinear, x86, histories):
