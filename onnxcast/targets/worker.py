@@ -166,7 +166,7 @@ def environment(versions: dict) -> dict:
             for line in f:
                 key, _, value = line.partition(":")
                 key = key.strip().lower()
-                if key in ("model name", "cpu part", "processor") and not model and key != "processor":
+                if key in ("model name", "cpu part") and not model:  # an Arm kernel prints the part number only
                     model = value.strip()
                 elif key in ("flags", "features") and not flags:
                     flags = value.split()
