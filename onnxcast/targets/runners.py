@@ -9,6 +9,7 @@ Runtimes other than the pipeline's own ONNX Runtime run in child processes (``wo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,8 +101,6 @@ def run_target(name: str, model: str | Path, histories: list[np.ndarray], *, rep
 
 def run_x86_64(declared: Target, model: Path, histories: list[np.ndarray], *, repeats: int, **_) -> TargetRun:
     """The pipeline's own ONNX Runtime session, in this process: the reference of every other target."""
-    import time
-
     import onnxruntime as ort
 
     session = onnx_session(model)
@@ -152,10 +152,8 @@ def run_tvm_aarch64(declared: Target, model: Path, histories: list[np.ndarray], 
     if refused:
         raise TargetUnsupported(refused)
     command = emulated_python(sysroot, tvm=True)
-    try:
-        import tvm  # noqa: F401  (the compiler runs in a child process; this only checks it is there)
-    except ImportError:
-        raise TargetUnavailable("apache-tvm is not installed here (pip install apache-tvm==0.27.0.post1)") from None
+    if importlib.util.find_spec("tvm") is None:  # the compiler runs in a child process: not loaded here
+        raise TargetUnavailable("apache-tvm is not installed here (pip install apache-tvm==0.27.0.post1)")
     if shutil.which(CROSS_CC) is None:
         raise TargetUnavailable(f"{CROSS_CC} not found (apt-get install gcc-aarch64-linux-gnu; make arm-tools)")
     with tempfile.TemporaryDirectory(prefix="onnxcast-tvm-") as tmp:
