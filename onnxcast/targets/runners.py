@@ -219,10 +219,10 @@ def run_worker(command: list[str], runtime: str, model: Path, histories: list[np
     with tempfile.TemporaryDirectory(prefix="onnxcast-target-") as tmp:
         inputs, result = Path(tmp) / "inputs.npz", Path(tmp) / "outputs.npz"
         np.savez(inputs, **{f"in_{i}": h for i, h in enumerate(histories)})
-        env = {**os.environ, "ONNXCAST_TARGET_SITE": os.pathsep.join(str(s) for s in site)}
+        sites = ["--site", os.pathsep.join(str(s) for s in site)] if site else []
         try:
-            done = subprocess.run([*command, runtime, str(model), str(inputs), str(result), str(repeats)],
-                                  capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+            done = subprocess.run([*command, *sites, runtime, str(model), str(inputs), str(result), str(repeats)],
+                                  capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             raise TargetUnavailable(f"{runtime} did not finish within {timeout_s:.0f} s") from None
         if done.returncode < 0:

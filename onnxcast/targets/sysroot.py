@@ -12,7 +12,6 @@ runner bind-mounts the Arm ``cpuinfo`` written here over /proc/cpuinfo in a priv
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxcast.base import environment
 from onnxcast.base.files import onnxcast_home
 from onnxcast.targets.declarations import QEMU_CPU
 
@@ -117,7 +117,7 @@ def expected_record(tvm: bool = False) -> dict:
 
 def default_sysroot(home: str | Path | None = None) -> ArmSysroot:
     """``$ONNXCAST_HOME/targets/aarch64-py311`` (``ONNXCAST_ARM_SYSROOT`` overrides the folder)."""
-    override = os.environ.get("ONNXCAST_ARM_SYSROOT")
+    override = environment.get("ONNXCAST_ARM_SYSROOT")
     return ArmSysroot(Path(override) if override else onnxcast_home(home) / "targets" / SYSROOT_NAME)
 
 

@@ -1,6 +1,6 @@
 """The child process of a target run: loads a model in one runtime, runs a batch of inputs, times it.
 
-Run as a script (``python worker.py RUNTIME MODEL INPUTS.npz OUTPUT.npz REPEATS``, or
+Run as a script (``python worker.py [--site FOLDERS] RUNTIME MODEL INPUTS.npz OUTPUT.npz REPEATS``, or
 ``python worker.py compile-tvm MODEL FOLDER SHAPES_JSON TARGET_JSON CC``), never imported by
 onnxcast: it runs in interpreters where onnxcast is not installed (Debian's arm64 python3.11 under
 qemu-user, with only numpy and onnxruntime's aarch64 wheels on its path), so it imports the standard
@@ -25,7 +25,9 @@ EXIT_MODEL_REFUSED, EXIT_NO_RUNTIME = 3, 4  # onnxcast.targets.runners reads the
 def main(argv: list[str]) -> int:
     # run with -I (no PYTHONPATH, no user site, not the script's folder): the extra folders are the
     # target's wheels (the Arm sysroot's site folders)
-    sys.path[:0] = [p for p in os.environ.get("ONNXCAST_TARGET_SITE", "").split(os.pathsep) if p]
+    if len(argv) > 2 and argv[1] == "--site":  # --site FOLDERS (os.pathsep-separated) first, if any
+        sys.path[:0] = [p for p in argv[2].split(os.pathsep) if p]
+        argv = [argv[0], *argv[3:]]
     if argv[1] == "compile-tvm":  # compile-tvm MODEL FOLDER SHAPES_JSON TARGET_JSON CC
         compile_tvm(argv[2], argv[3], json.loads(argv[4]), json.loads(argv[5]), argv[6])
         return 0
