@@ -90,16 +90,17 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     session, meta = open_model(item.model_path)
     trained_until = meta.get("onnxcast.trained_until") or report["dataset"].get("end")
     series = read_series(report, item.data_uri, Path(work_dir), s3_settings)
+    timestamps = series.timestamps(0)
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
-    first = int(np.searchsorted(series.timestamps, parse_utc(trained_until), side="right"))
+    first = int(np.searchsorted(timestamps, parse_utc(trained_until), side="right"))
     origins = holdout_origins(len(series.values), first, horizon, seasons_for_freq(series.freq), earliest=lookback)
     holdout = holdout_figures(report, entry, variant)
     holdout_errors = np.asarray(holdout.pop("_holdout_errors"))
     result: dict[str, Any] = {
         "channel": item.channel, "family": entry["family"], "variant": variant["name"],
         "trained_until": trained_until, "data_uri": series.source, "data_sha256": series.sha256,
-        "from": utc_iso(series.timestamps[first]) if first < len(series.timestamps) else None,
-        "to": utc_iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
+        "from": utc_iso(timestamps[first]) if first < len(timestamps) else None,
+        "to": utc_iso(timestamps[-1]), "new_rows": int(len(series.values) - first),
         "origins": int(len(origins.index)), "stride": origins.stride, "block": origins.block,
         "mase_scale": float(report["baselines"]["mase_scale"]), **holdout,
     }
@@ -111,7 +112,7 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     result["drift_check"] = check_drift(series, first, int(report["baselines"]["seasonal_naive"]["season"]))
     result["drift"] = result["drift_check"]["drifted"]
     result["per_origin_mase"] = [finite_or_none(v) for v in realised]
-    result["origin_times"] = [utc_iso(series.timestamps[o]) for o in origins.index]
+    result["origin_times"] = [utc_iso(timestamps[o]) for o in origins.index]
     result["seconds"] = round(time.monotonic() - started, 3)
     log.info("monitor %s %s/%s: realised MASE %s (holdout %.4g, 95%% [%.4g, %.4g]) over %d origins, p=%s%s; "
              "drift: %s", item.channel, entry["family"], variant["name"], _fmt(result["mase"]),
@@ -128,10 +129,10 @@ def realised_errors(session, series, origins: np.ndarray, report: dict) -> tuple
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
     baselines = report["baselines"]
     scale = float(baselines["mase_scale"])
-    actual = np.stack([series.target[o:o + horizon] for o in origins]).astype(np.float64)
+    actual = np.stack([series.target(0)[o:o + horizon] for o in origins]).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         realised = per_origin_mae(actual, forecast_at(session, series.values, origins, lookback)) / scale
-    naive = seasonal_naive(series.target.astype(np.float64), origins, horizon, int(baselines["seasonal_naive"]["season"]))
+    naive = seasonal_naive(series.target(0).astype(np.float64), origins, horizon, int(baselines["seasonal_naive"]["season"]))
     return realised, {"mase": finite_or_none(realised.mean()),
                       "baseline": baselines["seasonal_naive"].get("name", baselines.get("best")),
                       "baseline_mase": float(per_origin_mae(actual, naive).mean() / scale),

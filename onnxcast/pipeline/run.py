@@ -32,16 +32,16 @@ from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline import fleet_quality
 from onnxcast.pipeline.checkpoint import load_model, save_model
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
-from onnxcast.pipeline.data import SeriesData, split_by_time, utc_iso, windows
-from onnxcast.pipeline.evaluation import best_anchor_season, reference_model
-from onnxcast.pipeline.fleet_data import FleetData, split_fleet
+from onnxcast.pipeline.data import dated_split, utc_iso, windows
+from onnxcast.pipeline.evaluation import reference_model
+from onnxcast.pipeline.fleet_data import FleetData, load_split, split_fleet
 from onnxcast.pipeline.fleet_eval import (
     evaluate_shard,
     fleet_report,
     reference_shard,
     validate_fleet_family,
 )
-from onnxcast.pipeline.fleet_train import train_global, validation_windows
+from onnxcast.pipeline.fleet_train import anchor_season, train_global, validation_windows
 from onnxcast.pipeline.intervals import calibrate
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
@@ -79,8 +79,8 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
         raise ConfigError(f"lookback {cfg.lookback} is shorter than the season {series.season} of "
                           f"{series.freq!r} data: the models start from the last season of history; "
                           f"use a lookback of at least {series.season} or set season")
-    split = split_by_time(len(series.values), cfg)
-    series.save(layout.data)
+    split = split_fleet(series.lengths, cfg)
+    series.save(layout.fleet)
     # The statistical reference forecasts from every holdout origin: 25-80 s of this step on
     # the example data, silent before. Say what runs, and keep saying that it still does.
     what = _reference_plan(cfg, series, split)
@@ -92,18 +92,19 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
     log.info("baselines on %d origins (stride %d): best %s MAE %.4g; reference %s MAE %.4g",
              baselines["origins"]["count"], baselines["origins"]["stride"], baselines["best"], best["mae"],
              baselines["reference"]["model"], baselines["reference"]["mae"])
+    timestamps = series.timestamps(0)
     dataset = {
         "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
-        "start": utc_iso(series.timestamps[0]), "end": utc_iso(series.timestamps[-1]),
+        "start": utc_iso(timestamps[0]), "end": utc_iso(timestamps[-1]),
         "freq": series.freq, "season": series.season,
         "target": cfg.target_column, "features": list(cfg.feature_columns),
     }
-    summary = {"dataset": dataset, "split": split.as_dict(series.timestamps), "quality": result.to_dict()}
+    summary = {"dataset": dataset, "split": dated_split(split, timestamps), "quality": result.to_dict()}
     cfg.save(layout.config)
     write_json(layout.dataset, summary)
     log.info("data: %d rows %s..%s freq=%s season=%d; train %d, validation %d, holdout %d rows",
              dataset["rows"], dataset["start"], dataset["end"], dataset["freq"], dataset["season"],
-             split.train_end, split.validation_end - split.train_end, split.rows - split.validation_end)
+             split.train_end[0], split.validation_end[0] - split.train_end[0], split.lengths[0] - split.validation_end[0])
     return summary
 
 
@@ -150,17 +151,18 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
         train_model,
     )
 
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     values = series.values
+    train_end, validation_end = int(split.train_end[0]), int(split.validation_end[0])
     # views of the series, not copies of every window (a batch gathers its own)
-    train = series_windows(values, cfg.lookback, cfg.horizon, 0, split.train_end)
-    validation = series_windows(values, cfg.lookback, cfg.horizon, split.train_end, split.validation_end)
+    train = series_windows(values, cfg.lookback, cfg.horizon, 0, train_end)
+    validation = series_windows(values, cfg.lookback, cfg.horizon, train_end, validation_end)
     # Every family starts from a seasonal-naive forecast: the period that was most accurate on
     # the training rows among those the lookback holds (weekly on hourly demand with a week of
     # history), unless the settings name a season. The window families also mix in the others.
     implied = seasons_for_freq(series.freq)
-    anchor = series.season if cfg.season else best_anchor_season(
-        values[: split.train_end, 0], (series.season, *implied), cfg.horizon, cfg.lookback)
+    anchor = series.season if cfg.season else anchor_season(
+        series, split, (series.season, *implied), cfg.horizon, cfg.lookback, seed=cfg.seed)
     spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
@@ -169,7 +171,7 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
              f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
     seed_everything(cfg.seed)
-    train_rows = values[: split.train_end]
+    train_rows = values[:train_end]
     model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
     log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
              family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
@@ -204,8 +206,8 @@ def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str
                 "season": fleet.season}
         fleet_keys = {"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
     else:
-        series, _ = _load_data(cfg)
-        data = {"freq": series.freq, "trained_until": utc_iso(series.timestamps[-1]),
+        series = FleetData.load(cfg.layout.fleet)
+        data = {"freq": series.freq, "trained_until": utc_iso(series.end(0)),
                 "dataset_sha256": series.sha256, "season": series.season}
         fleet_keys = {}
     metadata = {
@@ -238,8 +240,9 @@ def calibrate_family(cfg: PipelineConfig, family: str, recent: bool = False):
         x, y, _ = validation_windows(fleet, split_fleet(fleet.lengths, cfg), spec.lookback, spec.horizon,
                                      season=spec.season, max_series=cfg.fleet_validation_series, seed=cfg.seed)
     else:
-        series, split = _load_data(cfg)
-        start, end = (split.validation_end, len(series.values)) if recent else (split.train_end, split.validation_end)
+        series, split = load_split(cfg.layout.fleet, cfg)
+        start, end = (int(split.validation_end[0]), len(series.values)) if recent else (int(split.train_end[0]),
+                                                                                         int(split.validation_end[0]))
         x, y = windows(series.values, spec.lookback, spec.horizon, start, end)[:2]
     try:
         info = calibrate(model, x, y, cfg.levels)
@@ -271,7 +274,7 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
     if cfg.is_fleet:
         return validate_fleet_family(cfg, family)
 
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     model, spec = load_model(cfg, family)
     onnx_dir = cfg.layout.onnx_dir(family)
     variants = read_json(cfg.layout.variants(family))
@@ -309,7 +312,7 @@ def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines:
              "recent windows", family, "; ".join(before.get("missed", [])))
     export_family(cfg, family, recent=True)
     optimize_family(cfg, family)
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     model, _ = load_model(cfg, family)
     entry = validate_variants(cfg, family, model, series, split, cfg.layout.onnx_dir(family),
                               read_json(cfg.layout.variants(family)), baselines=baselines, intervals_in_sample=True)
@@ -330,7 +333,7 @@ def load_baselines(cfg: PipelineConfig) -> dict:
     path = cfg.layout.baselines
     if path.exists():
         return read_json(path)
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     return baselines_for(cfg, series, split, reference=False)
 
 
@@ -574,8 +577,3 @@ def _move_in(source: Path, target: Path) -> None:
     if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
         _remove(target)
     source.replace(target)
-
-
-def _load_data(cfg: PipelineConfig):
-    series = SeriesData.load(cfg.layout.data)
-    return series, split_by_time(len(series.values), cfg)

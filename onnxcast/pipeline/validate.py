@@ -154,23 +154,26 @@ def gate(passed: bool, value: float, threshold: float | str) -> dict:
 # --- validating every variant of one family -------------------------------------------------
 
 def holdout_origins_for(cfg, series, split):
-    """The run's holdout origins: every phase of the season, room for the longest look back."""
-    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(series.freq, series.season),
-                           earliest=cfg.lookback)
+    """The run's holdout origins in series 0 of ``series`` (a fleet of one, judged over its
+    origins): every phase of the season, room for the longest look back."""
+    return holdout_origins(int(series.lengths[0]), int(split.validation_end[0]), cfg.horizon,
+                           evaluation_seasons(series.freq, series.season), earliest=cfg.lookback)
 
 
 def baselines_for(cfg, series, split, reference: bool = False) -> dict:
     """Naive and seasonal-naive baselines (and the statistical reference) on the run's origins."""
-    return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
-                              evaluation_seasons(series.freq, series.season), split.train_end, reference=reference,
-                              levels=cfg.levels, lookback=cfg.lookback, validation_end=split.validation_end)
+    return evaluate_baselines(series.target(0), holdout_origins_for(cfg, series, split), cfg.horizon,
+                              evaluation_seasons(series.freq, series.season), int(split.train_end[0]),
+                              reference=reference, levels=cfg.levels, lookback=cfg.lookback,
+                              validation_end=int(split.validation_end[0]))
 
 
 def holdout_windows(cfg, series, split, mase_scale: float | None = None) -> Holdout:
     """Forecast windows at the run's holdout origins (a stride well below the horizon)."""
     origins = holdout_origins_for(cfg, series, split)
-    history = np.stack([series.values[o - cfg.lookback:o] for o in origins.index]).astype(np.float32)
-    actual = np.stack([series.target[o:o + cfg.horizon] for o in origins.index]).astype(np.float32)
+    values, target = series.series(0), series.target(0)
+    history = np.stack([values[o - cfg.lookback:o] for o in origins.index]).astype(np.float32)
+    actual = np.stack([target[o:o + cfg.horizon] for o in origins.index]).astype(np.float32)
     if mase_scale is None:
         mase_scale = baselines_for(cfg, series, split)["mase_scale"]
     return Holdout(history, actual, origins.index, mase_scale, origins.block)

@@ -76,13 +76,13 @@ def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
 
 def test_onnx_forecast_equals_the_reported_holdout_accuracy(tiny_run):
     """Re-run the selected model on the holdout windows: the same MAE as in the report."""
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.sessions import onnx_predict
     from onnxcast.pipeline.validate import holdout_metrics, holdout_windows
 
     cfg, report = tiny_run
-    series = SeriesData.load(Path(cfg.out_dir) / "data")
-    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg))
+    series, split = load_split(Path(cfg.out_dir) / "data" / "fleet", cfg)
+    holdout = holdout_windows(cfg, series, split)
     choice = report["selected"]["cloud"]
     variant = next(v for m in report["models"] if m["family"] == choice["family"] for v in m["variants"]
                    if v["name"] == choice["variant"])
