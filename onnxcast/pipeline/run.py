@@ -31,7 +31,7 @@ from onnxcast.base.files import read_json, write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline import fleet_quality
 from onnxcast.pipeline.checkpoint import load_model, save_model
-from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
+from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import dated_split, utc_iso, windows
 from onnxcast.pipeline.evaluation import reference_model
 from onnxcast.pipeline.fleet_data import FleetData, load_split, split_fleet
@@ -41,13 +41,13 @@ from onnxcast.pipeline.fleet_eval import (
     reference_shard,
     validate_fleet_family,
 )
-from onnxcast.pipeline.fleet_train import anchor_season, train_global, validation_windows
+from onnxcast.pipeline.fleet_train import train_global, validation_windows
 from onnxcast.pipeline.intervals import calibrate
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import compare_families, select_variants
-from onnxcast.pipeline.seasons import evaluation_seasons, model_seasons, seasons_for_freq
+from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.validate import baselines_for, holdout_origins_for, validate_variants
 
 log = logging.getLogger(__name__)
@@ -138,53 +138,9 @@ def _heartbeat(message: str, every: float) -> Iterator[None]:
 
 
 def train_family(cfg: PipelineConfig, family: str) -> dict:
-    """Train one model family on the saved series (one global model on a fleet); save its
-    state dict and config."""
-    if cfg.is_fleet:
-        return train_global(cfg, family)
-    from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
-    from onnxcast.pipeline.training import (
-        BF16_FAMILIES,
-        describe,
-        seed_everything,
-        series_windows,
-        train_model,
-    )
-
-    series, split = load_split(cfg.layout.fleet, cfg)
-    values = series.values
-    train_end, validation_end = int(split.train_end[0]), int(split.validation_end[0])
-    # views of the series, not copies of every window (a batch gathers its own)
-    train = series_windows(values, cfg.lookback, cfg.horizon, 0, train_end)
-    validation = series_windows(values, cfg.lookback, cfg.horizon, train_end, validation_end)
-    # Every family starts from a seasonal-naive forecast: the period that was most accurate on
-    # the training rows among those the lookback holds (weekly on hourly demand with a week of
-    # history), unless the settings name a season. The window families also mix in the others.
-    implied = seasons_for_freq(series.freq)
-    anchor = series.season if cfg.season else anchor_season(
-        series, split, (series.season, *implied), cfg.horizon, cfg.lookback, seed=cfg.seed)
-    spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
-                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
-                     season=anchor,
-                     seasons=model_seasons(anchor, implied, cfg.lookback))
-    log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
-             f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
-    seed_everything(cfg.seed)
-    train_rows = values[:train_end]
-    model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
-    log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
-             family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
-    # cfg.threads (default 1): two OpenMP threads per task made epochs up to 30x slower when
-    # another task shared the two cores (docs/performance.md)
-    with torch_threads(cfg.threads):
-        result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
-                             patience=cfg.patience, batch_size=cfg.batch_size,
-                             learning_rate=cfg.learning_rate, seed=cfg.seed,
-                             bf16=cfg.bf16_training and family in BF16_FAMILIES)
-    log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
-    save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
-    return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
+    """Train one model family on the saved series, one or many (onnxcast.pipeline.fleet_train.
+    train_global); save its state dict and config."""
+    return train_global(cfg, family)
 
 
 def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str:
