@@ -11,7 +11,7 @@ and the frequency give the rest.
 
 Every series is split from its own end (the competitions' protocol: the test period of a
 series is its last points), so its holdout is its most recent data whatever its length. How
-long that holdout is follows how the run is judged (:func:`judged_over_origins`): one series
+long that holdout is follows how the run is judged (:func:`judging_for`): one series
 is judged by statistics over many dependent holdout origins, so it holds out a share of its
 rows (``holdout_fraction``); many series are judged across series, one horizon each.
 Shards group series for the per-series work that runs in parallel (data checks, the
@@ -195,16 +195,22 @@ class FleetSplit:
                 "lengths": spread(self.lengths), "train_steps": spread(self.train_end)}
 
 
-# Fewest series judged across series; fewer are judged by statistics over each one's holdout
-# origins. Today exactly one series (what the single-series runs always were); a fleet of any
-# size is judged across its series.
+# How a run's results are judged, chosen by what the sample supports (:func:`judging_for`):
+# statistics over each series' (dependent) holdout origins, or across series
+OVER_ORIGINS = "over origins"
+ACROSS_SERIES = "across series"
+# Fewest series judged across series; fewer are judged over their origins. Today exactly one
+# series (what the single-series runs always were); two or more are judged across series.
 ACROSS_SERIES_FROM = 2
 
 
-def judged_over_origins(n_series: int) -> bool:
-    """Whether a run of ``n_series`` is judged by statistics over (dependent) holdout origins
-    rather than across series: what the sample supports, not a mode."""
-    return int(n_series) < ACROSS_SERIES_FROM
+def judging_for(n_series: int) -> str:
+    """How a run of ``n_series`` is judged: :data:`OVER_ORIGINS` (few series: statistics over
+    the dependent holdout origins, a block bootstrap and paired tests over origins) or
+    :data:`ACROSS_SERIES` (many: aggregates and paired tests across series). What the sample
+    supports decides, not a mode: the split, the training windows, the calibration windows,
+    the validation and the report all follow it."""
+    return OVER_ORIGINS if int(n_series) < ACROSS_SERIES_FROM else ACROSS_SERIES
 
 
 def fleet_steps(cfg) -> tuple[int, int]:
@@ -217,13 +223,13 @@ def fleet_steps(cfg) -> tuple[int, int]:
 def split_fleet(lengths: np.ndarray, cfg) -> FleetSplit:
     """The end-aligned split of series of ``lengths``.
 
-    Judged across series (:func:`judged_over_origins`): :func:`fleet_steps` for every series;
+    Judged across series (:func:`judging_for`): :func:`fleet_steps` for every series;
     a series may end up with a short (or empty) training segment, which the data gate excludes
     (``train_too_short``). Judged over origins (one series): ``holdout_fraction`` of the rows,
     at least ``min_holdout_windows`` horizons, and ``validation_fraction``, at least two
     horizons; DataError when too few rows are left to train on."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    if judged_over_origins(len(lengths)) and len(lengths):
+    if len(lengths) and judging_for(len(lengths)) == OVER_ORIGINS:
         holdout, validation = _proportional_steps(int(lengths[0]), cfg)
     else:
         holdout, validation = fleet_steps(cfg)

@@ -20,7 +20,13 @@ import numpy as np
 from onnxcast.base.errors import DataError
 from onnxcast.pipeline.checkpoint import save_model
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
-from onnxcast.pipeline.fleet_data import FleetData, FleetSplit, judged_over_origins, load_split
+from onnxcast.pipeline.fleet_data import (
+    ACROSS_SERIES,
+    FleetData,
+    FleetSplit,
+    judging_for,
+    load_split,
+)
 from onnxcast.pipeline.metrics import mase_scale, seasonal_naive
 from onnxcast.pipeline.seasons import model_seasons, seasons_for_freq
 
@@ -152,7 +158,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     model.json; return ``{"family", "epochs", "best_validation_loss"}``.
 
     One step for any number of series; what the sample supports picks the windows
-    (:func:`onnxcast.pipeline.fleet_data.judged_over_origins`). Judged across series: one
+    (:func:`onnxcast.pipeline.fleet_data.judging_for`). Judged across series: one
     global model (``global_model`` true, the identity scaler) on windows drawn across the
     series (:class:`WindowSampler`), each weighed by its series' ``1 / mase_scale``, stopped on
     one validation window per series. Judged over origins (one series): every window of the
@@ -163,7 +169,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     from onnxcast.pipeline.training import describe
 
     fleet, split = load_split(cfg.layout.fleet, cfg)
-    across = not judged_over_origins(fleet.n_series)
+    across = judging_for(fleet.n_series) == ACROSS_SERIES
     implied = seasons_for_freq(fleet.freq)
     anchor = fleet.season if cfg.season else anchor_season(
         fleet, split, (fleet.season, *implied), cfg.horizon, cfg.lookback, seed=cfg.seed)

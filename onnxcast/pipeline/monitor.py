@@ -84,7 +84,7 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
     """
     started = time.monotonic()
     report = item.report
-    if report.get("fleet") or (report.get("config") or {}).get("series_column"):
+    if report.get("fleet"):  # judged across series (one series of a long table is judged as one)
         return monitor_fleet(item, work_dir, s3_settings=s3_settings)
     entry, variant = served_variant(report, item.channel)
     session, meta = open_model(item.model_path)

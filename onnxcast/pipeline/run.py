@@ -34,7 +34,13 @@ from onnxcast.pipeline.checkpoint import load_model, save_model
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import dated_split, utc_iso, windows
 from onnxcast.pipeline.evaluation import reference_model
-from onnxcast.pipeline.fleet_data import FleetData, load_split, split_fleet
+from onnxcast.pipeline.fleet_data import (
+    ACROSS_SERIES,
+    FleetData,
+    judging_for,
+    load_split,
+    split_fleet,
+)
 from onnxcast.pipeline.fleet_eval import (
     evaluate_shard,
     fleet_report,
@@ -146,33 +152,26 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
 def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str:
     """Calibrate the model's quantiles on this run's validation windows (``recent``: on the most
     recent windows, :func:`calibrate_family`), then export it to ``onnx/fp32.onnx`` with the
-    contract's metadata (``intervals_calibrated_on`` says which); a global
-    model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
-    trained until the latest end over its series."""
+    contract's metadata (``intervals_calibrated_on`` says which), trained until the latest end
+    over its series; a global model (judged across series) also says so (``global``,
+    ``n_series``, ``series_column``)."""
     from onnxcast.pipeline.export import export_onnx
 
     model, spec = calibrate_family(cfg, family, recent=recent)
-    if cfg.is_fleet:
-        fleet = FleetData.load(cfg.layout.fleet, mmap=True)
-        # one calendar per distinct (start, length): few on a real fleet, whatever its size
-        firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
-                          strict=True))
-        latest = max(fleet.end(i) for i in firsts.values())
-        data = {"freq": fleet.freq, "trained_until": utc_iso(latest), "dataset_sha256": fleet.sha256,
-                "season": fleet.season}
-        fleet_keys = {"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
-    else:
-        series = FleetData.load(cfg.layout.fleet)
-        data = {"freq": series.freq, "trained_until": utc_iso(series.end(0)),
-                "dataset_sha256": series.sha256, "season": series.season}
-        fleet_keys = {}
+    fleet = FleetData.load(cfg.layout.fleet, mmap=True)
+    # one calendar per distinct (start, length): few on a real fleet, whatever its size
+    firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
+                      strict=True))
+    latest = max(fleet.end(i) for i in firsts.values())
+    global_keys = ({"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
+                   if judging_for(fleet.n_series) == ACROSS_SERIES else {})
     metadata = {
         "model_family": spec.family, "lookback": spec.lookback, "horizon": spec.horizon,
-        "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
-        "precision": "fp32", "trained_until": data["trained_until"],
-        "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
+        "freq": fleet.freq, "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
+        "precision": "fp32", "trained_until": utc_iso(latest),
+        "dataset_sha256": fleet.sha256, "season": fleet.season, "version": __version__,
         "quantile_levels": format_quantile_levels(spec.quantile_levels),
-        "intervals_calibrated_on": RECENT if recent else "validation", **fleet_keys,
+        "intervals_calibrated_on": RECENT if recent else "validation", **global_keys,
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
@@ -191,12 +190,11 @@ def calibrate_family(cfg: PipelineConfig, family: str, recent: bool = False):
     from dataclasses import replace as replace_spec
 
     model, spec = load_model(cfg, family)
-    if cfg.is_fleet:
-        fleet = FleetData.load(cfg.layout.fleet, mmap=True)
-        x, y, _ = validation_windows(fleet, split_fleet(fleet.lengths, cfg), spec.lookback, spec.horizon,
-                                     season=spec.season, max_series=cfg.fleet_validation_series, seed=cfg.seed)
+    series, split = load_split(cfg.layout.fleet, cfg, mmap=True)
+    if judging_for(series.n_series) == ACROSS_SERIES:
+        x, y, _ = validation_windows(series, split, spec.lookback, spec.horizon, season=spec.season,
+                                     max_series=cfg.fleet_validation_series, seed=cfg.seed)
     else:
-        series, split = load_split(cfg.layout.fleet, cfg)
         start, end = (int(split.validation_end[0]), len(series.values)) if recent else (int(split.train_end[0]),
                                                                                          int(split.validation_end[0]))
         x, y = windows(series.values, spec.lookback, spec.horizon, start, end)[:2]
@@ -226,8 +224,10 @@ def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
 
 
 def validate_family(cfg: PipelineConfig, family: str) -> dict:
-    """Validate every variant of ``family``; write and return its report entry."""
-    if cfg.is_fleet:
+    """Validate every variant of ``family``; write and return its report entry. Judged as the
+    sample supports (:func:`judging`): across series (onnxcast.pipeline.fleet_eval, from the
+    per-shard evaluations), else over the holdout origins of the one series."""
+    if judging(cfg) == ACROSS_SERIES:
         return validate_fleet_family(cfg, family)
 
     series, split = load_split(cfg.layout.fleet, cfg)
@@ -241,6 +241,12 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
     entry["training"] = read_json(cfg.layout.model_json(family))
     write_json(cfg.layout.validation(family), entry)
     return entry
+
+
+def judging(cfg: PipelineConfig) -> str:
+    """How this run is judged: ``fleet_data.judging_for`` the number of series it saved in
+    ``data/fleet/`` (over origins or across series), whatever the input's form."""
+    return judging_for(FleetData.load(cfg.layout.fleet, mmap=True).n_series)
 
 
 def needs_recalibration(cfg: PipelineConfig, entry: dict) -> bool:
@@ -299,7 +305,7 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     A family that failed a required gate is left out of the choice and recorded in
     ``excluded`` with why; GateError only when no family passed.
 
-    Fleet mode: the legacy keys hold aggregates over series (``models[*].fp32_holdout_mae``
+    Judged across series (:func:`judging`): the legacy keys hold aggregates over series (``models[*].fp32_holdout_mae``
     and every variant's ``holdout.mae`` are the MEAN MASE over series; ``baselines`` are the
     best naive of each series, onnxcast.pipeline.fleet_eval.fleet_baselines), families are
     compared on per-series fp32 MASE, and an extra ``fleet`` object holds the aggregates,
@@ -307,7 +313,7 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     """
     fleet = None
     models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
-    if cfg.is_fleet:
+    if judging(cfg) == ACROSS_SERIES:
         parts = fleet_report(cfg, models)
         summary, baselines, family_choice, fleet = (parts["summary"], parts["baselines"], parts["family_choice"],
                                                     parts["fleet"])

@@ -32,8 +32,9 @@ GLOBAL_META = ("onnxcast.global", "onnxcast.n_series", "onnxcast.series_column")
 
 
 def is_fleet_report(report: dict) -> bool:
-    """A report of a fleet run: it has the ``fleet`` block, or its config names a series column."""
-    return bool(report.get("fleet")) or bool((report.get("config") or {}).get("series_column"))
+    """A report judged across series: it has the ``fleet`` block (a long table that kept one
+    series is judged as one series, issue 31: its config's series column says nothing)."""
+    return bool(report.get("fleet"))
 
 
 def count(value) -> int | None:

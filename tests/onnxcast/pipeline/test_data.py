@@ -11,7 +11,13 @@ from onnxcast.pipeline.data import (
     utc_iso,
     windows,
 )
-from onnxcast.pipeline.fleet_data import FleetData, judged_over_origins, split_fleet
+from onnxcast.pipeline.fleet_data import (
+    ACROSS_SERIES,
+    OVER_ORIGINS,
+    FleetData,
+    judging_for,
+    split_fleet,
+)
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.seasons import season_for_freq
 
@@ -159,7 +165,7 @@ def test_one_series_holds_out_a_share_of_its_rows_many_one_horizon_each():
     """The holdout follows how the run is judged: one series over its many origins (15% of 3,600
     rows), a fleet across series (min_holdout_windows horizons each), whatever the lengths."""
     cfg = PipelineConfig(data_uri="x", out_dir="o", horizon=24, lookback=168)
-    assert judged_over_origins(1) and not judged_over_origins(2)
+    assert (judging_for(1), judging_for(2), judging_for(10_000)) == (OVER_ORIGINS, ACROSS_SERIES, ACROSS_SERIES)
     one = split_fleet(np.array([3600]), cfg)
     many = split_fleet(np.array([3600, 3600]), cfg)
     assert (one.holdout_steps, one.validation_steps) == (540, 540)
