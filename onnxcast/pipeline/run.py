@@ -384,10 +384,7 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
     try:
-        if work.is_fleet:
-            report = _run_fleet(work)
-        else:
-            report = _run_series(work)
+        report = _run_steps(work)
     except BaseException as exc:
         _keep_diagnostics(staging, out, owned)
         if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
@@ -400,36 +397,38 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     return report
 
 
-def _run_series(work: PipelineConfig) -> dict:
-    """Every step of a one-series run, in order."""
-    _step(1, "check and split data", prepare_data, work)
+def _run_steps(work: PipelineConfig) -> dict:
+    """Every step of a run, in order, for any number of series: the per-shard steps one shard
+    after another (Airflow maps them over the workers, onnxcast.airflow.steps). A one-series
+    file has no shards: step 1 checks and saves it whole."""
+    shards = _step(1, "check the data", check_input, work)
+    for shard in shards:
+        fleet_quality.check_fleet_shard(work, shard)
+    if shards:
+        _step(1, "check every series", fleet_quality.merge_fleet_checks, work)
+    for shard in shards:
+        reference_shard(work, shard)
     for family in work.models:
         _step(2, f"train {family}", train_family, work, family)
         _step(3, f"export {family}", export_family, work, family)
         _step(4, f"optimize {family}", optimize_family, work, family)
-        _step(5, f"validate {family}", validate_family, work, family)
-    return _step(6, "report", assemble_report, work)
-
-
-def _run_fleet(work: PipelineConfig) -> dict:
-    """Every step of a fleet run, in order: the per-shard steps one shard after another
-    (Airflow maps them over the workers, onnxcast.airflow.steps)."""
-    shards = _step(1, "check the table of series", fleet_quality.check_fleet_table, work)
-    for shard in shards:
-        fleet_quality.check_fleet_shard(work, shard)
-    _step(1, "check every series", fleet_quality.merge_fleet_checks, work)
-    for shard in shards:
-        reference_shard(work, shard)
-    for family in work.models:
-        _step(2, f"train {family} (global)", train_family, work, family)
-        _step(3, f"export {family}", export_family, work, family)
-        _step(4, f"optimize {family}", optimize_family, work, family)
-    log.info("[5/6] evaluate every series")
+    if shards:
+        log.info("[5/6] evaluate every series")
     for shard in shards:
         evaluate_shard(work, shard)
     for family in work.models:
         _step(5, f"validate {family}", validate_family, work, family)
     return _step(6, "report", assemble_report, work)
+
+
+def check_input(cfg: PipelineConfig) -> list[int]:
+    """Check the input; return its shards. A long table (``series_column``) is checked as a
+    table here and per shard later (onnxcast.pipeline.fleet_quality); a one-series file is
+    checked, split and saved whole (:func:`prepare_data`): no shards."""
+    if cfg.series_column:
+        return fleet_quality.check_fleet_table(cfg)
+    prepare_data(cfg)
+    return []
 
 
 # The runs in progress in this process: staging folder -> (output folder, its ownership record).
