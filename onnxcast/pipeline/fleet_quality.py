@@ -839,9 +839,10 @@ def _write_parquet(table, path: Path) -> None:
 
 # --- step 3: the merge --------------------------------------------------------------------
 
-def merge_fleet_checks(cfg: PipelineConfig) -> dict:
+def merge_fleet_checks(cfg: PipelineConfig, *, judging: str | None = None) -> dict:
     """Merge the shards' verdicts; return the summary written to ``data/dataset.json``
-    (``{"dataset": ..., "split": ..., "quality": ...}``, as prepare_data returns)."""
+    (``{"dataset": ..., "split": ..., "quality": ...}``, as prepare_data returns). ``judging``:
+    as :func:`onnxcast.pipeline.fleet_data.split_fleet`."""
     import pandas as pd
 
     layout, series_col, q = cfg.layout, cfg.series_column, cfg.quality
@@ -868,7 +869,7 @@ def merge_fleet_checks(cfg: PipelineConfig) -> dict:
         raise DataQualityError(plan["source"], [message], str(html))
     fleet = FleetData.concat([FleetData.load(layout.shard(k)) for k in shards])
     fleet.save(layout.fleet)
-    split = split_fleet(fleet.lengths, cfg)
+    split = split_fleet(fleet.lengths, cfg, judging=judging)
     summary = {"dataset": _dataset(cfg, plan, fleet), "split": _split_dict(split, fleet),
                "quality": _quality_dict(cfg, plan, table, excluded, padded, share, counts, str(html))}
     summary["quality"]["checks"].append(share_check)
