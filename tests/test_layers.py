@@ -75,15 +75,7 @@ def test_a_broken_contract_is_found(tmp_path):
 # --- no module imports another module's private names -------------------------------------------
 
 # (importer, imported module, name): why it is allowed for now. Empty is the goal.
-PRIVATE_IMPORTS_ALLOWED = {
-    # the rollout page checks a pointer as a device would, with four steps of the device client;
-    # issue 31 stage S4 makes that one public call (rollout.edge.check_pointer), after the
-    # issue-30 edits of edge.py land
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_parse_metadata"),
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_pointer_fields"),
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_read_signed_length"),
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_root_hint"),
-}
+PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def private_imports(package: Path) -> set[tuple[str, str, str]]:
