@@ -138,8 +138,8 @@ LOCAL_IMPORTS_ALLOWED = {
     ("onnxcast.pipeline.validate", "onnxcast.pipeline.evaluation"): "evaluation.judged and intervals.judged: one name",
     ("onnxcast.pipeline.validate", "onnxcast.pipeline.intervals"): "evaluation.judged and intervals.judged: one name",
 }
-# modules being rewritten for issue 30 (another branch): their imports move to the top after it lands
-LOCAL_IMPORTS_LATER = {"onnxcast.pipeline.fleet_quality", "onnxcast.pipeline.reading"}
+# modules whose function-local onnxcast imports may wait (none left)
+LOCAL_IMPORTS_LATER: set[str] = set()
 
 
 def import_graph(package: Path) -> tuple[dict[str, set[str]], dict[str, list[tuple[int, str]]]]:
