@@ -34,11 +34,10 @@ from onnxcast.base.contract import (
     METADATA_PREFIX,
     QUANTILE_METADATA,
     QUANTILES_NAME,
-    opset_of,
     parse_quantile_levels,
 )
 from onnxcast.base.errors import DataError
-from onnxcast.base.files import json_safe, read_json, replacing, sha256_file, write_json
+from onnxcast.base.files import json_safe, read_json, replacing, write_json
 from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.checkpoint import load_model
 from onnxcast.pipeline.config import PipelineConfig
@@ -62,15 +61,14 @@ from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.sessions import onnx_session
 from onnxcast.pipeline.significance import bootstrap_interval, paired_across_series
 from onnxcast.pipeline.validate import (
-    FP32_VARIANTS,
     figure_text,
     gate,
     interval_verdict,
     judge_variants,
     measure_latency,
-    parity_on,
     parity_shapes,
     torch_runner,
+    variant_entry,
 )
 
 log = logging.getLogger(__name__)
@@ -552,8 +550,9 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     windows = plan_windows(plan)
     aggregates = {v["name"]: _with_intervals(fleet_aggregate(table, v["name"], losers=LOSERS, seed=cfg.seed),
                                              table, v["name"], levels, cfg.seed, windows) for v in variants}
-    entries = [_variant_entry(cfg, v, layout.onnx_dir(family) / v["path"], run_torch, parity_histories,
-                              latency_inputs, aggregates[v["name"]], table, plan) for v in variants]
+    entries = [variant_entry(cfg, v, layout.onnx_dir(family) / v["path"], cfg.run_dir, {False: run_torch},
+                             parity_histories, latency_inputs, _series_holdout(aggregates[v["name"]], table, plan))
+               for v in variants]
     baseline = _with_intervals(fleet_aggregate(table, FLEET_NAIVE, seed=cfg.seed), table, FLEET_NAIVE, cfg.levels,
                                cfg.seed, windows)
     naive_name = str(reference[FLEET_NAIVE].iloc[0]).replace("_", " ")
@@ -737,36 +736,18 @@ def _holdout(aggregate: dict, table, name: str, plan: Plan) -> dict | None:
     return out
 
 
-def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, latency_inputs, aggregate: dict,
-                   table, plan: Plan) -> dict:
-    """One variant's entry with the keys of the single-series one (``_validate_one``)."""
-    import onnx
+def _series_holdout(aggregate: dict, table, plan: Plan):
+    """``holdout_of`` for ``validate.variant_entry`` judged across series: the variant's
+    aggregates over the per-series table, and the ``finite_on_every_series`` gate."""
+    def holdout_of(entry: dict, session, levels, note: str) -> None:
+        del session, levels, note  # the shards evaluated it (evaluate_shard): the table holds its figures
+        entry["holdout"] = _holdout(aggregate, table, entry["name"], plan)
+        # a variant that forecast NaN or infinity on some series (fp16 overflows on large levels)
+        # would be averaged over the others only: it is judged on every series or not at all
+        failed = int(len(table) - aggregate["series"])
+        entry["gates"]["finite_on_every_series"] = gate(failed == 0, failed, 0)
 
-    name = spec["name"]
-    entry = {"name": name, "onnx_path": str(path.relative_to(cfg.run_dir)), "sha256": sha256_file(path),
-             "size_bytes": path.stat().st_size, "opset": None, "note": spec.get("note", ""),
-             "parity_max_abs_diff": None, "parity_shapes": [], "holdout": None, "latency_ms": {}, "gates": {}}
-    try:
-        entry["opset"] = opset_of(onnx.load(path, load_external_data=False))
-        session = onnx_session(path, cfg.threads)
-        session.run(["forecast"], {"history": latency_inputs[1]})
-    except Exception as exc:  # noqa: BLE001 - onnx and ORT raise their own types per failure kind
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        entry["gates"]["runs_on_cpu"] = gate(False, first, "runs with CPUExecutionProvider")
-        return entry
-    parity = parity_on(run_torch, session, parity_histories, cfg.parity_rtol, cfg.parity_atol)
-    entry["parity_max_abs_diff"] = parity["max_abs_diff"]
-    entry["parity_shapes"] = parity["shapes"]
-    if name in FP32_VARIANTS:
-        entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
-    entry["holdout"] = _holdout(aggregate, table, name, plan)
-    # a variant that forecast NaN or infinity on some series (fp16 overflows on large levels)
-    # would be averaged over the others only: it is judged on every series or not at all
-    failed = int(len(table) - aggregate["series"])
-    entry["gates"]["finite_on_every_series"] = gate(failed == 0, failed, 0)
-    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
-                                          cfg.latency_repeats)
-    return entry
+    return holdout_of
 
 
 def _fleet_tests(table, reference) -> tuple[dict, dict]:

@@ -213,7 +213,9 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
     baseline = baselines["seasonal_naive"]
     rng = np.random.default_rng(cfg.seed)
     latency_inputs = {b: sample_histories(series.values, b, cfg.lookback, rng) for b in (1, 64)}
-    shapes = parity_shapes(cfg.lookback, series.season)
+    rng = np.random.default_rng(cfg.seed)  # the parity histories: the same for every variant
+    parity_histories = [sample_histories(series.values, batch, steps, rng)
+                        for batch, steps in parity_shapes(cfg.lookback, series.season)]
     reference = torch_runner(model)
     with_quantiles = bool(getattr(model, "has_quantiles", False))
 
@@ -227,8 +229,9 @@ def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, va
              torch_entry["holdout"]["mae"], baseline["mae"], torch_entry["latency_ms"]["batch1_p50"])
 
     references = {False: reference, True: torch_runner(model, quantiles=True) if with_quantiles else None}
-    entries = [_validate_one(cfg, spec, onnx_dir / spec["path"], references, series, holdout, shapes,
-                             latency_inputs, onnx_dir.parent.parent.parent) for spec in variants]
+    holdout_of = origins_holdout(cfg, holdout, references)
+    entries = [variant_entry(cfg, spec, onnx_dir / spec["path"], onnx_dir.parent.parent.parent, references,
+                             parity_histories, latency_inputs, holdout_of) for spec in variants]
     fp32 = next((e for e in entries if e["name"] == "fp32"), None)
     torch_holdout["intervals"] = _torch_intervals(torch_quantiles, holdout, fp32, cfg.levels)
     fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
@@ -541,10 +544,18 @@ def figure_text(value, spec: str = ".4g") -> str:
     return format(value, spec) if isinstance(value, int | float) else str(value)
 
 
-def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout: Holdout, shapes, latency_inputs,
-                  run_root: Path) -> dict:
-    """One variant's entry: ``references`` maps "with quantiles" to the torch callable
-    (:func:`torch_runner`; None under True when the eager model has no quantiles)."""
+def variant_entry(cfg, spec: dict, path: Path, run_root: Path, references: dict, parity_histories: list[np.ndarray],
+                  latency_inputs: dict[int, np.ndarray], holdout_of) -> dict:
+    """One variant's entry, however its family is judged: opened with ONNX Runtime (the
+    ``runs_on_cpu`` gate when it cannot be), parity with the eager model on ``parity_histories``
+    (:func:`parity_on`; the ``parity`` gate of fp32 and fp32-opt), the holdout figures that
+    ``holdout_of(entry, session, levels, note)`` adds as the judging has them (over origins or
+    across series; ``levels``/``note``: :func:`variant_levels`), then latency and size.
+
+    ``references`` maps "with quantiles" to the torch callable (:func:`torch_runner`): with a
+    True key (None when the eager model has no quantiles) the quantiles are compared too where
+    the variant has them, and ``parity_outputs`` says which were; without one (across series)
+    parity is on the forecast only."""
     import onnx
 
     name = spec["name"]
@@ -557,7 +568,7 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
         entry["opset"] = opset_of(proto)
         session = onnx_session(path, cfg.threads)
         session.run(["forecast"], {"history": latency_inputs[1]})
-    except Exception as exc:  # onnx and ORT raise their own exception types per failure kind
+    except Exception as exc:  # noqa: BLE001 - onnx and ORT raise their own exception types per failure kind
         # e.g. fp16 kernels missing on a CPU build, or a file that is no ONNX model at all:
         # the variant cannot be validated here, and judge_variants decides what that fails
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
@@ -565,29 +576,38 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
         return entry
     levels, note = variant_levels(proto, session)
     both = levels is not None and references.get(True) is not None
-    parity = check_parity(references[both], session, series.values, shapes, cfg.parity_rtol, cfg.parity_atol,
-                          cfg.seed)
+    parity = parity_on(references[both], session, parity_histories, cfg.parity_rtol, cfg.parity_atol)
     entry["parity_max_abs_diff"] = parity["max_abs_diff"]
     entry["parity_shapes"] = parity["shapes"]
-    entry["parity_outputs"] = [OUTPUT_NAME, QUANTILES_NAME] if both else [OUTPUT_NAME]
+    if True in references:
+        entry["parity_outputs"] = [OUTPUT_NAME, QUANTILES_NAME] if both else [OUTPUT_NAME]
     if name in FP32_VARIANTS:
         entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
-    if levels is None:
-        entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
-        entry["holdout"]["intervals"] = None
-        entry["intervals_note"] = note
-    else:
+    holdout_of(entry, session, levels, note)
+    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
+                                          cfg.latency_repeats)
+    return entry
+
+
+def origins_holdout(cfg, holdout: Holdout, references: dict):
+    """``holdout_of`` for :func:`variant_entry` judged over origins: the variant's forecasts
+    (and intervals where it has quantiles) at the holdout origins, and its per-origin MAEs."""
+    def holdout_of(entry: dict, session, levels, note: str) -> None:
+        if levels is None:
+            entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
+            entry["holdout"]["intervals"] = None
+            entry["intervals_note"] = note
+            return
         forecast, quantiles = onnx_predict_with_quantiles(session, holdout.history)
         entry["holdout"], entry["per_origin_mae"] = judge_holdout(forecast, holdout)
         entry["holdout"]["intervals"] = {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale,
                                                             block=holdout.block, seed=cfg.seed,
                                                             independent=holdout.independent),
                                          "levels": list(levels)}
-        if not both:
+        if references.get(True) is None:
             entry["intervals_note"] = "the PyTorch model has no quantiles: parity on the forecast only"
-    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
-                                          cfg.latency_repeats)
-    return entry
+
+    return holdout_of
 
 
 def variant_levels(proto, session) -> tuple[tuple[float, ...] | None, str]:
