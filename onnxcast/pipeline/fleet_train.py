@@ -145,7 +145,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     """Train ``family`` on the fleet in ``data/fleet/``; save it as train_family does
     (model.pt, model.json with a spec whose ``global_model`` is true); return
     ``{"family", "epochs", "best_validation_loss"}``."""
-    from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
+    from onnxcast.pipeline.models import ModelSpec, build_model, never_negative, torch_threads
     from onnxcast.pipeline.training import BF16_FAMILIES, describe, seed_everything, train_sampled
 
     fleet = FleetData.load(cfg.layout.fleet)
@@ -157,7 +157,9 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
                      season=anchor, seasons=model_seasons(anchor, implied, cfg.lookback),
-                     global_model=True, n_series=fleet.n_series)
+                     global_model=True, n_series=fleet.n_series,
+                     nonnegative=never_negative(fleet.values[:, 0], fleet.offsets, split.train_end),
+                     normalisation="recent")  # a level shift in the window no longer sets its scale (issue 32)
     sampler = WindowSampler(fleet, split, cfg.lookback, cfg.horizon, season=anchor,
                             power=cfg.series_sampling_power, seed=cfg.seed)
     validation = validation_windows(fleet, split, cfg.lookback, cfg.horizon, season=anchor,

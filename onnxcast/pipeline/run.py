@@ -141,7 +141,7 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
     state dict and config."""
     if cfg.is_fleet:
         return train_global(cfg, family)
-    from onnxcast.pipeline.models import ModelSpec, build_model, torch_threads
+    from onnxcast.pipeline.models import ModelSpec, build_model, never_negative, torch_threads
     from onnxcast.pipeline.training import (
         BF16_FAMILIES,
         describe,
@@ -165,7 +165,8 @@ def train_family(cfg: PipelineConfig, family: str) -> dict:
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
                      season=anchor,
-                     seasons=model_seasons(anchor, implied, cfg.lookback))
+                     seasons=model_seasons(anchor, implied, cfg.lookback),
+                     nonnegative=never_negative(values[: split.train_end, 0]))
     log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
              f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
     seed_everything(cfg.seed)
