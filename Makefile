@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 INFRA_STAMP := $(INFRA_VENV)/.installed
 KSERVE_STAMP := $(KSERVE_VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench bench-accuracy bench-fleet bench-fleet-scale bench-serve bench-serve-kserve airflow lock clean browser stack stack-down
+.PHONY: install demo test test-fast lint bench bench-accuracy bench-fleet bench-fleet-scale bench-serve bench-serve-kserve airflow lock clean browser arm-tools stack stack-down
 
 install: $(STAMP)
 
@@ -43,6 +43,18 @@ browser:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
 		|| echo "note: chromium/chromium-driver not installed; browser tests will skip"; }
 
+# The aarch64 targets (onnxcast.targets, docs/targets.md): Debian's qemu-user-static and arm64 cross
+# compiler, installed like the browser's packages, and the Arm sysroot (Debian's arm64 python3.11 with
+# the aarch64 wheels of numpy and ONNX Runtime, pinned in onnxcast/targets/sysroot.py), built once under
+# ONNXCAST_ARM_SYSROOT. Without them the emulated tests skip and say why.
+export ONNXCAST_ARM_SYSROOT ?= $(ONNXCAST_HOME)/targets/aarch64-py311
+arm-tools: $(STAMP)
+	@{ command -v qemu-aarch64-static && command -v aarch64-linux-gnu-gcc; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static gcc-aarch64-linux-gnu >/dev/null) \
+		|| echo "note: qemu-user-static/gcc-aarch64-linux-gnu not installed; emulated Arm tests will skip"; }
+	@$(BIN)/python scripts/arm_sysroot.py --path $(ONNXCAST_ARM_SYSROOT) >/dev/null \
+		|| echo "note: no Arm sysroot (scripts/arm_sysroot.py failed); emulated Arm tests will skip"
+
 # The suite in two runs at once: the multi-host stack's tests (tests/stack: one stack for the whole
 # session, most of their time spent waiting on its services) in the background, and everything else
 # on two pytest-xdist workers (a test file per worker, so module fixtures stay shared; each worker
@@ -50,7 +62,7 @@ browser:
 # PYTEST_ARGS: one run of what they select, serial. Timings: docs/ci.md.
 STACK_TESTS := tests/stack
 PYTEST := CHECKOV=$(CURDIR)/$(INFRA_VENV)/bin/checkov $(BIN)/python -m pytest -q --durations=25
-test: $(STAMP) $(INFRA_STAMP) browser
+test: $(STAMP) $(INFRA_STAMP) browser arm-tools
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; log=$$(mktemp); start=$$(date +%s); \
 	{ $(PYTEST) $(STACK_TESTS); echo "=== $(STACK_TESTS) took $$(( $$(date +%s) - start )) s ==="; } > $$log 2>&1 & stack=$$!; \

@@ -297,7 +297,7 @@ def interval_aggregate(table, forecaster: str, *, reference: str | None = REFERE
 
 @dataclass(frozen=True)
 class Step:
-    """One pipeline step as the CLI runs it (onnxcast.pipeline.run._run_fleet) and Airflow maps it:
+    """One pipeline step as the CLI runs it (onnxcast.pipeline.run._run_steps) and Airflow maps it:
     ``function`` is "module:name" (so a spawn child can import it), called ``function(cfg, *args)``."""
     name: str
     function: str
@@ -307,7 +307,7 @@ class Step:
 
 def fleet_steps(cfg, shards: list[int]) -> list[list[Step]]:
     """The fleet run's steps in order, grouped: the steps of one group may run at once (the shards
-    of a mapped task); the groups run one after another, as in ``run._run_fleet``."""
+    of a mapped task); the groups run one after another, as in ``run._run_steps``."""
     quality, evaluation, run = "onnxcast.pipeline.fleet_quality", "onnxcast.pipeline.fleet_eval", "onnxcast.pipeline.run"
     groups = [[Step("check_series", f"{quality}:check_fleet_shard", (k,), k) for k in shards],
               [Step("merge_data", f"{quality}:merge_fleet_checks")],

@@ -268,8 +268,8 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
                  warmup: int, machine: dict) -> tuple[list[dict], dict]:
     """Rows of one family, and its entry in the shape select_variants reads."""
     from onnxcast.pipeline.checkpoint import load_model
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.metrics import forecast_metrics
-    from onnxcast.pipeline.run import _load_data
     from onnxcast.pipeline.sessions import onnx_predict
     from onnxcast.pipeline.validate import (
         check_parity,
@@ -279,7 +279,7 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
         torch_runner,
     )
 
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     holdout = holdout_windows(cfg, series, split)
     model, spec = load_model(cfg, family)
 

@@ -84,7 +84,7 @@ def settings_for(panel) -> dict:
 
 
 def rows_needed(n_rows: int, horizon: int, lookback: int) -> bool:
-    """Whether a series of ``n_rows`` has room for the pipeline's split (data.split_by_time with
+    """Whether a series of ``n_rows`` has room for the pipeline's split (fleet_data.split_fleet of one series, with
     --holdout-windows 1 and the default 15% validation and holdout shares)."""
     holdout = max(round(n_rows * 0.15), horizon)
     validation = max(round(n_rows * 0.15), 2 * horizon)

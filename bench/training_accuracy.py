@@ -41,7 +41,7 @@ def holdout_mae(datasets, families, seeds, settings: dict, work: Path) -> list[d
     from onnxcast.base.files import read_json
     from onnxcast.pipeline.checkpoint import load_model
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.run import prepare_data, train_family
     from onnxcast.pipeline.training import predict
     from onnxcast.pipeline.validate import holdout_windows, judge_holdout
@@ -54,8 +54,7 @@ def holdout_mae(datasets, families, seeds, settings: dict, work: Path) -> list[d
                 "models": ",".join(families), **settings}
         cfg = PipelineConfig.from_dict(base)
         prepare_data(cfg)
-        series = SeriesData.load(cfg.layout.data)
-        split = split_by_time(len(series.values), cfg)
+        series, split = load_split(cfg.layout.fleet, cfg)
         holdout = holdout_windows(cfg, series, split, read_json(cfg.layout.baselines)["mase_scale"])
         for family in families:
             for seed in seeds:

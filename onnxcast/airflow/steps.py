@@ -573,14 +573,15 @@ class ValidateModelOperator(_FamilyStepOperator):
     """Validate every variant on the holdout; XCom: the family's fp32 MAE and eligible variants."""
 
     def run_step(self, context: Context, cfg: PipelineConfig, entry: dict) -> dict:
-        from onnxcast.pipeline.run import validate_family
+        from onnxcast.pipeline.fleet_data import ACROSS_SERIES
+        from onnxcast.pipeline.run import judging, validate_family
 
         result = validate_family(cfg, self.family)
         eligible = [v["name"] for v in result["variants"] if v.get("eligible")]
-        # a fleet's family: fp32_holdout_mae holds its mean MASE over the series (fleet_eval)
+        # judged across series: fp32_holdout_mae holds the mean MASE over the series (fleet_eval)
         self.log.info("Validated %s: fp32 holdout %s %.4g, gates passed %s, eligible %s", self.family,
-                      "mean MASE" if cfg.is_fleet else "MAE", result["fp32_holdout_mae"], result["gates_passed"],
-                      readable(eligible))
+                      "mean MASE" if judging(cfg) == ACROSS_SERIES else "MAE", result["fp32_holdout_mae"],
+                      result["gates_passed"], readable(eligible))
         return {"family": self.family, "fp32_holdout_mae": result["fp32_holdout_mae"],
                 "gates_passed": result["gates_passed"], "eligible": eligible, "failures": result["failures"]}
 

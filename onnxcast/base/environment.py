@@ -236,6 +236,9 @@ VARIABLES: dict[str, Variable] = _declare(
     # --- tools: read by scripts/, deploy/, docker/ and tests, never by the package ------------
     Variable("ONNXCAST_REPO", "The repository, for airflow.cfg's `${ONNXCAST_REPO}/dags` (scripts/airflow_env.py "
              "sets it).", ("airflow.cfg",), FOLDER, package=False),
+    Variable("ONNXCAST_ARM_SYSROOT", "The Arm sysroot the emulated aarch64 targets run in (Debian's arm64 "
+             "python3.11 with the aarch64 wheels; `scripts/arm_sysroot.py`, `make arm-tools`). docs/targets.md.",
+             ("onnxcast.targets",), text("a folder"), shown_default="`$ONNXCAST_HOME/targets/aarch64-py311`"),
     Variable("ONNXCAST_STACK_NAME", "`scripts/stack.py up --name`: the PostgreSQL database prefix of a stack.",
              ("scripts/stack.py",), text("a name"), package=False),
     Variable("ONNXCAST_STACK_REDIS_DB", "`scripts/stack.py up --redis-db`: the Redis database of a stack's broker.",

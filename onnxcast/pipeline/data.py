@@ -1,89 +1,25 @@
-"""Load a time series, split it by time and cut sliding windows.
+"""Lay a checked series on its time grid and cut sliding windows.
 
 ``series_from_checked`` turns the rows the data-quality gate passed (onnxcast.pipeline.quality) into a
-float32 matrix ``[rows, 1 + n_features]`` (target first) on a regular time grid;
-``split_by_time`` fixes train / validation / holdout boundaries;
+float32 matrix ``[rows, 1 + n_features]`` (target first) on a regular time grid, a fleet of one
+(:class:`onnxcast.pipeline.fleet_data.FleetData`, split by ``split_fleet`` like any fleet);
 ``windows`` cuts ``(history, target)`` pairs for training and evaluation.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 
 from onnxcast.base.errors import DataError
-from onnxcast.base.files import write_text_atomic
-from onnxcast.pipeline.config import PipelineConfig
-
-
-@dataclass
-class SeriesData:
-    """A validated, regular series. ``values[:, 0]`` is the target."""
-
-    values: np.ndarray  # float32 [rows, n_features]
-    timestamps: np.ndarray  # datetime64[ns], UTC, strictly increasing, regular
-    columns: tuple[str, ...]  # target first, then features
-    freq: str
-    season: int
-    source: str
-    sha256: str
-
-    @property
-    def target(self) -> np.ndarray:
-        return self.values[:, 0]
-
-    def save(self, directory: str | Path) -> None:
-        """Write the series for later pipeline steps (``series.npz`` + ``series.json``)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / "series.npz", values=self.values,
-                 timestamps=self.timestamps.astype("datetime64[ns]").astype("int64"))
-        meta = {"columns": list(self.columns), "freq": self.freq, "season": self.season,
-                "source": self.source, "sha256": self.sha256}
-        write_text_atomic(directory / "series.json", json.dumps(meta, indent=2))
-
-    @classmethod
-    def load(cls, directory: str | Path) -> SeriesData:
-        directory = Path(directory)
-        arrays = np.load(directory / "series.npz")
-        meta = json.loads((directory / "series.json").read_text())
-        return cls(values=arrays["values"], timestamps=arrays["timestamps"].astype("datetime64[ns]"),
-                   columns=tuple(meta["columns"]), freq=meta["freq"], season=meta["season"],
-                   source=meta["source"], sha256=meta["sha256"])
-
-
-@dataclass(frozen=True)
-class Split:
-    """Row boundaries: train ``[0, train_end)``, validation ``[train_end, validation_end)``,
-    holdout ``[validation_end, rows)``. Windows may look back across a boundary."""
-
-    rows: int
-    train_end: int
-    validation_end: int
-
-    def as_dict(self, timestamps: np.ndarray) -> dict:
-        def ts(i: int) -> str:
-            return utc_iso(timestamps[i])
-
-        return {
-            "train_end": ts(self.train_end - 1),
-            "validation_end": ts(self.validation_end - 1),
-            "holdout_start": ts(self.validation_end),
-            "holdout_end": ts(self.rows - 1),
-            "rows": self.rows,
-            "train_rows": self.train_end,
-            "validation_rows": self.validation_end - self.train_end,
-            "holdout_rows": self.rows - self.validation_end,
-        }
+from onnxcast.pipeline.fleet_data import FleetData, FleetSplit
 
 
 def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gaps_max_steps: int = 0,
-                        source: str, sha256: str) -> SeriesData:
-    """The regular series of rows the data-quality gate (onnxcast.pipeline.quality) has passed.
+                        source: str, sha256: str) -> FleetData:
+    """The regular series of rows the data-quality gate (onnxcast.pipeline.quality) has passed,
+    a fleet of one whose series id is the target column.
 
     A pure transform, not a second validator: ``times`` are the parsed UTC timestamps of the
     rows in use (``trained_until`` applied), ``values`` the numeric columns, target first, on
@@ -105,8 +41,9 @@ def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gap
         first = table.index[~np.isfinite(array).all(axis=1)][0]
         raise DataError(f"{source}: no finite value at {_iso(first)} after the data checks passed; "
                         "please report this with the file")
-    return SeriesData(values=array, timestamps=table.index.tz_localize(None).to_numpy().astype("datetime64[ns]"),
-                      columns=tuple(values), freq=freq, season=season, source=source, sha256=sha256)
+    return FleetData.one(array, table.index.tz_localize(None).to_numpy().astype("datetime64[ns]"),
+                         series_id=next(iter(values)), columns=tuple(values), freq=freq, season=season,
+                         source=source, sha256=sha256)
 
 
 def infer_freq(index, source: str, name: str) -> str:
@@ -121,20 +58,6 @@ def infer_freq(index, source: str, name: str) -> str:
     if step <= pd.Timedelta(0):
         raise DataError(f"{source}: cannot infer a frequency from column {name!r}")
     return pd.tseries.frequencies.to_offset(step).freqstr
-
-
-def split_by_time(n_rows: int, cfg: PipelineConfig) -> Split:
-    """Time-ordered split; the holdout holds at least ``min_holdout_windows`` full horizons."""
-    holdout = max(int(round(n_rows * cfg.holdout_fraction)), cfg.horizon * cfg.quality.min_holdout_windows)
-    validation = max(int(round(n_rows * cfg.validation_fraction)), cfg.horizon * 2)
-    train_end = n_rows - holdout - validation
-    needed = cfg.lookback + cfg.horizon + cfg.horizon  # at least a couple of training windows
-    if train_end < needed:
-        raise DataError(
-            f"{n_rows} rows are too few for lookback {cfg.lookback} + horizon {cfg.horizon}: "
-            f"need at least {needed + holdout + validation}"
-        )
-    return Split(rows=n_rows, train_end=train_end, validation_end=train_end + validation)
 
 
 def windows(values: np.ndarray, lookback: int, horizon: int, start: int, end: int,
@@ -153,6 +76,22 @@ def windows(values: np.ndarray, lookback: int, horizon: int, start: int, end: in
     target_view = np.lib.stride_tricks.sliding_window_view(values[:, 0], horizon)
     target = target_view[origins]
     return np.ascontiguousarray(history, np.float32), np.ascontiguousarray(target, np.float32), origins
+
+
+def dated_split(split: FleetSplit, timestamps: np.ndarray) -> dict:
+    """The split of one series (series 0, on ``timestamps``) as dates and row counts: the
+    report's ``split`` of a run judged over its origins."""
+    rows, train_end, validation_end = int(split.lengths[0]), int(split.train_end[0]), int(split.validation_end[0])
+    return {
+        "train_end": utc_iso(timestamps[train_end - 1]),
+        "validation_end": utc_iso(timestamps[validation_end - 1]),
+        "holdout_start": utc_iso(timestamps[validation_end]),
+        "holdout_end": utc_iso(timestamps[rows - 1]),
+        "rows": rows,
+        "train_rows": train_end,
+        "validation_rows": validation_end - train_end,
+        "holdout_rows": rows - validation_end,
+    }
 
 
 def fill_short_gaps(table, max_steps: int):

@@ -112,27 +112,6 @@ def baseline_forecasts(target: np.ndarray, origins: Origins, horizon: int,
     return out
 
 
-def best_anchor_season(train_target: np.ndarray, seasons: tuple[int, ...], horizon: int, lookback: int) -> int:
-    """The season whose seasonal-naive forecast was most accurate on the training segment,
-    among those the model's history holds (``season <= lookback``): what the models start
-    from. Weekly beats daily on most hourly demand; only training data is looked at."""
-    candidates = sorted({s for s in seasons if 1 <= s <= lookback} or {1})
-    steps = np.arange(horizon)
-    best, best_mae = candidates[0], float("inf")
-    for season in candidates:
-        lags = season * (steps // season + 1)
-        first = int(lags.max())
-        origins = np.arange(first, len(train_target) - horizon + 1)
-        if len(origins) == 0:
-            continue
-        forecast = seasonal_naive(train_target, origins, horizon, season)
-        actual = np.stack([train_target[o:o + horizon] for o in origins[:: max(1, len(origins) // 2000)]])
-        mae = float(np.mean(np.abs(forecast[:: max(1, len(origins) // 2000)] - actual)))
-        if mae < best_mae:
-            best, best_mae = season, mae
-    return best
-
-
 def reference_model(seasons: tuple[int, ...], n_history: int):
     """The statistical reference that fits the data: ``(description, statsforecast model, window)``.
 

@@ -1,4 +1,7 @@
-"""Many series in one run (fleet mode): the checked series, their split and their shards.
+"""The checked series of a run, one or many, their split and their shards.
+
+One representation for any number of series: a single series is a fleet of one
+(:meth:`FleetData.one`), split, windowed and anchored by the same functions as a fleet.
 
 A fleet is kept ragged, series back to back in one float32 array with offsets (a CSR
 layout), never as a padded matrix: M3 monthly series are 66 to 144 points long, and a
@@ -7,7 +10,10 @@ after the data gate every series lies on the fleet's one regular grid, so its fi
 and the frequency give the rest.
 
 Every series is split from its own end (the competitions' protocol: the test period of a
-series is its last points), so its holdout is its most recent data whatever its length.
+series is its last points), so its holdout is its most recent data whatever its length. How
+long that holdout is follows how the run is judged (:func:`judging_for`): one series
+is judged by statistics over many dependent holdout origins, so it holds out a share of its
+rows (``holdout_fraction``); many series are judged across series, one horizon each.
 Shards group series for the per-series work that runs in parallel (data checks, the
 statistical reference, the per-series evaluation): one mapped Airflow task per shard.
 
@@ -49,6 +55,17 @@ class FleetData:
             raise ValueError(f"fleet of {n} series with {len(self.offsets)} offsets and {len(self.starts)} starts")
         if n and (self.offsets[0] != 0 or self.offsets[-1] != len(self.values)):
             raise ValueError("offsets do not cover the values")
+
+    @classmethod
+    def one(cls, values: np.ndarray, timestamps: np.ndarray, *, series_id: str, columns: tuple[str, ...], freq: str,
+            season: int, source: str, sha256: str) -> FleetData:
+        """A single regular series (``values [rows, n_features]`` on ``timestamps``, naive UTC
+        datetime64 on the ``freq`` grid) as a fleet of one."""
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        start = np.asarray(timestamps[:1]).astype("datetime64[ns]").astype(np.int64)
+        return cls(values=values, offsets=np.array([0, len(values)], dtype=np.int64), starts=start,
+                   ids=(series_id,), columns=tuple(columns), freq=freq, season=int(season), source=source,
+                   sha256=sha256)
 
     @property
     def n_series(self) -> int:
@@ -178,20 +195,68 @@ class FleetSplit:
                 "lengths": spread(self.lengths), "train_steps": spread(self.train_end)}
 
 
+# How a run's results are judged, chosen by what the sample supports (:func:`judging_for`):
+# statistics over each series' (dependent) holdout origins, or across series
+OVER_ORIGINS = "over origins"
+ACROSS_SERIES = "across series"
+# Fewest series judged across series; fewer are judged over their origins. Today exactly one
+# series (what the single-series runs always were); two or more are judged across series.
+ACROSS_SERIES_FROM = 2
+
+
+def judging_for(n_series: int) -> str:
+    """How a run of ``n_series`` is judged: :data:`OVER_ORIGINS` (few series: statistics over
+    the dependent holdout origins, a block bootstrap and paired tests over origins) or
+    :data:`ACROSS_SERIES` (many: aggregates and paired tests across series). What the sample
+    supports decides, not a mode: the split, the training windows, the calibration windows,
+    the validation and the report all follow it."""
+    return OVER_ORIGINS if int(n_series) < ACROSS_SERIES_FROM else ACROSS_SERIES
+
+
 def fleet_steps(cfg) -> tuple[int, int]:
-    """(holdout steps, validation steps) of every series: ``min_holdout_windows`` horizons held
-    out (1: exactly the competitions' test period), one horizon of validation."""
+    """(holdout steps, validation steps) of every series judged across series:
+    ``min_holdout_windows`` horizons held out (1: exactly the competitions' test period), one
+    horizon of validation."""
     return cfg.horizon * cfg.quality.min_holdout_windows, cfg.horizon
 
 
 def split_fleet(lengths: np.ndarray, cfg) -> FleetSplit:
-    """The end-aligned split of series of ``lengths``; a series may end up with a short (or
-    empty) training segment: the data gate excludes those (``train_too_short``)."""
+    """The end-aligned split of series of ``lengths``.
+
+    Judged across series (:func:`judging_for`): :func:`fleet_steps` for every series;
+    a series may end up with a short (or empty) training segment, which the data gate excludes
+    (``train_too_short``). Judged over origins (one series): ``holdout_fraction`` of the rows,
+    at least ``min_holdout_windows`` horizons, and ``validation_fraction``, at least two
+    horizons; DataError when too few rows are left to train on."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    holdout, validation = fleet_steps(cfg)
+    if len(lengths) and judging_for(len(lengths)) == OVER_ORIGINS:
+        holdout, validation = _proportional_steps(int(lengths[0]), cfg)
+    else:
+        holdout, validation = fleet_steps(cfg)
     validation_end = lengths - holdout
     return FleetSplit(lengths=lengths, train_end=validation_end - validation, validation_end=validation_end,
                       holdout_steps=holdout, validation_steps=validation)
+
+
+def _proportional_steps(n_rows: int, cfg) -> tuple[int, int]:
+    """(holdout, validation) steps of one series judged over its origins; the holdout holds at
+    least ``min_holdout_windows`` full horizons."""
+    holdout = max(int(round(n_rows * cfg.holdout_fraction)), cfg.horizon * cfg.quality.min_holdout_windows)
+    validation = max(int(round(n_rows * cfg.validation_fraction)), cfg.horizon * 2)
+    train_end = n_rows - holdout - validation
+    needed = cfg.lookback + cfg.horizon + cfg.horizon  # at least a couple of training windows
+    if train_end < needed:
+        raise DataError(
+            f"{n_rows} rows are too few for lookback {cfg.lookback} + horizon {cfg.horizon}: "
+            f"need at least {needed + holdout + validation}"
+        )
+    return holdout, validation
+
+
+def load_split(directory: str | Path, cfg, *, mmap: bool = False) -> tuple[FleetData, FleetSplit]:
+    """The series saved in ``directory`` (``RunLayout.fleet``) and their split under ``cfg``."""
+    data = FleetData.load(directory, mmap=mmap)
+    return data, split_fleet(data.lengths, cfg)
 
 
 def min_train_steps(cfg, season: int) -> int:

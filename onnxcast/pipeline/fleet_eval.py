@@ -537,21 +537,7 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
     layout = cfg.layout
     model, spec = load_model(cfg, family)
     variants = read_json(layout.variants(family))
-    own = _merged_family(cfg, family)
-    reference = _reference_frame(cfg)
-    missing = sorted(set(own["series"]) - set(reference["series"]))
-    if missing:
-        raise DataError(f"{layout.reference}: no baselines for {len(missing)} series of {family} (e.g. {quote(missing[0])})")
-    wanted = ["series", BEST_NAIVE, *(f"{BEST_NAIVE}.{m}" for m in METRICS), *(f"{FLEET_NAIVE}.{m}" for m in METRICS),
-              *(f"{n}.mase" for n in _reference_forecasters(reference)), "in_reference_sample",
-              *(f"{FLEET_NAIVE}.{n}" for n in interval_names(reference.columns, FLEET_NAIVE))]
-    table = own.merge(reference[wanted], on="series", how="left")
-    if "fp32.mase" in table.columns:
-        table["loses_to_best_naive"] = table["fp32.mase"] > table[f"{BEST_NAIVE}.mase"]
-    stored = [*own.columns, BEST_NAIVE, f"{BEST_NAIVE}.mase", "in_reference_sample",
-              *(["loses_to_best_naive"] if "loses_to_best_naive" in table.columns else [])]
-    _write_table({c: table[c].to_numpy() for c in stored}, layout.per_series(family))
-
+    table, reference = _per_series_table(cfg, family)
     fleet = _load_fleet(cfg)
     plan = plan_for(cfg, fleet)
     rng = np.random.default_rng(cfg.seed)
@@ -591,6 +577,34 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
              "fleet": {"metric": "mase", "series": int(len(table)), "origins": plan.origins, "stride": plan.stride,
                        "variants": aggregates, "best_naive": baseline, "vs_best_naive": vs_best_naive,
                        "vs_reference": vs_reference}}
+    _log_variants(family, entries, aggregates, baseline)
+    entry = json_safe(entry)
+    write_json(layout.validation(family), entry)
+    return entry
+
+
+def _per_series_table(cfg: PipelineConfig, family: str):
+    """``(table, reference)``: the family's merged per-series errors joined with the baselines
+    and the reference of each series, the stored part written to ``per_series(family)``."""
+    layout = cfg.layout
+    own = _merged_family(cfg, family)
+    reference = _reference_frame(cfg)
+    missing = sorted(set(own["series"]) - set(reference["series"]))
+    if missing:
+        raise DataError(f"{layout.reference}: no baselines for {len(missing)} series of {family} (e.g. {quote(missing[0])})")
+    wanted = ["series", BEST_NAIVE, *(f"{BEST_NAIVE}.{m}" for m in METRICS), *(f"{FLEET_NAIVE}.{m}" for m in METRICS),
+              *(f"{n}.mase" for n in _reference_forecasters(reference)), "in_reference_sample",
+              *(f"{FLEET_NAIVE}.{n}" for n in interval_names(reference.columns, FLEET_NAIVE))]
+    table = own.merge(reference[wanted], on="series", how="left")
+    if "fp32.mase" in table.columns:
+        table["loses_to_best_naive"] = table["fp32.mase"] > table[f"{BEST_NAIVE}.mase"]
+    stored = [*own.columns, BEST_NAIVE, f"{BEST_NAIVE}.mase", "in_reference_sample",
+              *(["loses_to_best_naive"] if "loses_to_best_naive" in table.columns else [])]
+    _write_table({c: table[c].to_numpy() for c in stored}, layout.per_series(family))
+    return table, reference
+
+
+def _log_variants(family: str, entries: list[dict], aggregates: dict, baseline: dict) -> None:
     for v in entries:
         share = aggregates[v["name"]].get("loses_share")
         log.info("%s %-8s mean MASE %s (best naive in aggregate %s) on %d series, worse than each series' own "
@@ -598,9 +612,6 @@ def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
                  family, v["name"], figure_text((v.get("holdout") or {}).get("mase")), figure_text(baseline["mase_mean"]),
                  aggregates[v["name"]]["series"], "n/a" if share is None else f"{100 * share:.0f}%",
                  "eligible" if v["eligible"] else "; ".join(v["reasons"]))
-    entry = json_safe(entry)
-    write_json(layout.validation(family), entry)
-    return entry
 
 
 def _with_intervals(aggregate: dict, table, forecaster: str, levels, seed: int,

@@ -1,4 +1,5 @@
-"""Global models: one model per family trained on windows drawn from every series of a fleet.
+"""Training, one step for one series or many (:func:`train_global`); for many, one global
+model per family trained on windows drawn from every series of a fleet.
 
 Windows are drawn lazily (:class:`WindowSampler`: a series, then an origin in its training
 segment, the history gathered from the flat values array and edge-padded before the series
@@ -19,13 +20,20 @@ import numpy as np
 from onnxcast.base.errors import DataError
 from onnxcast.pipeline.checkpoint import save_model
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
-from onnxcast.pipeline.fleet_data import FleetData, FleetSplit, split_fleet
+from onnxcast.pipeline.fleet_data import (
+    ACROSS_SERIES,
+    FleetData,
+    FleetSplit,
+    judging_for,
+    load_split,
+)
 from onnxcast.pipeline.metrics import mase_scale, seasonal_naive
 from onnxcast.pipeline.seasons import model_seasons, seasons_for_freq
 
 log = logging.getLogger(__name__)
 
 ANCHOR_SAMPLE = 500  # series whose training segments choose the fleet's anchor season
+ANCHOR_ORIGINS = 2000  # about how many origins of one series judge a candidate anchor season
 # the weighted loss (training.weighted_loss): "mse", a squared scaled error, or "mae", the MASE
 FLEET_LOSS = "mse"
 
@@ -114,11 +122,14 @@ def validation_windows(fleet: FleetData, split: FleetSplit, lookback: int, horiz
     return x, y, series_weights(fleet, split, season)[eligible]
 
 
-def fleet_anchor_season(fleet: FleetData, split: FleetSplit, seasons: tuple[int, ...], horizon: int,
-                        lookback: int, *, sample: int = ANCHOR_SAMPLE, seed: int = 0) -> int:
+def anchor_season(fleet: FleetData, split: FleetSplit, seasons: tuple[int, ...], horizon: int, lookback: int, *,
+                  sample: int = ANCHOR_SAMPLE, seed: int = 0) -> int:
     """Among ``seasons`` that fit the lookback, the one whose seasonal-naive forecast had the
-    lowest mean SCALED MAE over the training segments of a seeded sample of series (the
-    single-series choice, evaluation.best_anchor_season, made for the fleet as a whole)."""
+    lowest mean SCALED MAE over the training segments of a seeded sample of series: what the
+    models start from (weekly beats daily on most hourly demand; only training data is looked
+    at). Ties go to the shorter season. A series judges on at most ``ANCHOR_ORIGINS`` evenly
+    spaced origins (a long single series, 100,000 hourly rows, need not be read whole). One
+    series is a fleet of one: its own scale cancels and the lowest MAE wins."""
     candidates = sorted({s for s in seasons if 1 <= s <= lookback} or {1})
     if len(candidates) == 1:
         return candidates[0]
@@ -133,6 +144,7 @@ def fleet_anchor_season(fleet: FleetData, split: FleetSplit, seasons: tuple[int,
         for i in index:
             target = np.asarray(fleet.target(i)[: split.train_end[i]], dtype=np.float64)
             origins = np.arange(first, len(target) - horizon + 1)
+            origins = origins[:: max(1, len(origins) // ANCHOR_ORIGINS)]
             if len(origins):
                 actual = target[origins[:, None] + steps[None, :]]
                 error = np.abs(seasonal_naive(target, origins, horizon, season) - actual).mean()
@@ -142,42 +154,91 @@ def fleet_anchor_season(fleet: FleetData, split: FleetSplit, seasons: tuple[int,
 
 
 def train_global(cfg: PipelineConfig, family: str) -> dict:
-    """Train ``family`` on the fleet in ``data/fleet/``; save it as train_family does
-    (model.pt, model.json with a spec whose ``global_model`` is true); return
-    ``{"family", "epochs", "best_validation_loss"}``."""
-    from onnxcast.pipeline.models import ModelSpec, build_model, never_negative, torch_threads
-    from onnxcast.pipeline.training import BF16_FAMILIES, describe, seed_everything, train_sampled
+    """Train ``family`` on the series in ``data/fleet/``, one or many; save model.pt and
+    model.json; return ``{"family", "epochs", "best_validation_loss"}``.
 
-    fleet = FleetData.load(cfg.layout.fleet)
-    split = split_fleet(fleet.lengths, cfg)
+    One step for any number of series; what the sample supports picks the windows
+    (:func:`onnxcast.pipeline.fleet_data.judging_for`). Judged across series: one
+    global model (``global_model`` true, the identity scaler) on windows drawn across the
+    series (:class:`WindowSampler`), each weighed by its series' ``1 / mase_scale``, stopped on
+    one validation window per series. Judged over origins (one series): every window of the
+    training segment an epoch, the scaler of the training rows, stopped on every validation
+    window. Both start from the seasonal-naive forecast of :func:`anchor_season`, unless the
+    settings name a season; the window families also mix in the others."""
+    from onnxcast.pipeline.models import ModelSpec, never_negative, torch_threads
+    from onnxcast.pipeline.training import describe
+
+    fleet, split = load_split(cfg.layout.fleet, cfg)
+    across = judging_for(fleet.n_series) == ACROSS_SERIES
     implied = seasons_for_freq(fleet.freq)
-    anchor = fleet.season if cfg.season else fleet_anchor_season(
+    anchor = fleet.season if cfg.season else anchor_season(
         fleet, split, (fleet.season, *implied), cfg.horizon, cfg.lookback, seed=cfg.seed)
     spec = ModelSpec(family=family, n_features=fleet.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
                      season=anchor, seasons=model_seasons(anchor, implied, cfg.lookback),
-                     global_model=True, n_series=fleet.n_series,
                      nonnegative=never_negative(fleet.values[:, 0], fleet.offsets, split.train_end),
-                     normalisation="recent")  # a level shift in the window no longer sets its scale (issue 32)
-    sampler = WindowSampler(fleet, split, cfg.lookback, cfg.horizon, season=anchor,
+                     # across series: the window's newest steps set its level and spread, so a level
+                     # shift inside the window no longer sets the forecast's scale (issue 32)
+                     **({"global_model": True, "n_series": fleet.n_series, "normalisation": "recent"}
+                        if across else {}))
+    log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
+             f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
+    fit = _fit_across_series if across else _fit_every_window
+    # cfg.threads (default 1): two OpenMP threads per task made epochs up to 30x slower when
+    # another task shared the two cores (docs/performance.md)
+    with torch_threads(cfg.threads):
+        model, result, extra = fit(cfg, family, spec, fleet, split)
+    log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
+    save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict(), **extra})
+    return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
+
+
+def _fit_across_series(cfg: PipelineConfig, family: str, spec, fleet: FleetData, split: FleetSplit):
+    """``(model, result, model.json extras)`` of a global model on windows drawn across the series."""
+    from onnxcast.pipeline.models import build_model
+    from onnxcast.pipeline.training import BF16_FAMILIES, seed_everything, train_sampled
+
+    sampler = WindowSampler(fleet, split, cfg.lookback, cfg.horizon, season=spec.season,
                             power=cfg.series_sampling_power, seed=cfg.seed)
-    validation = validation_windows(fleet, split, cfg.lookback, cfg.horizon, season=anchor,
+    validation = validation_windows(fleet, split, cfg.lookback, cfg.horizon, season=spec.season,
                                     max_series=cfg.fleet_validation_series, seed=cfg.seed)
     seed_everything(cfg.seed)
     # the identity scaler: per-window normalisation alone (finding 1 of docs/design/fleet.md)
     model = build_model(spec, np.zeros(fleet.n_features), np.ones(fleet.n_features))
-    log.info("training global %s on %d series (anchor period %d): %d windows an epoch, validation %d series, "
-             "up to %d epochs / %.1f min", family, fleet.n_series, anchor, cfg.fleet_windows_per_epoch,
-             len(validation[0]), cfg.max_epochs, cfg.max_minutes)
-    with torch_threads(cfg.threads):
-        result = train_sampled(model, sampler, validation, windows_per_epoch=cfg.fleet_windows_per_epoch,
-                               max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes, patience=cfg.patience,
-                               batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed,
-                               loss=FLEET_LOSS, bf16=cfg.bf16_training and family in BF16_FAMILIES)
-    log.info("trained global %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
-    save_model(cfg, family, model, spec, {
-        "source": "trained", "training": result.to_dict(),
-        "fleet": {"series": fleet.n_series, "windows_per_epoch": cfg.fleet_windows_per_epoch,
-                  "power": cfg.series_sampling_power, "loss": FLEET_LOSS}})
-    return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
+    log.info("training global %s on %d series: %d windows an epoch, validation %d series, up to %d epochs / "
+             "%.1f min", family, fleet.n_series, cfg.fleet_windows_per_epoch, len(validation[0]), cfg.max_epochs,
+             cfg.max_minutes)
+    result = train_sampled(model, sampler, validation, windows_per_epoch=cfg.fleet_windows_per_epoch,
+                           max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes, patience=cfg.patience,
+                           batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed,
+                           loss=FLEET_LOSS, bf16=cfg.bf16_training and family in BF16_FAMILIES)
+    extra = {"fleet": {"series": fleet.n_series, "windows_per_epoch": cfg.fleet_windows_per_epoch,
+                       "power": cfg.series_sampling_power, "loss": FLEET_LOSS}}
+    return model, result, extra
+
+
+def _fit_every_window(cfg: PipelineConfig, family: str, spec, fleet: FleetData, split: FleetSplit):
+    """``(model, result, {})`` of a model on every window of one series (series 0)."""
+    from onnxcast.pipeline.models import build_model
+    from onnxcast.pipeline.training import (
+        BF16_FAMILIES,
+        seed_everything,
+        series_windows,
+        train_model,
+    )
+
+    values = fleet.series(0)
+    train_end, validation_end = int(split.train_end[0]), int(split.validation_end[0])
+    # views of the series, not copies of every window (a batch gathers its own)
+    train = series_windows(values, cfg.lookback, cfg.horizon, 0, train_end)
+    validation = series_windows(values, cfg.lookback, cfg.horizon, train_end, validation_end)
+    seed_everything(cfg.seed)
+    train_rows = values[:train_end]
+    model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
+    log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
+             family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
+    result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
+                         patience=cfg.patience, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+                         seed=cfg.seed, bf16=cfg.bf16_training and family in BF16_FAMILIES)
+    return model, result, {}

@@ -6,7 +6,7 @@ reads or writes a run's files asks a :class:`RunLayout` for the path::
 
     config.json                                   the run's settings (prepare_data)
     plan.json                                     families and where they come from (data check)
-    data/series.npz, series.json, dataset.json    the checked series and the split
+    data/fleet/, dataset.json                     the checked series (a FleetData, one or many) and the split
     data/baselines.json                           baselines and the statistical reference
     quality/                                      the data-quality report
     models/<family>/model.pt, model.json          trained or fetched model
@@ -25,7 +25,6 @@ Fleet mode (``series_column`` set, docs/fleet.md) adds::
     data/shards/<k>/                              the shard's checked series, a FleetData (check_series)
     quality/shards/<k>/                           the shard's per-series GX results (check_series)
     quality/series.parquet                        one row per series, with why it was excluded (merge)
-    data/fleet/                                   every kept series, a FleetData (merge)
     data/reference/shards/<k>.parquet             baselines and the statistical reference per series
     data/reference/per_series.parquet             the same for every series (merged)
     models/<family>/shards/<k>.parquet            every variant's errors per series of shard k

@@ -161,9 +161,9 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
 
 
 def has_series(report: dict) -> bool:
-    """Whether the deployed version read a long table of several series (its ``fleet`` block,
-    or a ``series_column`` in its settings): what decides how the data is read, not how judged."""
-    return bool(report.get("fleet")) or bool((report.get("config") or {}).get("series_column"))
+    """Whether the deployed version was judged across several series (its ``fleet`` block): what
+    decides how the new data is read. A long table that kept one series is one series (issue 31)."""
+    return bool(report.get("fleet"))
 
 
 def open_served(item: MonitorInput) -> Served:
@@ -222,24 +222,25 @@ def series_sample(item: MonitorInput, served: Served, work_dir: Path, s3_setting
     """One series: the realised per-origin scaled errors at its new origins, the holdout's."""
     report = item.report
     series = read_series(report, item.data_uri, work_dir, s3_settings)
+    timestamps = timestamps(0)
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
-    first = int(np.searchsorted(series.timestamps, parse_utc(served.trained_until), side="right"))
+    first = int(np.searchsorted(timestamps, parse_utc(served.trained_until), side="right"))
     origins = holdout_origins(len(series.values), first, horizon, seasons_for_freq(series.freq), earliest=lookback)
     holdout = holdout_figures(report, served.entry, served.variant)
     holdout_errors = np.asarray(holdout.pop("_holdout_errors"))
     figures = {"data_uri": series.source, "data_sha256": series.sha256,
-               "from": utc_iso(series.timestamps[first]) if first < len(series.timestamps) else None,
-               "to": utc_iso(series.timestamps[-1]), "new_rows": int(len(series.values) - first),
+               "from": utc_iso(timestamps[first]) if first < len(timestamps) else None,
+               "to": utc_iso(timestamps[-1]), "new_rows": int(len(series.values) - first),
                "origins": int(len(origins.index)), "stride": origins.stride, "block": origins.block,
                "mase_scale": float(report["baselines"]["mase_scale"]), **holdout}
     realised, scored = realised_errors(served.session, series, origins.index, report)
     figures.update(scored)
     return Sample(series=1, figures=figures, realised=realised, holdout=holdout_errors, block=origins.block,
                   holdout_block=int((report["baselines"].get("origins") or {}).get("block") or origins.block),
-                  drift_check=check_drift(list(series.columns), [(series.values, first, series.timestamps)],
+                  drift_check=check_drift(list(series.columns), [(series.values, first, timestamps)],
                                           int(report["baselines"]["seasonal_naive"]["season"])),
                   per_origin_mase=[finite_or_none(v) for v in realised],
-                  origin_times=[utc_iso(series.timestamps[o]) for o in origins.index])
+                  origin_times=[utc_iso(timestamps[o]) for o in origins.index])
 
 
 def read_series(report: dict, data_uri: str | None, work_dir: Path, s3_settings: Any = None):
@@ -260,10 +261,10 @@ def realised_errors(session, series, origins: np.ndarray, report: dict) -> tuple
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
     baselines = report["baselines"]
     scale = float(baselines["mase_scale"])
-    actual = np.stack([series.target[o:o + horizon] for o in origins]).astype(np.float64)
+    actual = np.stack([series.target(0)[o:o + horizon] for o in origins]).astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         realised = per_origin_mae(actual, forecast_at(session, series.values, origins, lookback)) / scale
-    naive = seasonal_naive(series.target.astype(np.float64), origins, horizon, int(baselines["seasonal_naive"]["season"]))
+    naive = seasonal_naive(series.target(0).astype(np.float64), origins, horizon, int(baselines["seasonal_naive"]["season"]))
     return realised, {"mase": finite_or_none(realised.mean()),
                       "baseline": baselines["seasonal_naive"].get("name", baselines.get("best")),
                       "baseline_mase": float(per_origin_mae(actual, naive).mean() / scale),

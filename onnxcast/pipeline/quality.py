@@ -21,15 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PipelineConfig
-from onnxcast.pipeline.data import (
-    SeriesData,
-    infer_freq,
-    series_from_checked,
-    split_by_time,
-)
+from onnxcast.pipeline.data import infer_freq, series_from_checked
 from onnxcast.pipeline.expectations import (
     HELPER,
     HIDDEN,
@@ -42,6 +39,7 @@ from onnxcast.pipeline.expectations import (
     summary_html,
     write_reports,
 )
+from onnxcast.pipeline.fleet_data import FleetData, split_fleet
 from onnxcast.pipeline.reading import plausible_column_name, read_table
 from onnxcast.pipeline.seasons import season_for_freq
 
@@ -53,9 +51,9 @@ ROBUST_SCALE_MEAN_AD = 1.2533  # mean absolute deviation -> standard deviation, 
 
 @dataclass
 class QualityResult:
-    """What the gate found. ``series`` is the regular series the pipeline trains on."""
+    """What the gate found. ``series`` is the regular series the pipeline trains on (a fleet of one)."""
 
-    series: SeriesData
+    series: FleetData
     warnings: list[str] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)
     repairs: dict = field(default_factory=dict)
@@ -110,7 +108,7 @@ def hide_unnamed_columns(frame, cfg: PipelineConfig):
     return frame
 
 
-def checked_series(prepared: PreparedFrame, cfg: PipelineConfig, source: str, sha256: str) -> SeriesData:
+def checked_series(prepared: PreparedFrame, cfg: PipelineConfig, source: str, sha256: str) -> FleetData:
     """The series the pipeline trains on, built from the helper columns the checks passed:
     the same parsed timestamps, the same numbers, the same grid. No rule is applied twice."""
     frame = prepared.frame
@@ -250,11 +248,12 @@ def robust_range(values, threshold: float) -> tuple[float, float]:
 
 
 def min_rows(cfg: PipelineConfig) -> int:
-    """Fewest rows ``split_by_time`` accepts: lookback + horizons + validation + holdout."""
+    """Fewest rows one series needs for its split (``split_fleet``): lookback + horizons +
+    validation + holdout."""
     n = cfg.lookback + 2 * cfg.horizon
     while True:
         try:
-            split_by_time(n, cfg)
+            split_fleet(np.array([n]), cfg)
             return n
         except DataError:
             n += 1

@@ -84,29 +84,7 @@ def select_variants(models: list[dict], family_choice: dict | None = None) -> tu
     lists every candidate with its goal figures, its rank per channel and why it was or
     wasn't chosen.
     """
-    ranking = []
-    for m in models:
-        torch_latency = (m.get("torch") or {}).get("latency_ms", {})
-        for v in m["variants"]:
-            mae = v["holdout"]["mae"] if v.get("holdout") else None
-            budget = (v.get("gates") or {}).get("accuracy_vs_fp32") or {}
-            loss = budget.get("value")
-            row = {"family": m["family"], "variant": v["name"], "eligible": bool(v.get("eligible")),
-                   "holdout_mae": mae, "accuracy_loss_vs_fp32": loss if isinstance(loss, float) else None,
-                   "within_accuracy_budget": bool(budget.get("passed")),
-                   "size_bytes": v["size_bytes"],
-                   "batch1_p50_ms": v["latency_ms"].get("batch1_p50"),
-                   "batch64_p50_ms": v["latency_ms"].get("batch64_p50"),
-                   "speedup_vs_torch": {}, "beats_torch": {}, "rank": {}, "chosen_for": [],
-                   "reasons": list(v.get("reasons", []))}
-            for channel, batch in CHANNEL_BATCH.items():
-                key = f"batch{batch}_p50"
-                ours, theirs = v["latency_ms"].get(key), torch_latency.get(key)
-                speedup = theirs / ours if ours and theirs else None
-                row["speedup_vs_torch"][channel] = speedup
-                row["beats_torch"][channel] = speedup is not None and speedup > 1.0
-            ranking.append(row)
-
+    ranking = [row for m in models for row in _ranking_rows(m)]
     passed = sorted((m for m in models if m["gates_passed"] and m.get("fp32_holdout_mae") is not None),
                     key=lambda m: m["fp32_holdout_mae"])
     families = [m["family"] for m in passed]
@@ -117,31 +95,65 @@ def select_variants(models: list[dict], family_choice: dict | None = None) -> tu
 
     selected: dict[str, dict] = {}
     for channel, batch in CHANNEL_BATCH.items():
-        key = f"batch{batch}_p50_ms"
-
-        def speed(row: dict, key: str = key) -> tuple[float, int]:
-            latency = row[key]
-            return (latency if latency is not None else float("inf"), row["size_bytes"])
-
-        qualified = [r for r in ranking if r["family"] in families and r["eligible"]
-                     and r["within_accuracy_budget"] and r["beats_torch"][channel]]
-        # the best family and those tied with it first, by speed; then the others by accuracy
-        qualified.sort(key=lambda r: (tier(r["family"]), *speed(r)))
-        for position, row in enumerate(qualified, start=1):
-            row["rank"][channel] = position
-        if qualified:
-            choice = qualified[0]
-        else:
-            fallback = [r for r in ranking if families and r["family"] == families[0] and r["eligible"]]
-            if not fallback:
-                continue
-            choice = min(fallback, key=speed)
-            choice["reasons"].append(f"{channel}: no variant beats PyTorch eager at batch {batch}; "
-                                     "chosen as the fastest eligible variant")
-        choice["chosen_for"].append(channel)
-        selected[channel] = {"family": choice["family"], "variant": choice["variant"]}
+        choice = _choose(ranking, channel, batch, families, tier)
+        if choice is not None:
+            choice["chosen_for"].append(channel)
+            selected[channel] = {"family": choice["family"], "variant": choice["variant"]}
     assert not selected or set(selected) == set(CHANNELS)
     return selected, ranking
+
+
+def _ranking_rows(model: dict) -> list[dict]:
+    """The ranking rows of one family's variants: their goal figures, not yet ranked."""
+    torch_latency = (model.get("torch") or {}).get("latency_ms", {})
+    rows = []
+    for v in model["variants"]:
+        mae = v["holdout"]["mae"] if v.get("holdout") else None
+        budget = (v.get("gates") or {}).get("accuracy_vs_fp32") or {}
+        loss = budget.get("value")
+        row = {"family": model["family"], "variant": v["name"], "eligible": bool(v.get("eligible")),
+               "holdout_mae": mae, "accuracy_loss_vs_fp32": loss if isinstance(loss, float) else None,
+               "within_accuracy_budget": bool(budget.get("passed")),
+               "size_bytes": v["size_bytes"],
+               "batch1_p50_ms": v["latency_ms"].get("batch1_p50"),
+               "batch64_p50_ms": v["latency_ms"].get("batch64_p50"),
+               "speedup_vs_torch": {}, "beats_torch": {}, "rank": {}, "chosen_for": [],
+               "reasons": list(v.get("reasons", []))}
+        for channel, batch in CHANNEL_BATCH.items():
+            key = f"batch{batch}_p50"
+            ours, theirs = v["latency_ms"].get(key), torch_latency.get(key)
+            speedup = theirs / ours if ours and theirs else None
+            row["speedup_vs_torch"][channel] = speedup
+            row["beats_torch"][channel] = speedup is not None and speedup > 1.0
+        rows.append(row)
+    return rows
+
+
+def _choose(ranking: list[dict], channel: str, batch: int, families: list[str], tier) -> dict | None:
+    """Rank the qualified rows for ``channel`` (their ``rank``) and return the chosen one: the
+    first qualified, else the fastest eligible variant of the most accurate family (its reasons
+    say so), else None."""
+    key = f"batch{batch}_p50_ms"
+
+    def speed(row: dict) -> tuple[float, int]:
+        latency = row[key]
+        return (latency if latency is not None else float("inf"), row["size_bytes"])
+
+    qualified = [r for r in ranking if r["family"] in families and r["eligible"]
+                 and r["within_accuracy_budget"] and r["beats_torch"][channel]]
+    # the best family and those tied with it first, by speed; then the others by accuracy
+    qualified.sort(key=lambda r: (tier(r["family"]), *speed(r)))
+    for position, row in enumerate(qualified, start=1):
+        row["rank"][channel] = position
+    if qualified:
+        return qualified[0]
+    fallback = [r for r in ranking if families and r["family"] == families[0] and r["eligible"]]
+    if not fallback:
+        return None
+    choice = min(fallback, key=speed)
+    choice["reasons"].append(f"{channel}: no variant beats PyTorch eager at batch {batch}; "
+                             "chosen as the fastest eligible variant")
+    return choice
 
 
 def served_variant(report: dict, channel: str) -> tuple[dict, dict]:

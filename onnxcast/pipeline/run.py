@@ -31,10 +31,16 @@ from onnxcast.base.files import read_json, write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline import fleet_quality
 from onnxcast.pipeline.checkpoint import load_model, save_model
-from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
-from onnxcast.pipeline.data import SeriesData, split_by_time, utc_iso, windows
-from onnxcast.pipeline.evaluation import best_anchor_season, reference_model
-from onnxcast.pipeline.fleet_data import FleetData, split_fleet
+from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.data import dated_split, utc_iso, windows
+from onnxcast.pipeline.evaluation import reference_model
+from onnxcast.pipeline.fleet_data import (
+    ACROSS_SERIES,
+    FleetData,
+    judging_for,
+    load_split,
+    split_fleet,
+)
 from onnxcast.pipeline.fleet_eval import (
     evaluate_shard,
     fleet_report,
@@ -47,7 +53,7 @@ from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import compare_families, select_variants
-from onnxcast.pipeline.seasons import evaluation_seasons, model_seasons, seasons_for_freq
+from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.validate import baselines_for, holdout_origins_for, validate_variants
 
 log = logging.getLogger(__name__)
@@ -79,8 +85,8 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
         raise ConfigError(f"lookback {cfg.lookback} is shorter than the season {series.season} of "
                           f"{series.freq!r} data: the models start from the last season of history; "
                           f"use a lookback of at least {series.season} or set season")
-    split = split_by_time(len(series.values), cfg)
-    series.save(layout.data)
+    split = split_fleet(series.lengths, cfg)
+    series.save(layout.fleet)
     # The statistical reference forecasts from every holdout origin: 25-80 s of this step on
     # the example data, silent before. Say what runs, and keep saying that it still does.
     what = _reference_plan(cfg, series, split)
@@ -92,18 +98,19 @@ def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) 
     log.info("baselines on %d origins (stride %d): best %s MAE %.4g; reference %s MAE %.4g",
              baselines["origins"]["count"], baselines["origins"]["stride"], baselines["best"], best["mae"],
              baselines["reference"]["model"], baselines["reference"]["mae"])
+    timestamps = series.timestamps(0)
     dataset = {
         "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
-        "start": utc_iso(series.timestamps[0]), "end": utc_iso(series.timestamps[-1]),
+        "start": utc_iso(timestamps[0]), "end": utc_iso(timestamps[-1]),
         "freq": series.freq, "season": series.season,
         "target": cfg.target_column, "features": list(cfg.feature_columns),
     }
-    summary = {"dataset": dataset, "split": split.as_dict(series.timestamps), "quality": result.to_dict()}
+    summary = {"dataset": dataset, "split": dated_split(split, timestamps), "quality": result.to_dict()}
     cfg.save(layout.config)
     write_json(layout.dataset, summary)
     log.info("data: %d rows %s..%s freq=%s season=%d; train %d, validation %d, holdout %d rows",
              dataset["rows"], dataset["start"], dataset["end"], dataset["freq"], dataset["season"],
-             split.train_end, split.validation_end - split.train_end, split.rows - split.validation_end)
+             split.train_end[0], split.validation_end[0] - split.train_end[0], split.lengths[0] - split.validation_end[0])
     return summary
 
 
@@ -137,85 +144,34 @@ def _heartbeat(message: str, every: float) -> Iterator[None]:
 
 
 def train_family(cfg: PipelineConfig, family: str) -> dict:
-    """Train one model family on the saved series (one global model on a fleet); save its
-    state dict and config."""
-    if cfg.is_fleet:
-        return train_global(cfg, family)
-    from onnxcast.pipeline.models import ModelSpec, build_model, never_negative, torch_threads
-    from onnxcast.pipeline.training import (
-        BF16_FAMILIES,
-        describe,
-        seed_everything,
-        series_windows,
-        train_model,
-    )
-
-    series, split = _load_data(cfg)
-    values = series.values
-    # views of the series, not copies of every window (a batch gathers its own)
-    train = series_windows(values, cfg.lookback, cfg.horizon, 0, split.train_end)
-    validation = series_windows(values, cfg.lookback, cfg.horizon, split.train_end, split.validation_end)
-    # Every family starts from a seasonal-naive forecast: the period that was most accurate on
-    # the training rows among those the lookback holds (weekly on hourly demand with a week of
-    # history), unless the settings name a season. The window families also mix in the others.
-    implied = seasons_for_freq(series.freq)
-    anchor = series.season if cfg.season else best_anchor_season(
-        values[: split.train_end, 0], (series.season, *implied), cfg.horizon, cfg.lookback)
-    spec = ModelSpec(family=family, n_features=cfg.n_features, horizon=cfg.horizon, lookback=cfg.lookback,
-                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
-                     season=anchor,
-                     seasons=model_seasons(anchor, implied, cfg.lookback),
-                     nonnegative=never_negative(values[: split.train_end, 0]))
-    log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
-             f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
-    seed_everything(cfg.seed)
-    train_rows = values[: split.train_end]
-    model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
-    log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
-             family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
-    # cfg.threads (default 1): two OpenMP threads per task made epochs up to 30x slower when
-    # another task shared the two cores (docs/performance.md)
-    with torch_threads(cfg.threads):
-        result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,
-                             patience=cfg.patience, batch_size=cfg.batch_size,
-                             learning_rate=cfg.learning_rate, seed=cfg.seed,
-                             bf16=cfg.bf16_training and family in BF16_FAMILIES)
-    log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
-    save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict()})
-    return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
+    """Train one model family on the saved series, one or many (onnxcast.pipeline.fleet_train.
+    train_global); save its state dict and config."""
+    return train_global(cfg, family)
 
 
 def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str:
     """Calibrate the model's quantiles on this run's validation windows (``recent``: on the most
     recent windows, :func:`calibrate_family`), then export it to ``onnx/fp32.onnx`` with the
-    contract's metadata (``intervals_calibrated_on`` says which); a global
-    model (fleet mode) also says so (``global``, ``n_series``, ``series_column``) and was
-    trained until the latest end over its series."""
+    contract's metadata (``intervals_calibrated_on`` says which), trained until the latest end
+    over its series; a global model (judged across series) also says so (``global``,
+    ``n_series``, ``series_column``)."""
     from onnxcast.pipeline.export import export_onnx
 
     model, spec = calibrate_family(cfg, family, recent=recent)
-    if cfg.is_fleet:
-        fleet = FleetData.load(cfg.layout.fleet, mmap=True)
-        # one calendar per distinct (start, length): few on a real fleet, whatever its size
-        firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
-                          strict=True))
-        latest = max(fleet.end(i) for i in firsts.values())
-        data = {"freq": fleet.freq, "trained_until": utc_iso(latest), "dataset_sha256": fleet.sha256,
-                "season": fleet.season}
-        fleet_keys = {"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
-    else:
-        series, _ = _load_data(cfg)
-        data = {"freq": series.freq, "trained_until": utc_iso(series.timestamps[-1]),
-                "dataset_sha256": series.sha256, "season": series.season}
-        fleet_keys = {}
+    fleet = FleetData.load(cfg.layout.fleet, mmap=True)
+    # one calendar per distinct (start, length): few on a real fleet, whatever its size
+    firsts = dict(zip(zip(fleet.starts.tolist(), fleet.lengths.tolist(), strict=True), range(fleet.n_series),
+                      strict=True))
+    latest = max(fleet.end(i) for i in firsts.values())
+    global_keys = ({"global": "true", "n_series": fleet.n_series, "series_column": cfg.series_column}
+                   if judging_for(fleet.n_series) == ACROSS_SERIES else {})
     metadata = {
         "model_family": spec.family, "lookback": spec.lookback, "horizon": spec.horizon,
-        "freq": data["freq"], "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
-        "precision": "fp32", "trained_until": data["trained_until"],
-        "dataset_sha256": data["dataset_sha256"], "season": data["season"], "version": __version__,
+        "freq": fleet.freq, "target": cfg.target_column, "features": ",".join(cfg.feature_columns),
+        "precision": "fp32", "trained_until": utc_iso(latest),
+        "dataset_sha256": fleet.sha256, "season": fleet.season, "version": __version__,
         "quantile_levels": format_quantile_levels(spec.quantile_levels),
-        "intervals_calibrated_on": RECENT if recent else "validation", **fleet_keys,
+        "intervals_calibrated_on": RECENT if recent else "validation", **global_keys,
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
@@ -234,13 +190,13 @@ def calibrate_family(cfg: PipelineConfig, family: str, recent: bool = False):
     from dataclasses import replace as replace_spec
 
     model, spec = load_model(cfg, family)
-    if cfg.is_fleet:
-        fleet = FleetData.load(cfg.layout.fleet, mmap=True)
-        x, y, _ = validation_windows(fleet, split_fleet(fleet.lengths, cfg), spec.lookback, spec.horizon,
-                                     season=spec.season, max_series=cfg.fleet_validation_series, seed=cfg.seed)
+    series, split = load_split(cfg.layout.fleet, cfg, mmap=True)
+    if judging_for(series.n_series) == ACROSS_SERIES:
+        x, y, _ = validation_windows(series, split, spec.lookback, spec.horizon, season=spec.season,
+                                     max_series=cfg.fleet_validation_series, seed=cfg.seed)
     else:
-        series, split = _load_data(cfg)
-        start, end = (split.validation_end, len(series.values)) if recent else (split.train_end, split.validation_end)
+        start, end = (int(split.validation_end[0]), len(series.values)) if recent else (int(split.train_end[0]),
+                                                                                         int(split.validation_end[0]))
         x, y = windows(series.values, spec.lookback, spec.horizon, start, end)[:2]
     try:
         info = calibrate(model, x, y, cfg.levels)
@@ -268,11 +224,13 @@ def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
 
 
 def validate_family(cfg: PipelineConfig, family: str) -> dict:
-    """Validate every variant of ``family``; write and return its report entry."""
-    if cfg.is_fleet:
+    """Validate every variant of ``family``; write and return its report entry. Judged as the
+    sample supports (:func:`judging`): across series (onnxcast.pipeline.fleet_eval, from the
+    per-shard evaluations), else over the holdout origins of the one series."""
+    if judging(cfg) == ACROSS_SERIES:
         return validate_fleet_family(cfg, family)
 
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     model, spec = load_model(cfg, family)
     onnx_dir = cfg.layout.onnx_dir(family)
     variants = read_json(cfg.layout.variants(family))
@@ -283,6 +241,12 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
     entry["training"] = read_json(cfg.layout.model_json(family))
     write_json(cfg.layout.validation(family), entry)
     return entry
+
+
+def judging(cfg: PipelineConfig) -> str:
+    """How this run is judged: ``fleet_data.judging_for`` the number of series it saved in
+    ``data/fleet/`` (over origins or across series), whatever the input's form."""
+    return judging_for(FleetData.load(cfg.layout.fleet, mmap=True).n_series)
 
 
 def needs_recalibration(cfg: PipelineConfig, entry: dict) -> bool:
@@ -310,7 +274,7 @@ def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines:
              "recent windows", family, "; ".join(before.get("missed", [])))
     export_family(cfg, family, recent=True)
     optimize_family(cfg, family)
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     model, _ = load_model(cfg, family)
     entry = validate_variants(cfg, family, model, series, split, cfg.layout.onnx_dir(family),
                               read_json(cfg.layout.variants(family)), baselines=baselines, intervals_in_sample=True)
@@ -331,7 +295,7 @@ def load_baselines(cfg: PipelineConfig) -> dict:
     path = cfg.layout.baselines
     if path.exists():
         return read_json(path)
-    series, split = _load_data(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
     return baselines_for(cfg, series, split, reference=False)
 
 
@@ -341,7 +305,7 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     A family that failed a required gate is left out of the choice and recorded in
     ``excluded`` with why; GateError only when no family passed.
 
-    Fleet mode: the legacy keys hold aggregates over series (``models[*].fp32_holdout_mae``
+    Judged across series (:func:`judging`): the legacy keys hold aggregates over series (``models[*].fp32_holdout_mae``
     and every variant's ``holdout.mae`` are the MEAN MASE over series; ``baselines`` are the
     best naive of each series, onnxcast.pipeline.fleet_eval.fleet_baselines), families are
     compared on per-series fp32 MASE, and an extra ``fleet`` object holds the aggregates,
@@ -349,7 +313,7 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     """
     fleet = None
     models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
-    if cfg.is_fleet:
+    if judging(cfg) == ACROSS_SERIES:
         parts = fleet_report(cfg, models)
         summary, baselines, family_choice, fleet = (parts["summary"], parts["baselines"], parts["family_choice"],
                                                     parts["fleet"])
@@ -420,10 +384,7 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
     try:
-        if work.is_fleet:
-            report = _run_fleet(work)
-        else:
-            report = _run_series(work)
+        report = _run_steps(work)
     except BaseException as exc:
         _keep_diagnostics(staging, out, owned)
         if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
@@ -436,36 +397,38 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     return report
 
 
-def _run_series(work: PipelineConfig) -> dict:
-    """Every step of a one-series run, in order."""
-    _step(1, "check and split data", prepare_data, work)
+def _run_steps(work: PipelineConfig) -> dict:
+    """Every step of a run, in order, for any number of series: the per-shard steps one shard
+    after another (Airflow maps them over the workers, onnxcast.airflow.steps). A one-series
+    file has no shards: step 1 checks and saves it whole."""
+    shards = _step(1, "check the data", check_input, work)
+    for shard in shards:
+        fleet_quality.check_fleet_shard(work, shard)
+    if shards:
+        _step(1, "check every series", fleet_quality.merge_fleet_checks, work)
+    for shard in shards:
+        reference_shard(work, shard)
     for family in work.models:
         _step(2, f"train {family}", train_family, work, family)
         _step(3, f"export {family}", export_family, work, family)
         _step(4, f"optimize {family}", optimize_family, work, family)
-        _step(5, f"validate {family}", validate_family, work, family)
-    return _step(6, "report", assemble_report, work)
-
-
-def _run_fleet(work: PipelineConfig) -> dict:
-    """Every step of a fleet run, in order: the per-shard steps one shard after another
-    (Airflow maps them over the workers, onnxcast.airflow.steps)."""
-    shards = _step(1, "check the table of series", fleet_quality.check_fleet_table, work)
-    for shard in shards:
-        fleet_quality.check_fleet_shard(work, shard)
-    _step(1, "check every series", fleet_quality.merge_fleet_checks, work)
-    for shard in shards:
-        reference_shard(work, shard)
-    for family in work.models:
-        _step(2, f"train {family} (global)", train_family, work, family)
-        _step(3, f"export {family}", export_family, work, family)
-        _step(4, f"optimize {family}", optimize_family, work, family)
-    log.info("[5/6] evaluate every series")
+    if shards:
+        log.info("[5/6] evaluate every series")
     for shard in shards:
         evaluate_shard(work, shard)
     for family in work.models:
         _step(5, f"validate {family}", validate_family, work, family)
     return _step(6, "report", assemble_report, work)
+
+
+def check_input(cfg: PipelineConfig) -> list[int]:
+    """Check the input; return its shards. A long table (``series_column``) is checked as a
+    table here and per shard later (onnxcast.pipeline.fleet_quality); a one-series file is
+    checked, split and saved whole (:func:`prepare_data`): no shards."""
+    if cfg.series_column:
+        return fleet_quality.check_fleet_table(cfg)
+    prepare_data(cfg)
+    return []
 
 
 # The runs in progress in this process: staging folder -> (output folder, its ownership record).
@@ -575,8 +538,3 @@ def _move_in(source: Path, target: Path) -> None:
     if os.path.lexists(target) and (target.is_symlink() or target.is_dir()):
         _remove(target)
     source.replace(target)
-
-
-def _load_data(cfg: PipelineConfig):
-    series = SeriesData.load(cfg.layout.data)
-    return series, split_by_time(len(series.values), cfg)

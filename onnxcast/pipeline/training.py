@@ -260,15 +260,8 @@ def _fit(
 
     try:
         for epoch in range(1, max_epochs + 1):
-            model.train()
-            total, count = 0.0, 0
-            for batch in next_epoch():
-                total += train_step(model, optimizer, batch_loss, batch, bf16=bf16) * len(batch[0])
-                count += len(batch[0])
-                if time.monotonic() > deadline:
-                    break
+            train_loss = _train_epoch(model, optimizer, batch_loss, next_epoch(), bf16=bf16, deadline=deadline)
             scheduler.step()
-            train_loss = total / max(count, 1)
             val_loss = validation_loss()
             history.append({"epoch": epoch, "train_loss": train_loss, "validation_loss": val_loss})
             if val_loss < trained_best_loss - 1e-6:
@@ -291,6 +284,20 @@ def _fit(
     return TrainResult(epochs=len(history), best_epoch=best_epoch, best_validation_loss=best_loss,
                        stopped=stopped, seconds=time.monotonic() - started, history=history,
                        initial_validation_loss=initial_loss, precision=BF16_AUTOCAST if bf16 else FLOAT32)
+
+
+def _train_epoch(model: Forecaster, optimizer: torch.optim.Optimizer, batch_loss: Callable[..., torch.Tensor],
+                 batches: Iterable[tuple[torch.Tensor, ...]], *, bf16: bool, deadline: float) -> float:
+    """One epoch of :func:`train_step` over ``batches`` (cut short at ``deadline``, a
+    ``time.monotonic()``); returns the mean training loss per window."""
+    model.train()
+    total, count = 0.0, 0
+    for batch in batches:
+        total += train_step(model, optimizer, batch_loss, batch, bf16=bf16) * len(batch[0])
+        count += len(batch[0])
+        if time.monotonic() > deadline:
+            break
+    return total / max(count, 1)
 
 
 def describe(result: TrainResult) -> str:

@@ -154,23 +154,26 @@ def gate(passed: bool, value: float, threshold: float | str) -> dict:
 # --- validating every variant of one family -------------------------------------------------
 
 def holdout_origins_for(cfg, series, split):
-    """The run's holdout origins: every phase of the season, room for the longest look back."""
-    return holdout_origins(len(series.values), split.validation_end, cfg.horizon, evaluation_seasons(series.freq, series.season),
-                           earliest=cfg.lookback)
+    """The run's holdout origins in series 0 of ``series`` (a fleet of one, judged over its
+    origins): every phase of the season, room for the longest look back."""
+    return holdout_origins(int(series.lengths[0]), int(split.validation_end[0]), cfg.horizon,
+                           evaluation_seasons(series.freq, series.season), earliest=cfg.lookback)
 
 
 def baselines_for(cfg, series, split, reference: bool = False) -> dict:
     """Naive and seasonal-naive baselines (and the statistical reference) on the run's origins."""
-    return evaluate_baselines(series.target, holdout_origins_for(cfg, series, split), cfg.horizon,
-                              evaluation_seasons(series.freq, series.season), split.train_end, reference=reference,
-                              levels=cfg.levels, lookback=cfg.lookback, validation_end=split.validation_end)
+    return evaluate_baselines(series.target(0), holdout_origins_for(cfg, series, split), cfg.horizon,
+                              evaluation_seasons(series.freq, series.season), int(split.train_end[0]),
+                              reference=reference, levels=cfg.levels, lookback=cfg.lookback,
+                              validation_end=int(split.validation_end[0]))
 
 
 def holdout_windows(cfg, series, split, mase_scale: float | None = None) -> Holdout:
     """Forecast windows at the run's holdout origins (a stride well below the horizon)."""
     origins = holdout_origins_for(cfg, series, split)
-    history = np.stack([series.values[o - cfg.lookback:o] for o in origins.index]).astype(np.float32)
-    actual = np.stack([series.target[o:o + cfg.horizon] for o in origins.index]).astype(np.float32)
+    values, target = series.series(0), series.target(0)
+    history = np.stack([values[o - cfg.lookback:o] for o in origins.index]).astype(np.float32)
+    actual = np.stack([target[o:o + cfg.horizon] for o in origins.index]).astype(np.float32)
     if mase_scale is None:
         mase_scale = baselines_for(cfg, series, split)["mase_scale"]
     return Holdout(history, actual, origins.index, mase_scale, origins.block)
@@ -351,47 +354,67 @@ def judge_variants(entries: list[dict], *, baseline_mae: float, torch_latency: d
     if fp32 is None:
         failures.append("fp32: no fp32 variant to validate")
     for entry in entries:
-        gates, holdout = entry["gates"], entry.get("holdout")
-        if holdout:
-            if fp32_mae:
-                loss = holdout["mae"] / fp32_mae - 1.0
-                gates["accuracy_vs_fp32"] = gate(loss <= accuracy_budget, loss, accuracy_budget)
-            else:
-                gates["accuracy_vs_fp32"] = gate(False, "fp32 has no holdout figures", accuracy_budget)
-            gates["beats_seasonal_naive"] = dict(verdict)
-            intervals = holdout.get("intervals")
-            if intervals:
-                enforced = strict_intervals or (entry["name"] != "fp32" and fp32_calibrated)
-                coverage = coverage_gate(intervals, coverage_tolerance, enforced=enforced,
-                                         in_sample=intervals_in_sample)
-                if coverage is not None:
-                    gates["interval_coverage"] = coverage
-                if entry["name"] != "fp32":
-                    gates["interval_accuracy_vs_fp32"] = interval_accuracy_gate(intervals, fp32_intervals,
-                                                                                accuracy_budget)
-        entry["reasons"] = [_reason(name, g) for name, g in gates.items() if not g["passed"] and g.get("enforced", True)]
-        entry["eligible"] = bool(holdout) and not entry["reasons"]
+        _gate_entry(entry, fp32_mae=fp32_mae, fp32_intervals=fp32_intervals, fp32_calibrated=fp32_calibrated,
+                    verdict=verdict, accuracy_budget=accuracy_budget, coverage_tolerance=coverage_tolerance,
+                    strict_intervals=strict_intervals, intervals_in_sample=intervals_in_sample)
+        entry["reasons"] = [_reason(name, g) for name, g in entry["gates"].items()
+                            if not g["passed"] and g.get("enforced", True)]
+        entry["eligible"] = bool(entry.get("holdout")) and not entry["reasons"]
         latency = entry.get("latency_ms") or {}
         entry["speedup_vs_torch"] = {key: torch_latency[key] / latency[key]
                                      for key in ("batch1_p50", "batch64_p50")
                                      if latency.get(key) and torch_latency.get(key)}
-        if entry["name"] not in REQUIRED_VARIANTS:
-            continue
-        name = entry["name"]
-        if "runs_on_cpu" in gates and not gates["runs_on_cpu"]["passed"]:
-            failures.append(f"{name} does not run with ONNX Runtime's CPU provider: {gates['runs_on_cpu']['value']}")
-            continue
-        if "parity" in gates and not gates["parity"]["passed"]:
-            diff = entry.get("parity_max_abs_diff")
-            failures.append(f"{name} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
-                            f"{figure_text(gates['parity']['value'], '.3g')} > 1 (max abs diff {figure_text(diff, '.3g')})")
-        if name == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
-            failures.append(f"fp32 {metric} {figure_text(holdout['mae'])} does not beat the best baseline "
-                            f"({baseline_name}) {figure_text(baseline_mae)} by the {figure_text(100 * baseline_margin, '.3g')}% "
-                            f"margin (needs below {figure_text(verdict['threshold'])})")
-        coverage = gates.get("interval_coverage")
-        if coverage and not coverage["passed"] and strict_intervals:
-            failures += [f"{name} {phrase}" for phrase in coverage["failures"]]
+        if entry["name"] in REQUIRED_VARIANTS:
+            failures += _required_failures(entry, verdict, metric=metric, baseline_name=baseline_name,
+                                           baseline_mae=baseline_mae, baseline_margin=baseline_margin,
+                                           strict_intervals=strict_intervals)
+    return failures
+
+
+def _gate_entry(entry: dict, *, fp32_mae: float | None, fp32_intervals: dict | None, fp32_calibrated: bool,
+                verdict: dict, accuracy_budget: float, coverage_tolerance: float, strict_intervals: bool,
+                intervals_in_sample: bool) -> None:
+    """Add the gates judged on a variant's holdout figures (none when it did not run):
+    accuracy vs fp32, the family's baseline verdict, and its intervals' coverage and accuracy."""
+    gates, holdout = entry["gates"], entry.get("holdout")
+    if not holdout:
+        return
+    if fp32_mae:
+        loss = holdout["mae"] / fp32_mae - 1.0
+        gates["accuracy_vs_fp32"] = gate(loss <= accuracy_budget, loss, accuracy_budget)
+    else:
+        gates["accuracy_vs_fp32"] = gate(False, "fp32 has no holdout figures", accuracy_budget)
+    gates["beats_seasonal_naive"] = dict(verdict)
+    intervals = holdout.get("intervals")
+    if not intervals:
+        return
+    enforced = strict_intervals or (entry["name"] != "fp32" and fp32_calibrated)
+    coverage = coverage_gate(intervals, coverage_tolerance, enforced=enforced, in_sample=intervals_in_sample)
+    if coverage is not None:
+        gates["interval_coverage"] = coverage
+    if entry["name"] != "fp32":
+        gates["interval_accuracy_vs_fp32"] = interval_accuracy_gate(intervals, fp32_intervals, accuracy_budget)
+
+
+def _required_failures(entry: dict, verdict: dict, *, metric: str, baseline_name: str, baseline_mae: float,
+                       baseline_margin: float, strict_intervals: bool) -> list[str]:
+    """What fails the family in a required variant (fp32, fp32-opt): it does not run, its
+    parity, fp32's baseline verdict, and (``strict_intervals``) its coverage."""
+    name, gates = entry["name"], entry["gates"]
+    if "runs_on_cpu" in gates and not gates["runs_on_cpu"]["passed"]:
+        return [f"{name} does not run with ONNX Runtime's CPU provider: {gates['runs_on_cpu']['value']}"]
+    failures = []
+    if "parity" in gates and not gates["parity"]["passed"]:
+        diff = entry.get("parity_max_abs_diff")
+        failures.append(f"{name} parity with PyTorch: worst |diff|/(atol+rtol*|y|) "
+                        f"{figure_text(gates['parity']['value'], '.3g')} > 1 (max abs diff {figure_text(diff, '.3g')})")
+    if name == "fp32" and not gates["beats_seasonal_naive"]["passed"]:
+        failures.append(f"fp32 {metric} {figure_text(entry['holdout']['mae'])} does not beat the best baseline "
+                        f"({baseline_name}) {figure_text(baseline_mae)} by the {figure_text(100 * baseline_margin, '.3g')}% "
+                        f"margin (needs below {figure_text(verdict['threshold'])})")
+    coverage = gates.get("interval_coverage")
+    if coverage and not coverage["passed"] and strict_intervals:
+        failures += [f"{name} {phrase}" for phrase in coverage["failures"]]
     return failures
 
 

@@ -414,16 +414,15 @@ def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion
     if all(recorded) and len(recorded[0]) == len(recorded[1]):
         return (recorded[0], recorded[1]), "the validation's per-origin scores"
     paths = [layout.onnx(challenger["family"]), layout.onnx(CHAMPION_FAMILY)]
-    absent = [str(p) for p in (*paths, layout.config, layout.data) if not p.exists()]
+    absent = [str(p) for p in (*paths, layout.config, layout.fleet) if not p.exists()]
     if absent:
         return None, f"no per-origin interval scores: {', '.join(absent)} not in the run directory"
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.validate import holdout_windows
 
     cfg = PipelineConfig.load(layout.config)
-    series = SeriesData.load(layout.data)
     scale = (report.get("baselines") or {}).get("mase_scale")
-    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg), mase_scale=scale)
+    holdout = holdout_windows(cfg, *load_split(layout.fleet, cfg), mase_scale=scale)
     scores = []
     for path in paths:
         found, why = per_origin_msis(path, holdout.history, holdout.actual, holdout.mase_scale)

@@ -530,14 +530,13 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.metrics import seasonal_naive
     from onnxcast.pipeline.validate import holdout_windows
 
     layout = RunLayout(run_dir)
     cfg = PipelineConfig.load(layout.config)
-    series = SeriesData.load(layout.data)
-    split = split_by_time(len(series.values), cfg)
+    series, split = load_split(layout.fleet, cfg)
     holdout = holdout_windows(cfg, series, split)
 
     # origins overlap (a stride below the horizon): plot back-to-back windows only
@@ -554,9 +553,9 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
         if layout.report.exists() else "seasonal_naive"
     season = int(naive_name.rsplit("_", 1)[1]) if naive_name.startswith("seasonal_naive_") else (
         1 if naive_name == "naive" else series.season)
-    naive = seasonal_naive(series.target, holdout.origins, cfg.horizon, season)
+    naive = seasonal_naive(series.target(0), holdout.origins, cfg.horizon, season)
     steps = (holdout.origins[:, None] + np.arange(cfg.horizon)[None, :]).ravel()
-    times = series.timestamps[steps]
+    times = series.timestamps(0)[steps]
     figure, axis = plt.subplots(figsize=(12, 4))
     axis.plot(times, holdout.actual.ravel(), label="actual", color="black", linewidth=1)
     axis.plot(times, naive.ravel(), label=naive_name.replace("_", " "), color="grey", linewidth=0.8, alpha=0.7)
@@ -583,8 +582,9 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
 # no reference, no ``fleet`` block in validation.json) logs what it has.
 
 def is_fleet_report(report: dict) -> bool:
-    """A report of a fleet run: it has the ``fleet`` block, or its config names a series column."""
-    return bool(report.get("fleet")) or bool((report.get("config") or {}).get("series_column"))
+    """A report judged across series: it has the ``fleet`` block (a long table that kept one
+    series is judged as one series, issue 31: its config's series column says nothing)."""
+    return bool(report.get("fleet"))
 
 
 def _count(value) -> int | None:
@@ -908,12 +908,11 @@ def _ensure_registered_model(client, name: str) -> None:
 def _holdout_example(layout: RunLayout):
     import numpy as np
 
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.validate import holdout_windows
 
     cfg = PipelineConfig.load(layout.config)
-    series = SeriesData.load(layout.data)
-    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg))
+    holdout = holdout_windows(cfg, *load_split(layout.fleet, cfg))
     return np.ascontiguousarray(holdout.history[:2], dtype=np.float32)
 
 

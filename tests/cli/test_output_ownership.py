@@ -131,7 +131,7 @@ def test_a_rerun_replaces_its_own_output_and_nothing_else(project, capsys):
     assert (code, errors) == (0, [])
     first = json.loads((out / "report.json").read_text())
     record = json.loads((out / RECORD).read_text())["entries"]
-    assert {"report.json", "config.json", "data", "models", "quality", "data/series.npz",
+    assert {"report.json", "config.json", "data", "models", "quality", "data/fleet/values.npy",
             "models/dlinear/onnx/fp32.onnx"} <= set(record)
     assert not set(user_files) & set(record) and ".staging" not in record
     assert {name: (out / name).read_bytes() for name in user_files} == user_files
@@ -144,18 +144,19 @@ def test_a_rerun_replaces_its_own_output_and_nothing_else(project, capsys):
     assert snapshot(project) == before
     (out / "models" / "mine.txt").unlink()
 
-    (out / "data" / "series.npz").unlink()  # a link planted where onnxcast wrote a file
-    (out / "data" / "series.npz").symlink_to(data)
+    (out / "data" / "fleet" / "values.npy").unlink()  # a link planted where onnxcast wrote a file
+    (out / "data" / "fleet" / "values.npy").symlink_to(data)
     code, errors = pipeline(data, out, capsys)
-    assert code == 2 and errors == [refusal(out, out / "data" / "series.npz", LINK)]
+    assert code == 2 and errors == [refusal(out, out / "data" / "fleet" / "values.npy", LINK)]
     assert data.read_bytes() == user_files["meters.csv"]
-    (out / "data" / "series.npz").unlink()
+    (out / "data" / "fleet" / "values.npy").unlink()
 
     code, errors = pipeline(data, out, capsys)  # the rerun over the earlier output
     assert (code, errors) == (0, [])
     second = json.loads((out / "report.json").read_text())
     assert second["created"] >= first["created"] and second["status"] == "passed"
-    assert (out / "data" / "series.npz").is_file() and not (out / "data" / "series.npz").is_symlink()
+    saved = out / "data" / "fleet" / "values.npy"
+    assert saved.is_file() and not saved.is_symlink()
     assert {name: (out / name).read_bytes() for name in user_files} == user_files
     assert not os.path.lexists(out / ".staging")
     assert set(json.loads((out / RECORD).read_text())["entries"]) == set(record)

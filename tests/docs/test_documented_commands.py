@@ -88,6 +88,15 @@ SKIPPED: dict[str, str] = {
                                                                                "server; tests/plugin/"
                                                                                "test_rollout_page_http.py makes the "
                                                                                "same request",
+    # docs/targets.md (issue 33): downloads and minutes-long measurements; tests/onnxcast/targets runs the runners
+    r"^onnxcast pipeline --data example --models lstm,transformer,nhits,dlinear --max-epochs 10\b":
+        "docs/targets.md's measurement run (four families, ten epochs: minutes); "
+        "tests/onnxcast/targets/test_target_runs.py runs every target on an exported model",
+    r"^pip install apache-tvm==": "downloads TVM (a 100 MB wheel) from the package registry",
+    r"^(make arm-tools$|python scripts/arm_sysroot\.py\b)": "apt-get installs and downloads the Arm sysroot; "
+        "tests/onnxcast/targets/test_target_runs.py builds the sysroot (slow tests)",
+    r"^python scripts/measure_targets\.py\b": "every target on a run's four models (minutes under qemu); "
+        "tests/onnxcast/targets/test_target_runs.py runs the same runners",
 }
 
 # A documented HTTP client of `onnxcast serve`: run against the server the test starts from the

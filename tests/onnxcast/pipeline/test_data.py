@@ -5,12 +5,18 @@ import pytest
 from onnxcast.base.errors import DataError
 from onnxcast.pipeline.config import PipelineConfig, QualitySettings
 from onnxcast.pipeline.data import (
-    SeriesData,
+    dated_split,
     parse_utc,
     series_from_checked,
-    split_by_time,
     utc_iso,
     windows,
+)
+from onnxcast.pipeline.fleet_data import (
+    ACROSS_SERIES,
+    OVER_ORIGINS,
+    FleetData,
+    judging_for,
+    split_fleet,
 )
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.seasons import season_for_freq
@@ -48,7 +54,7 @@ def test_example_data_loads_as_a_regular_hourly_series(example_csv):
     assert series.values.dtype == np.float32
     assert series.freq == "h" and series.season == 24
     assert len(series.sha256) == 64
-    assert np.all(np.diff(series.timestamps).astype("timedelta64[h]").astype(int) == 1)
+    assert np.all(np.diff(series.timestamps(0)).astype("timedelta64[h]").astype(int) == 1)
 
 
 def test_other_column_names_features_and_parquet(tmp_path):
@@ -66,7 +72,7 @@ def test_timezones_are_normalised_to_utc(tmp_path):
     frame = hourly(100)
     frame["ds"] = pd.date_range("2024-01-01", periods=100, freq="h", tz="Europe/Berlin").astype(str)
     series = gate_series(cfg_for(write_csv(tmp_path, frame)))
-    assert str(series.timestamps[0]) == "2023-12-31T23:00:00.000000000"
+    assert str(series.timestamps(0)[0]) == "2023-12-31T23:00:00.000000000"
 
 
 def test_trained_until_drops_later_rows(tmp_path):
@@ -104,7 +110,8 @@ def test_the_series_is_a_pure_transform_of_checked_rows():
     values = {"y": pd.Series([3.0, 1.0, 2.0, 5.0])}
     series = series_from_checked(times, values, "h", 24, fill_gaps_max_steps=1, source="mem", sha256="s")
     assert series.values[:, 0].tolist() == [2.0, 2.5, 3.0, 4.0, 5.0]
-    assert str(series.timestamps[0]) == "2024-01-01T00:00:00.000000000"
+    assert str(series.timestamps(0)[0]) == "2024-01-01T00:00:00.000000000"
+    assert series.n_series == 1 and series.ids == ("y",)  # a fleet of one, named by its target
     with pytest.raises(DataError, match="no finite value at 2024-01-01T01:00:00"):
         series_from_checked(times, values, "h", 24, fill_gaps_max_steps=0, source="mem", sha256="s")
 
@@ -112,9 +119,9 @@ def test_the_series_is_a_pure_transform_of_checked_rows():
 def test_split_and_dataset_timestamps_are_utc_with_z():
     """Issue 9: report.json mixed '...Z' (dataset) and naive ISO strings (split)."""
     stamps = (np.datetime64("2024-03-01T00:00:00") + np.arange(400) * np.timedelta64(1, "h")).astype("datetime64[ns]")
-    split = split_by_time(400, PipelineConfig(data_uri="x", out_dir="o", **SMALL))
+    split = split_fleet(np.array([400]), PipelineConfig(data_uri="x", out_dir="o", **SMALL))
     for key in ("train_end", "validation_end", "holdout_start", "holdout_end"):
-        assert split.as_dict(stamps)[key].endswith("Z")
+        assert dated_split(split, stamps)[key].endswith("Z")
     assert utc_iso(stamps[0]) == "2024-03-01T00:00:00Z"
 
 
@@ -147,11 +154,23 @@ def test_season_follows_frequency(freq, season):
 
 def test_split_is_time_ordered_and_holds_whole_horizons():
     cfg = PipelineConfig(data_uri="x", out_dir="o", horizon=24, lookback=168)
-    split = split_by_time(3600, cfg)
-    assert 0 < split.train_end < split.validation_end < split.rows == 3600
-    assert split.rows - split.validation_end == 540
+    split = split_fleet(np.array([3600]), cfg)
+    assert 0 < split.train_end[0] < split.validation_end[0] < split.lengths[0] == 3600
+    assert split.lengths[0] - split.validation_end[0] == 540
     with pytest.raises(DataError, match="too few"):
-        split_by_time(300, cfg)
+        split_fleet(np.array([300]), cfg)
+
+
+def test_one_series_holds_out_a_share_of_its_rows_many_one_horizon_each():
+    """The holdout follows how the run is judged: one series over its many origins (15% of 3,600
+    rows), a fleet across series (min_holdout_windows horizons each), whatever the lengths."""
+    cfg = PipelineConfig(data_uri="x", out_dir="o", horizon=24, lookback=168)
+    assert (judging_for(1), judging_for(2), judging_for(10_000)) == (OVER_ORIGINS, ACROSS_SERIES, ACROSS_SERIES)
+    one = split_fleet(np.array([3600]), cfg)
+    many = split_fleet(np.array([3600, 3600]), cfg)
+    assert (one.holdout_steps, one.validation_steps) == (540, 540)
+    assert (many.holdout_steps, many.validation_steps) == (24 * cfg.quality.min_holdout_windows, 24)
+    assert many.validation_end.tolist() == [3600 - 48, 3600 - 48]
 
 
 def test_windows_cut_history_and_target_at_each_origin():
@@ -167,9 +186,10 @@ def test_windows_cut_history_and_target_at_each_origin():
 def test_series_round_trips_through_the_run_directory(tmp_path, example_csv):
     series = gate_series(cfg_for(example_csv))
     series.save(tmp_path)
-    again = SeriesData.load(tmp_path)
+    again = FleetData.load(tmp_path)
     assert np.array_equal(again.values, series.values)
-    assert np.array_equal(again.timestamps, series.timestamps)
+    assert np.array_equal(again.timestamps(0), series.timestamps(0))
+    assert again.ids == series.ids and again.n_series == 1
     assert (again.freq, again.season, again.sha256) == (series.freq, series.season, series.sha256)
 
 

@@ -46,13 +46,22 @@ def test_the_best_baseline_is_the_weekly_one_on_weekly_data_and_the_reference_ru
 
 
 def test_the_models_start_from_the_season_that_was_best_on_training_data():
-    from onnxcast.pipeline.evaluation import best_anchor_season
+    """One series is a fleet of one: the fleet's anchor choice, its own scale cancelling."""
+    from onnxcast.pipeline.fleet_data import FleetData, FleetSplit
+    from onnxcast.pipeline.fleet_train import anchor_season
+
+    def best(y, lookback):
+        one = FleetData.one(y[:, None], np.arange(len(y)).astype("datetime64[h]").astype("datetime64[ns]"),
+                            series_id="y", columns=("y",), freq="h", season=24, source="mem", sha256="0")
+        n = np.array([len(y)])
+        split = FleetSplit(lengths=n, train_end=n, validation_end=n, holdout_steps=0, validation_steps=0)
+        return anchor_season(one, split, (24, 168), horizon=24, lookback=lookback)
 
     y = hourly_with_weekly_cycle()
-    assert best_anchor_season(y[:1500], (24, 168), horizon=24, lookback=168) == 168
-    assert best_anchor_season(y[:1500], (24, 168), horizon=24, lookback=48) == 24  # a week does not fit
+    assert best(y[:1500], lookback=168) == 168
+    assert best(y[:1500], lookback=48) == 24  # a week does not fit
     flat_week = (100 + 10 * np.sin(2 * np.pi * np.arange(2000) / 24)).astype(np.float32)
-    assert best_anchor_season(flat_week, (24, 168), horizon=24, lookback=168) == 24  # ties: the shorter
+    assert best(flat_week, lookback=168) == 24  # ties: the shorter
 
 
 # --- forecast distributions of the baselines and the reference -------------------------------

@@ -78,3 +78,17 @@ def test_every_series_is_split_from_its_own_end(fleet, panel):
     summary = split.as_dict()
     assert summary["holdout_rows"] == panel.horizon * fleet.n_series
     assert summary["rows"] == len(fleet.values)
+
+
+@pytest.mark.parametrize("series_column", ["", "unique_id"])
+def test_the_run_is_judged_by_the_series_it_saved_not_by_the_input_form(fleet, tmp_path, series_column):
+    """Issue 31: one series is judged over its origins and two or more across series, whether
+    the input was a one-series file or a long table (``series_column``): the sample decides."""
+    from onnxcast.pipeline.fleet_data import ACROSS_SERIES, OVER_ORIGINS
+    from onnxcast.pipeline.run import judging
+
+    cfg = PipelineConfig(data_uri="x", out_dir=str(tmp_path), horizon=18, lookback=36, series_column=series_column)
+    fleet.subset([0]).save(cfg.layout.fleet)
+    assert judging(cfg) == OVER_ORIGINS
+    fleet.subset([0, 1]).save(cfg.layout.fleet)
+    assert judging(cfg) == ACROSS_SERIES

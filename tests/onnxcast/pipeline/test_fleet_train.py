@@ -226,10 +226,10 @@ def test_train_global_saves_a_global_model_and_exports_its_fleet_metadata(tmp_pa
 
 
 def test_the_fleet_anchors_on_the_season_whose_naive_forecast_was_best_in_training(m3):
-    from onnxcast.pipeline.fleet_train import fleet_anchor_season
+    from onnxcast.pipeline.fleet_train import anchor_season
 
     _, fleet, split = m3
     # M3 monthly: last month's value (period 1) beat last year's month (12) on the training
     # segments of this sample, in mean scaled MAE; a period the lookback cannot hold never wins
-    assert fleet_anchor_season(fleet, split, (12, 1), HORIZON, LOOKBACK, sample=100, seed=0) == 1
-    assert fleet_anchor_season(fleet, split, (12, 24), HORIZON, LOOKBACK, sample=100, seed=0) == 12
+    assert anchor_season(fleet, split, (12, 1), HORIZON, LOOKBACK, sample=100, seed=0) == 1
+    assert anchor_season(fleet, split, (12, 24), HORIZON, LOOKBACK, sample=100, seed=0) == 12

@@ -76,13 +76,13 @@ def test_selected_variants_are_eligible_and_the_int8_is_smaller(tiny_run):
 
 def test_onnx_forecast_equals_the_reported_holdout_accuracy(tiny_run):
     """Re-run the selected model on the holdout windows: the same MAE as in the report."""
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.sessions import onnx_predict
     from onnxcast.pipeline.validate import holdout_metrics, holdout_windows
 
     cfg, report = tiny_run
-    series = SeriesData.load(Path(cfg.out_dir) / "data")
-    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg))
+    series, split = load_split(Path(cfg.out_dir) / "data" / "fleet", cfg)
+    holdout = holdout_windows(cfg, series, split)
     choice = report["selected"]["cloud"]
     variant = next(v for m in report["models"] if m["family"] == choice["family"] for v in m["variants"]
                    if v["name"] == choice["variant"])
@@ -140,3 +140,27 @@ def test_nhits_through_the_cli_on_daily_and_weekly_anchors(tmp_path):
     assert signature(onnx.load(out / variants["fp32"]["onnx_path"]))["inputs"][0]["shape"][:2] == ["batch", "time"]
     spec = ModelSpec(**json.loads((out / "models" / "nhits" / "model.json").read_text())["spec"])
     assert sorted(spec.seasons) == [24, 168] and spec.anchor_seasons == spec.seasons
+
+
+def test_a_long_table_of_one_series_is_run_exactly_as_that_series(tiny_csv, tiny_config, tmp_path):
+    """Issue 31, a series is a fleet of one: the same series given as a long table
+    (``series_column``, the shard steps) and as a one-series file gives the same split, origins,
+    baselines and holdout MAE, and both are judged over their origins (no ``fleet`` object, no
+    global-model metadata). Before, the table was trained as a global model and judged across
+    its one series."""
+    import pandas as pd
+
+    table = pd.read_csv(tiny_csv)
+    table.insert(0, "unique_id", "co2")
+    table.to_csv(tmp_path / "long.csv", index=False)
+    one = run_pipeline(tiny_config(models="dlinear", max_epochs=1))
+    cfg = tiny_config(models="dlinear", max_epochs=1, data_uri=str(tmp_path / "long.csv"), series_column="unique_id")
+    long = run_pipeline(cfg)
+    assert "fleet" not in long and "fleet" not in one
+    for key in ("origins", "best", "mase_scale"):
+        assert long["baselines"][key] == one["baselines"][key]
+    assert long["baselines"]["seasonal_naive"]["mae"] == one["baselines"]["seasonal_naive"]["mae"]
+    assert long["split"]["train_rows"] == one["split"]["train_rows"]
+    assert long["models"][0]["fp32_holdout_mae"] == one["models"][0]["fp32_holdout_mae"]
+    metadata = read_metadata(onnx.load(Path(cfg.out_dir) / "models/dlinear/onnx/fp32.onnx"))
+    assert "global" not in metadata and metadata["trained_until"] == one["dataset"]["end"]

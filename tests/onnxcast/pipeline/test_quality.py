@@ -10,13 +10,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from corpus.bad_inputs import BAD_INPUTS, GOOD_INPUTS, Case, edit
 
 from onnxcast.base.errors import DataError, DataQualityError
 from onnxcast.pipeline.config import PipelineConfig, QualitySettings
-from onnxcast.pipeline.data import split_by_time
 from onnxcast.pipeline.expectations import REPORT_HTML, RESULT_JSON
+from onnxcast.pipeline.fleet_data import split_fleet
 from onnxcast.pipeline.quality import check_data, min_rows
 
 CHROMIUM = "/usr/bin/chromium"
@@ -134,12 +135,12 @@ def test_feature_columns_are_checked_like_the_target(base, tmp_path):
 
 
 @pytest.mark.parametrize("lookback,horizon", [(168, 24), (24, 6), (500, 48)])
-def test_min_rows_is_what_split_by_time_accepts(lookback, horizon):
+def test_min_rows_is_what_the_split_of_one_series_accepts(lookback, horizon):
     cfg = PipelineConfig(data_uri="x", out_dir="y", lookback=lookback, horizon=horizon)
     n = min_rows(cfg)
-    split_by_time(n, cfg)
+    split_fleet(np.array([n]), cfg)
     with pytest.raises(DataError):
-        split_by_time(n - 1, cfg)
+        split_fleet(np.array([n - 1]), cfg)
 
 
 def test_module_imports_neither_pandas_nor_great_expectations():

@@ -54,11 +54,11 @@ def test_latency_reports_percentiles_per_batch(model_and_session):
 
 
 def _tiny_series(n=400):
-    from onnxcast.pipeline.data import SeriesData
+    from onnxcast.pipeline.fleet_data import FleetData
 
     stamps = (np.datetime64("2024-01-01T00:00:00") + np.arange(n) * np.timedelta64(1, "h")).astype("datetime64[ns]")
-    return SeriesData(values=series(n), timestamps=stamps, columns=("y",), freq="h", season=4,
-                      source="mem", sha256="0" * 64)
+    return FleetData.one(series(n), stamps, series_id="y", columns=("y",), freq="h", season=4,
+                         source="mem", sha256="0" * 64)
 
 
 @pytest.mark.parametrize("broken", ["unknown_op", "not_onnx"])
@@ -68,7 +68,7 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
     from onnx import helper
 
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.fleet_data import split_fleet
     from onnxcast.pipeline.validate import validate_variants
 
     model, _ = model_and_session
@@ -85,7 +85,7 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
     export_onnx(model, onnx_dir / "fp32-opt.onnx", n_features=1, lookback=16, metadata=META)
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=16, horizon=4, latency_repeats=2)
     data = _tiny_series()
-    split = split_by_time(len(data.values), cfg)
+    split = split_fleet(data.lengths, cfg)
     entry = validate_variants(cfg, "lstm", model, data, split, onnx_dir,
                               [{"name": "fp32", "path": "fp32.onnx"}, {"name": "fp32-opt", "path": "fp32-opt.onnx"}])
     assert entry["gates_passed"] is False
@@ -103,26 +103,26 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
 
 def _daily_series(n=400, seed=0):
     """A daily series with an exact weekly cycle: seasonal naive 7 is the best baseline."""
-    from onnxcast.pipeline.data import SeriesData
+    from onnxcast.pipeline.fleet_data import FleetData
 
     rng = np.random.default_rng(seed)
     t = np.arange(n)
     y = (200 + 30 * np.sin(2 * np.pi * t / 7) + 10 * np.cos(4 * np.pi * t / 7) + rng.normal(0, 1, n)).astype(np.float32)
     stamps = (np.datetime64("2020-01-01T00:00:00") + np.arange(n) * np.timedelta64(1, "D")).astype("datetime64[ns]")
-    return SeriesData(values=y[:, None], timestamps=stamps, columns=("y",), freq="D", season=7, source="mem",
-                      sha256="0" * 64)
+    return FleetData.one(y[:, None], stamps, series_id="y", columns=("y",), freq="D", season=7, source="mem",
+                         sha256="0" * 64)
 
 
 def test_an_untrained_model_equal_to_its_anchor_does_not_beat_the_baseline(tmp_path):
     """Issue 18: an untrained LSTM (best epoch 0: its seasonal-naive anchor) was eligible and
     selected, its MAE 2.3043603969 "below" the baseline's 2.3043604084 by float32 rounding."""
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.fleet_data import split_fleet
     from onnxcast.pipeline.validate import baselines_for, validate_variants
 
     data = _daily_series()
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4, latency_repeats=2)
-    split = split_by_time(len(data.values), cfg)
+    split = split_fleet(data.lengths, cfg)
     baselines = baselines_for(cfg, data, split)
     assert baselines["best"] == "seasonal_naive_7"
     model = build_model(ModelSpec(family="lstm", n_features=1, horizon=4, lookback=14, hidden_size=8, num_layers=1,
@@ -200,7 +200,7 @@ def _calibrated(data, cfg, split, lookback=14):
     torch.manual_seed(0)
     model = build_model(ModelSpec(family="lstm", n_features=1, horizon=4, lookback=lookback, hidden_size=8,
                                   num_layers=1, season=7), data.values.mean(axis=0), data.values.std(axis=0)).eval()
-    x, y = windows(data.values, lookback, 4, split.train_end, split.validation_end)[:2]
+    x, y = windows(data.values, lookback, 4, int(split.train_end[0]), int(split.validation_end[0]))[:2]
     calibrate(model, x, y, LEVELS)
     return model, {**META, "lookback": lookback, "quantile_levels": format_quantile_levels(LEVELS)}
 
@@ -209,13 +209,13 @@ def test_a_calibrated_model_is_judged_on_its_intervals_in_onnx_and_in_torch(tmp_
     import shutil
 
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.fleet_data import split_fleet
     from onnxcast.pipeline.validate import baselines_for, validate_variants
 
     data = _daily_series(600)
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4, latency_repeats=2,
                          baseline_margin=0.0)
-    split = split_by_time(len(data.values), cfg)
+    split = split_fleet(data.lengths, cfg)
     model, meta = _calibrated(data, cfg, split)
     onnx_dir = tmp_path / "models" / "lstm" / "onnx"
     export_onnx(model, onnx_dir / "fp32.onnx", n_features=1, lookback=14, metadata=meta)
@@ -245,11 +245,11 @@ def test_a_calibrated_model_is_judged_on_its_intervals_in_onnx_and_in_torch(tmp_
 
 def test_parity_covers_the_quantiles_output(tmp_path):
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import split_by_time
+    from onnxcast.pipeline.fleet_data import split_fleet
 
     data = _daily_series(600)
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4)
-    model, meta = _calibrated(data, cfg, split_by_time(len(data.values), cfg))
+    model, meta = _calibrated(data, cfg, split_fleet(data.lengths, cfg))
     session = onnx_session(export_onnx(model, tmp_path / "m.onnx", n_features=1, lookback=14, metadata=meta))
     shapes = parity_shapes(lookback=14, season=7)
     same = check_parity(torch_runner(model, quantiles=True), session, data.values, shapes, rtol=1e-3, atol=1e-4)

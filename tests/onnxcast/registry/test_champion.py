@@ -193,7 +193,7 @@ def test_on_msis_the_per_origin_scores_come_from_both_models_quantiles(tiny_lstm
     import shutil
 
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.intervals import interval_metrics
     from onnxcast.pipeline.validate import holdout_windows
     from onnxcast.registry.interval_figures import forecast_and_quantiles
@@ -204,9 +204,9 @@ def test_on_msis_the_per_origin_scores_come_from_both_models_quantiles(tiny_lstm
     write_plan(run, [{"family": "lstm", "source": None, "role": "challenger"},
                      {"family": "champion", "source": "models:/m/3", "role": "champion", "version": "3"}])
     cfg = PipelineConfig.load(run / "config.json")
-    series = SeriesData.load(run / "data")
+    series, split = load_split(run / "data" / "fleet", cfg)
     report = json.loads((run / "report.json").read_text())
-    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg),
+    holdout = holdout_windows(cfg, series, split,
                               mase_scale=report["baselines"]["mase_scale"])
     figures = {}
     for family, path in (("lstm", run / "report.json"), ("champion", run / "models/champion/validation.json")):

@@ -67,7 +67,7 @@ class TestFromMlflow:
         for name in ("fp32", "fp32-opt", "int8"):
             assert (tmp_path / f"staged/models/lstm/onnx/{name}.onnx").read_bytes() == \
                 (tiny_lstm_run / f"models/lstm/onnx/{name}.onnx").read_bytes()
-        assert (tmp_path / "staged/data/series.npz").exists()
+        assert (tmp_path / "staged/data/fleet/values.npy").exists()
 
 
     @pytest.mark.parametrize("where", ["absolute", "parent"])

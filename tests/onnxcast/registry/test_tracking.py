@@ -208,7 +208,7 @@ def test_the_forecast_plot_draws_the_80_and_95_bands_from_the_fp32_quantiles(
     import numpy as np
 
     from onnxcast.pipeline.config import PipelineConfig
-    from onnxcast.pipeline.data import SeriesData, split_by_time
+    from onnxcast.pipeline.fleet_data import load_split
     from onnxcast.pipeline.validate import holdout_windows
     from onnxcast.registry.interval_figures import forecast_and_quantiles
     from onnxcast.registry.tracking import plot_forecast
@@ -226,8 +226,8 @@ def test_the_forecast_plot_draws_the_80_and_95_bands_from_the_fp32_quantiles(
     assert [label for label, _, _ in drawn] == ["lstm fp32 95% interval", "lstm fp32 80% interval"]
 
     cfg = PipelineConfig.load(tiny_lstm_run_copy / "config.json")
-    series = SeriesData.load(tiny_lstm_run_copy / "data")
-    holdout = holdout_windows(cfg, series, split_by_time(len(series.values), cfg), mase_scale=1.0)
+    series, split = load_split(tiny_lstm_run_copy / "data" / "fleet", cfg)
+    holdout = holdout_windows(cfg, series, split, mase_scale=1.0)
     plotted = [0]
     for i, origin in enumerate(holdout.origins[1:], 1):
         if origin >= holdout.origins[plotted[-1]] + cfg.horizon:
