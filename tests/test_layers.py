@@ -75,15 +75,7 @@ def test_a_broken_contract_is_found(tmp_path):
 # --- no module imports another module's private names -------------------------------------------
 
 # (importer, imported module, name): why it is allowed for now. Empty is the goal.
-PRIVATE_IMPORTS_ALLOWED = {
-    # the rollout page checks a pointer as a device would, with four steps of the device client;
-    # issue 31 stage S4 makes that one public call (rollout.edge.check_pointer), after the
-    # issue-30 edits of edge.py land
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_parse_metadata"),
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_pointer_fields"),
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_read_signed_length"),
-    ("onnxcast.airflow.plugin.data", "onnxcast.rollout.edge", "_root_hint"),
-}
+PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def private_imports(package: Path) -> set[tuple[str, str, str]]:
@@ -146,8 +138,8 @@ LOCAL_IMPORTS_ALLOWED = {
     ("onnxcast.pipeline.validate", "onnxcast.pipeline.evaluation"): "evaluation.judged and intervals.judged: one name",
     ("onnxcast.pipeline.validate", "onnxcast.pipeline.intervals"): "evaluation.judged and intervals.judged: one name",
 }
-# modules being rewritten for issue 30 (another branch): their imports move to the top after it lands
-LOCAL_IMPORTS_LATER = {"onnxcast.pipeline.fleet_quality", "onnxcast.pipeline.reading"}
+# modules whose function-local onnxcast imports may wait (none left)
+LOCAL_IMPORTS_LATER: set[str] = set()
 
 
 def import_graph(package: Path) -> tuple[dict[str, set[str]], dict[str, list[tuple[int, str]]]]:

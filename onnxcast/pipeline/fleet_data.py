@@ -220,16 +220,18 @@ def fleet_steps(cfg) -> tuple[int, int]:
     return cfg.horizon * cfg.quality.min_holdout_windows, cfg.horizon
 
 
-def split_fleet(lengths: np.ndarray, cfg) -> FleetSplit:
+def split_fleet(lengths: np.ndarray, cfg, *, judging: str | None = None) -> FleetSplit:
     """The end-aligned split of series of ``lengths``.
 
     Judged across series (:func:`judging_for`): :func:`fleet_steps` for every series;
     a series may end up with a short (or empty) training segment, which the data gate excludes
     (``train_too_short``). Judged over origins (one series): ``holdout_fraction`` of the rows,
     at least ``min_holdout_windows`` horizons, and ``validation_fraction``, at least two
-    horizons; DataError when too few rows are left to train on."""
+    horizons; DataError when too few rows are left to train on. ``judging`` overrides the
+    sample's choice where another sample decided it (the monitor reading a deployed global
+    model's new data: across series, however few series came)."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    if len(lengths) and judging_for(len(lengths)) == OVER_ORIGINS:
+    if len(lengths) and (judging or judging_for(len(lengths))) == OVER_ORIGINS:
         holdout, validation = _proportional_steps(int(lengths[0]), cfg)
     else:
         holdout, validation = fleet_steps(cfg)

@@ -7,7 +7,7 @@
   ``data/reference/shards/<k>.parquet``.
 - :func:`evaluate_shard` (one mapped task per shard): every ONNX variant of every family on
   the shard's series, at the same origins -> ``models/<family>/shards/<k>.parquet``.
-- :func:`validate_fleet_family` (one task per family): parity and latency as for one series,
+- :class:`AcrossSeries` (the validate task of each family, ``validate.validate_family_variants``):
   the merge of the family's shards (``models/<family>/per_series.parquet``), the aggregates
   (mean MASE, sMAPE, MAPE with intervals over series, the share of series lost to the best
   naive), the gates, paired tests across series -> ``validation.json``.
@@ -34,13 +34,11 @@ from onnxcast.base.contract import (
     METADATA_PREFIX,
     QUANTILE_METADATA,
     QUANTILES_NAME,
-    opset_of,
     parse_quantile_levels,
 )
 from onnxcast.base.errors import DataError
-from onnxcast.base.files import json_safe, read_json, replacing, sha256_file, write_json
+from onnxcast.base.files import json_safe, read_json, replacing
 from onnxcast.base.untrusted import quote
-from onnxcast.pipeline.checkpoint import load_model
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import utc_iso
 from onnxcast.pipeline.evaluation import fleet_aggregate, fleet_origins, series_metrics
@@ -62,15 +60,10 @@ from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.sessions import onnx_session
 from onnxcast.pipeline.significance import bootstrap_interval, paired_across_series
 from onnxcast.pipeline.validate import (
-    FP32_VARIANTS,
     figure_text,
     gate,
     interval_verdict,
-    judge_variants,
-    measure_latency,
-    parity_on,
     parity_shapes,
-    torch_runner,
 )
 
 log = logging.getLogger(__name__)
@@ -528,59 +521,81 @@ def session_levels(session) -> tuple[float, ...] | None:
     return parse_quantile_levels(session.get_modelmeta().custom_metadata_map.get(key, ""), key)
 
 
-def validate_fleet_family(cfg: PipelineConfig, family: str) -> dict:
-    """Parity and latency as for one series (histories sampled across series), the merge of
-    the family's shards, the aggregates per variant, the gates (``judge_variants``, on mean
-    MASE) and paired tests across series; write and return ``validation.json``."""
-    from onnxcast.pipeline.models import torch_threads
+class AcrossSeries:
+    """A family judged across series (``fleet_data.judging_for``), for
+    ``validate.validate_family_variants``: the merge of the family's shards
+    (``models/<family>/per_series.parquet``), the aggregates per variant (mean MASE, sMAPE, MAPE
+    with intervals over series, the share of series lost to the best naive), the gates on mean
+    MASE and paired tests across series. Parity and latency on histories sampled across series
+    (``spec``: the family's ModelSpec, ``variants``: its variants.json)."""
 
-    layout = cfg.layout
-    model, spec = load_model(cfg, family)
-    variants = read_json(layout.variants(family))
-    table, reference = _per_series_table(cfg, family)
-    fleet = _load_fleet(cfg)
-    plan = plan_for(cfg, fleet)
-    rng = np.random.default_rng(cfg.seed)
-    latency_inputs = {b: _sampled_histories(fleet, b, spec.lookback, rng) for b in (1, 64)}
-    parity_histories = [_sampled_histories(fleet, b, t, rng) for b, t in parity_shapes(spec.lookback, fleet.season)]
-    run_torch = torch_runner(model)
-    with torch_threads(cfg.threads):
-        torch_table = _torch_table(run_torch, fleet, plan, spec.lookback, table)
-        torch_entry = {"holdout": _holdout(fleet_aggregate(torch_table, "torch"), torch_table, "torch", plan),
-                       "latency_ms": measure_latency(run_torch, latency_inputs, cfg.latency_repeats)}
-    levels = spec.quantile_levels or cfg.levels
-    windows = plan_windows(plan)
-    aggregates = {v["name"]: _with_intervals(fleet_aggregate(table, v["name"], losers=LOSERS, seed=cfg.seed),
-                                             table, v["name"], levels, cfg.seed, windows) for v in variants}
-    entries = [_variant_entry(cfg, v, layout.onnx_dir(family) / v["path"], run_torch, parity_histories,
-                              latency_inputs, aggregates[v["name"]], table, plan) for v in variants]
-    baseline = _with_intervals(fleet_aggregate(table, FLEET_NAIVE, seed=cfg.seed), table, FLEET_NAIVE, cfg.levels,
-                               cfg.seed, windows)
-    naive_name = str(reference[FLEET_NAIVE].iloc[0]).replace("_", " ")
-    vs_best_naive, vs_reference = _fleet_tests(table, reference)
-    # the interval gates (coverage, and msis/pinball within the budget of fp32's) are decided
-    # there too, from each variant's holdout["intervals"]: the means over series
-    failures = judge_variants(entries, baseline_mae=baseline["mase_mean"], torch_latency=torch_entry["latency_ms"],
-                              accuracy_budget=cfg.accuracy_budget,
-                              baseline_name=f"the best naive in aggregate, {naive_name}",
-                              baseline_margin=cfg.baseline_margin, baseline_test=vs_best_naive,
-                              metric="mean MASE", coverage_tolerance=cfg.coverage_tolerance,
-                              strict_intervals=cfg.strict_intervals)
-    # a fleet's intervals that miss are shipped marked "uncalibrated", not recalibrated: that would
-    # evaluate every series of every shard again (one series: run.recalibrate_family)
-    verdict = interval_verdict(entries)
-    fp32 = aggregates.get("fp32") or {}
-    entry = {"family": family, "torch": torch_entry, "variants": entries,
-             "fp32_holdout_mae": fp32.get("mase_mean"), "fp32_holdout_mase": fp32.get("mase_mean"),
-             "fp32_vs": {BEST_NAIVE: vs_best_naive, **vs_reference}, "gates_passed": not failures,
-             "failures": failures, "training": read_json(layout.model_json(family)), "intervals": verdict,
-             "fleet": {"metric": "mase", "series": int(len(table)), "origins": plan.origins, "stride": plan.stride,
-                       "variants": aggregates, "best_naive": baseline, "vs_best_naive": vs_best_naive,
-                       "vs_reference": vs_reference}}
-    _log_variants(family, entries, aggregates, baseline)
-    entry = json_safe(entry)
-    write_json(layout.validation(family), entry)
-    return entry
+    quantile_parity = False  # parity on the forecast only
+
+    def __init__(self, cfg: PipelineConfig, family: str, spec, variants: list[dict]):
+        self.cfg, self.lookback = cfg, spec.lookback
+        self.table, self.reference = _per_series_table(cfg, family)
+        self.fleet = _load_fleet(cfg)
+        self.plan = plan_for(cfg, self.fleet)
+        self.windows = plan_windows(self.plan)
+        levels = spec.quantile_levels or cfg.levels
+        self.aggregates = {v["name"]: _with_intervals(fleet_aggregate(self.table, v["name"], losers=LOSERS,
+                                                                      seed=cfg.seed),
+                                                      self.table, v["name"], levels, cfg.seed, self.windows)
+                           for v in variants}
+
+    def histories(self) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+        """Latency inputs (batch 1 and 64), then the parity histories (``parity_shapes``), from
+        random series at random ends, one generator seeded with ``cfg.seed``."""
+        rng = np.random.default_rng(self.cfg.seed)
+        latency_inputs = {b: _sampled_histories(self.fleet, b, self.lookback, rng) for b in (1, 64)}
+        return latency_inputs, [_sampled_histories(self.fleet, b, t, rng)
+                                for b, t in parity_shapes(self.lookback, self.fleet.season)]
+
+    def torch_holdout(self, references: dict) -> dict:
+        """The eager model's ``holdout``: its aggregates over the whole fleet."""
+        torch_table = _torch_table(references[False], self.fleet, self.plan, self.lookback, self.table)
+        return {"holdout": _holdout(fleet_aggregate(torch_table, "torch"), torch_table, "torch", self.plan)}
+
+    def variant_holdout(self, references: dict):
+        """``holdout_of`` for ``validate.variant_entry``: the variant's aggregates over the
+        per-series table (the shards evaluated it) and the ``finite_on_every_series`` gate."""
+        del references
+        table, plan, aggregates = self.table, self.plan, self.aggregates
+
+        def holdout_of(entry: dict, session, levels, note: str) -> None:
+            del session, levels, note
+            aggregate = aggregates[entry["name"]]
+            entry["holdout"] = _holdout(aggregate, table, entry["name"], plan)
+            # a variant that forecast NaN or infinity on some series (fp16 overflows on large levels)
+            # would be averaged over the others only: it is judged on every series or not at all
+            failed = int(len(table) - aggregate["series"])
+            entry["gates"]["finite_on_every_series"] = gate(failed == 0, failed, 0)
+
+        return holdout_of
+
+    def family_entry(self, family: str, entries: list[dict], torch_entry: dict, judge) -> dict:
+        cfg, table, reference, aggregates = self.cfg, self.table, self.reference, self.aggregates
+        baseline = _with_intervals(fleet_aggregate(table, FLEET_NAIVE, seed=cfg.seed), table, FLEET_NAIVE,
+                                   cfg.levels, cfg.seed, self.windows)
+        naive_name = str(reference[FLEET_NAIVE].iloc[0]).replace("_", " ")
+        vs_best_naive, vs_reference = _fleet_tests(table, reference)
+        # the interval gates (coverage, and msis/pinball within the budget of fp32's) are decided
+        # there too, from each variant's holdout["intervals"]: the means over series
+        failures = judge(baseline_mae=baseline["mase_mean"], baseline_name=f"the best naive in aggregate, {naive_name}",
+                         baseline_test=vs_best_naive, metric="mean MASE")
+        # a fleet's intervals that miss are shipped marked "uncalibrated", not recalibrated: that would
+        # evaluate every series of every shard again (one series: run.recalibrate_family)
+        verdict = interval_verdict(entries)
+        fp32 = aggregates.get("fp32") or {}
+        entry = {"family": family, "torch": torch_entry, "variants": entries,
+                 "fp32_holdout_mae": fp32.get("mase_mean"), "fp32_holdout_mase": fp32.get("mase_mean"),
+                 "fp32_vs": {BEST_NAIVE: vs_best_naive, **vs_reference}, "gates_passed": not failures,
+                 "failures": failures, "intervals": verdict,
+                 "fleet": {"metric": "mase", "series": int(len(table)), "origins": self.plan.origins,
+                           "stride": self.plan.stride, "variants": aggregates, "best_naive": baseline,
+                           "vs_best_naive": vs_best_naive, "vs_reference": vs_reference}}
+        _log_variants(family, entries, aggregates, baseline)
+        return json_safe(entry)
 
 
 def _per_series_table(cfg: PipelineConfig, family: str):
@@ -735,38 +750,6 @@ def _holdout(aggregate: dict, table, name: str, plan: Plan) -> dict | None:
     if aggregate.get("intervals"):  # means over series of the per-series interval columns
         out["intervals"] = aggregate["intervals"]
     return out
-
-
-def _variant_entry(cfg, spec: dict, path: Path, run_torch, parity_histories, latency_inputs, aggregate: dict,
-                   table, plan: Plan) -> dict:
-    """One variant's entry with the keys of the single-series one (``_validate_one``)."""
-    import onnx
-
-    name = spec["name"]
-    entry = {"name": name, "onnx_path": str(path.relative_to(cfg.run_dir)), "sha256": sha256_file(path),
-             "size_bytes": path.stat().st_size, "opset": None, "note": spec.get("note", ""),
-             "parity_max_abs_diff": None, "parity_shapes": [], "holdout": None, "latency_ms": {}, "gates": {}}
-    try:
-        entry["opset"] = opset_of(onnx.load(path, load_external_data=False))
-        session = onnx_session(path, cfg.threads)
-        session.run(["forecast"], {"history": latency_inputs[1]})
-    except Exception as exc:  # noqa: BLE001 - onnx and ORT raise their own types per failure kind
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        entry["gates"]["runs_on_cpu"] = gate(False, first, "runs with CPUExecutionProvider")
-        return entry
-    parity = parity_on(run_torch, session, parity_histories, cfg.parity_rtol, cfg.parity_atol)
-    entry["parity_max_abs_diff"] = parity["max_abs_diff"]
-    entry["parity_shapes"] = parity["shapes"]
-    if name in FP32_VARIANTS:
-        entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
-    entry["holdout"] = _holdout(aggregate, table, name, plan)
-    # a variant that forecast NaN or infinity on some series (fp16 overflows on large levels)
-    # would be averaged over the others only: it is judged on every series or not at all
-    failed = int(len(table) - aggregate["series"])
-    entry["gates"]["finite_on_every_series"] = gate(failed == 0, failed, 0)
-    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
-                                          cfg.latency_repeats)
-    return entry
 
 
 def _fleet_tests(table, reference) -> tuple[dict, dict]:

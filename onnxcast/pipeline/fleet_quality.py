@@ -38,6 +38,22 @@ from onnxcast.base.files import read_json, write_json, write_text_atomic
 from onnxcast.base.s3 import S3Settings
 from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.data import fill_short_gaps as _fill_short_gaps
+from onnxcast.pipeline.data import infer_freq, utc_iso
+from onnxcast.pipeline.expectations import (
+    OFFLINE_CSS,
+    REPORT_HTML,
+    import_gx,
+    named_check,
+    run_suite,
+    summary_html,
+    write_reports,
+)
+from onnxcast.pipeline.expectations import clip as _clip
+from onnxcast.pipeline.expectations import import_gx as _import_gx
+from onnxcast.pipeline.expectations import named_check as _meta
+from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
+from onnxcast.pipeline.expectations import summarize as _summarize
 from onnxcast.pipeline.fleet_data import (
     FleetData,
     assign_shards,
@@ -45,6 +61,17 @@ from onnxcast.pipeline.fleet_data import (
     min_train_steps,
     split_fleet,
 )
+from onnxcast.pipeline.quality import (
+    FLOAT32_MAX,
+    ROBUST_SCALE_MAD,
+    ROBUST_SCALE_MEAN_AD,
+    hide_unnamed_columns,
+    parse_times,
+)
+from onnxcast.pipeline.quality import grid_positions as _grid_positions
+from onnxcast.pipeline.quality import parse_numbers as _numeric
+from onnxcast.pipeline.reading import read_long_table
+from onnxcast.pipeline.seasons import season_for_freq
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +101,6 @@ SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid",
 
 def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> list[int]:
     """Read and check the long table; write the shards; return the shard numbers ``[0, .., k-1]``."""
-    from onnxcast.pipeline.quality import hide_unnamed_columns
-    from onnxcast.pipeline.reading import read_long_table
 
     layout, series_col = cfg.layout, cfg.series_column
     value_cols = [cfg.target_column, *cfg.feature_columns]
@@ -128,7 +153,6 @@ def _one_frequency(codes, times, ids: tuple[str, ...], cfg: PipelineConfig, sour
     per series whose ``off_grid_example`` says, for a series off its grid, what it looks like."""
     import pandas as pd
 
-    from onnxcast.pipeline.seasons import season_for_freq
 
     order = series_time_order(codes, times)
     sorted_codes, sorted_times = (codes, times) if order is None else (codes[order], times[order])
@@ -177,8 +201,6 @@ def _with_table_helpers(frame, cfg: PipelineConfig):
     (quality._numeric turns every row into a string: 4 s of 30 at 1.2 M rows)."""
     import pandas as pd
 
-    from onnxcast.pipeline.quality import parse_numbers as _numeric
-    from onnxcast.pipeline.quality import parse_times
 
     frame = frame.reset_index(drop=True).copy(deep=False)
     if cfg.time_column in frame.columns:
@@ -225,7 +247,6 @@ def _nulls(index):
 
 def _bad_rows(mask, raw, *, empty: str):
     """The raw text (clipped) of the rows in ``mask``, None elsewhere: an object column GX reads as null."""
-    from onnxcast.pipeline.expectations import clip as _clip
 
     out = _nulls(raw.index)
     if mask.any():
@@ -236,7 +257,6 @@ def _bad_rows(mask, raw, *, empty: str):
 def _zone_mismatch_of_labels(labels, codes, index):
     """quality._zone_mismatch over the distinct texts: the rows written with a UTC offset
     when most rows are not, or the reverse."""
-    from onnxcast.pipeline.expectations import clip as _clip
 
     text = labels.astype("string").str.strip()
     # an offset follows a time of day: quality's pattern also reads the "-01" that ends a
@@ -255,8 +275,6 @@ def _zone_mismatch_of_labels(labels, codes, index):
 
 
 def _table_suite(cfg: PipelineConfig, frame):
-    from onnxcast.pipeline.expectations import import_gx as _import_gx
-    from onnxcast.pipeline.expectations import named_check as _meta
 
     gx = _import_gx()
     E, h = gx.expectations, HELPER
@@ -283,8 +301,6 @@ def _table_suite(cfg: PipelineConfig, frame):
 
 
 def _grid_suite(cfg: PipelineConfig, freq: str, n_series: int):
-    from onnxcast.pipeline.expectations import import_gx as _import_gx
-    from onnxcast.pipeline.expectations import named_check as _meta
 
     gx = _import_gx()
     E, share = gx.expectations, cfg.quality.max_excluded_share
@@ -299,9 +315,6 @@ def _validate(frame, suite, out_dir: Path, source: str, title: str, *, failure=N
               result_format: str | dict = "SUMMARY") -> list[dict]:
     """Run ``suite``, write its JSON and HTML under ``out_dir``; raise the one-line
     DataQualityError when a critical check failed (``failure()``: its words, else GX's)."""
-    from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
-    from onnxcast.pipeline.expectations import run_suite, summary_html, write_reports
-    from onnxcast.pipeline.expectations import summarize as _summarize
 
     with _quiet_gx():
         validation = run_suite(frame, suite, result_format=result_format)
@@ -344,7 +357,6 @@ def _infer_fleet_freq(codes, times, n_series: int, seed: int, source: str) -> st
 def _own_freq(times) -> str | None:
     import pandas as pd
 
-    from onnxcast.pipeline.data import infer_freq
 
     distinct = np.unique(times)
     if len(distinct) < 2:
@@ -370,7 +382,6 @@ def grid_positions(codes, times, freq: str) -> np.ndarray:
     calendar frequencies (month, quarter, year starts or ends, weeks), else per series."""
     import pandas as pd
 
-    from onnxcast.pipeline.quality import grid_positions as _grid_positions
 
     offset = pd.tseries.frequencies.to_offset(freq)
     n = len(codes)
@@ -426,8 +437,6 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     row, then deep-copying and serialising the lists); the whole verdict is series.parquet."""
     import pandas as pd
 
-    from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
-    from onnxcast.pipeline.expectations import run_suite, write_reports
 
     layout, series_col = cfg.layout, cfg.series_column
     plan = read_json(layout.shards)
@@ -578,7 +587,6 @@ def _distinct_and_outliers(codes, target, n_series: int, threshold: float, *, su
     (quality.robust_range: median ± threshold x sigma, sigma from the MAD, else the mean
     absolute deviation; none when both are 0), and distinct values among the rows ``subset``
     (the same sort: a subset of rows sorted by value stays sorted). ``codes`` sorted."""
-    from onnxcast.pipeline.quality import ROBUST_SCALE_MAD, ROBUST_SCALE_MEAN_AD
 
     order = sort_within_series(codes, target)
     c, v = codes[order], target[order]
@@ -688,7 +696,6 @@ class SeriesCheck:
 
 def series_checks(cfg: PipelineConfig, season: int) -> list[SeriesCheck]:
     """The series checks, in report order (SERIES_CHECKS orders the reasons of an exclusion)."""
-    from onnxcast.pipeline.quality import FLOAT32_MAX
 
     q = cfg.quality
     holdout, validation = fleet_steps(cfg)
@@ -729,7 +736,6 @@ def series_checks(cfg: PipelineConfig, season: int) -> list[SeriesCheck]:
 
 def _series_suite(cfg: PipelineConfig, declared: list[SeriesCheck]):
     """The GX suite of the declared series checks, on the series table."""
-    from onnxcast.pipeline.expectations import import_gx, named_check
 
     gx = import_gx()
     between = gx.expectations.ExpectColumnValuesToBeBetween
@@ -797,7 +803,6 @@ def regular_fleet(grid: dict, kept, ids, cfg: PipelineConfig, plan: dict) -> Fle
     gaps interpolated in time as quality's single-series repair does (data._fill_short_gaps)."""
     import pandas as pd
 
-    from onnxcast.pipeline.data import fill_short_gaps as _fill_short_gaps
 
     steps = grid["grid_steps"][kept].astype(np.int64)
     offsets = np.zeros(len(kept) + 1, dtype=np.int64)
@@ -839,9 +844,10 @@ def _write_parquet(table, path: Path) -> None:
 
 # --- step 3: the merge --------------------------------------------------------------------
 
-def merge_fleet_checks(cfg: PipelineConfig) -> dict:
+def merge_fleet_checks(cfg: PipelineConfig, *, judging: str | None = None) -> dict:
     """Merge the shards' verdicts; return the summary written to ``data/dataset.json``
-    (``{"dataset": ..., "split": ..., "quality": ...}``, as prepare_data returns)."""
+    (``{"dataset": ..., "split": ..., "quality": ...}``, as prepare_data returns). ``judging``:
+    as :func:`onnxcast.pipeline.fleet_data.split_fleet`."""
     import pandas as pd
 
     layout, series_col, q = cfg.layout, cfg.series_column, cfg.quality
@@ -868,7 +874,7 @@ def merge_fleet_checks(cfg: PipelineConfig) -> dict:
         raise DataQualityError(plan["source"], [message], str(html))
     fleet = FleetData.concat([FleetData.load(layout.shard(k)) for k in shards])
     fleet.save(layout.fleet)
-    split = split_fleet(fleet.lengths, cfg)
+    split = split_fleet(fleet.lengths, cfg, judging=judging)
     summary = {"dataset": _dataset(cfg, plan, fleet), "split": _split_dict(split, fleet),
                "quality": _quality_dict(cfg, plan, table, excluded, padded, share, counts, str(html))}
     summary["quality"]["checks"].append(share_check)
@@ -882,11 +888,6 @@ def merge_fleet_checks(cfg: PipelineConfig) -> dict:
 def _excluded_share_check(cfg: PipelineConfig, table, source: str) -> dict:
     """The max_excluded_share verdict as a GX result of its own (``quality/excluded_share/``),
     on the series table's ``excluded_because`` column."""
-    from onnxcast.pipeline.expectations import import_gx as _import_gx
-    from onnxcast.pipeline.expectations import named_check as _meta
-    from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
-    from onnxcast.pipeline.expectations import run_suite, write_reports
-    from onnxcast.pipeline.expectations import summarize as _summarize
 
     gx = _import_gx()
     share = cfg.quality.max_excluded_share
@@ -1008,7 +1009,6 @@ def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: Pipeli
     """The fleet's verdict: counts, the first EXAMPLES excluded series per reason, the shards' GX pages."""
     from html import escape
 
-    from onnxcast.pipeline.expectations import OFFLINE_CSS, REPORT_HTML
 
     series_col = cfg.series_column
     share = len(excluded) / max(len(table), 1)
@@ -1055,7 +1055,6 @@ def _plain(value):
 
 
 def _iso(ns) -> str:
-    from onnxcast.pipeline.data import utc_iso
 
     return utc_iso(np.datetime64(int(ns), "ns"))
 

@@ -53,7 +53,7 @@ from onnxcast.pipeline.config import PipelineConfig, data_source
 from onnxcast.pipeline.data import parse_utc, utc_iso
 from onnxcast.pipeline.drift import check_drift
 from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae, series_metrics
-from onnxcast.pipeline.fleet_data import FleetData, min_train_steps, split_fleet
+from onnxcast.pipeline.fleet_data import ACROSS_SERIES, FleetData, min_train_steps, split_fleet
 from onnxcast.pipeline.fleet_eval import (
     histories,
     mase_scales,
@@ -222,7 +222,7 @@ def series_sample(item: MonitorInput, served: Served, work_dir: Path, s3_setting
     """One series: the realised per-origin scaled errors at its new origins, the holdout's."""
     report = item.report
     series = read_series(report, item.data_uri, work_dir, s3_settings)
-    timestamps = timestamps(0)
+    timestamps = series.timestamps(0)
     horizon, lookback = int(report["config"]["horizon"]), int(report["config"]["lookback"])
     first = int(np.searchsorted(timestamps, parse_utc(served.trained_until), side="right"))
     origins = holdout_origins(len(series.values), first, horizon, seasons_for_freq(series.freq), earliest=lookback)
@@ -348,7 +348,7 @@ def read_fleet(report: dict, data_uri: str | None, work_dir: Path, s3_settings: 
     cfg = PipelineConfig.from_dict(values)
     for shard in check_fleet_table(cfg, s3_settings=s3_settings):
         check_fleet_shard(cfg, shard)
-    merge_fleet_checks(cfg)
+    merge_fleet_checks(cfg, judging=ACROSS_SERIES)  # the deployed model was judged across series
     table = pd.read_parquet(cfg.layout.series_table)
     excluded = table[table["excluded_because"].notna()]
     left_out = [{"series": str(sid), "because": f"data_gate:{why}"}
@@ -373,7 +373,7 @@ def holdout_per_series(cfg, fleet, first_new: np.ndarray, variant: str, run, loo
         return ({str(s): {"mase": float(m), "scale": float(k)} for s, m, k in
                  zip(table["series"], table[column], table["mase_scale"], strict=True)}, str(table_path))
 
-    split = split_fleet(first_new, cfg)
+    split = split_fleet(first_new, cfg, judging=ACROSS_SERIES)
     seen = np.flatnonzero(split.train_end >= min_train_steps(cfg, fleet.season))
     if not len(seen):
         return {}, "recomputed"

@@ -36,7 +36,7 @@ from pathlib import Path
 from onnxcast.base import environment
 from onnxcast.base.errors import DataError
 from onnxcast.base.files import sha256_bytes
-from onnxcast.base.s3 import S3Settings
+from onnxcast.base.s3 import S3Settings, get_object_bytes, make_client, s3_error_code, split_s3_uri
 from onnxcast.base.untrusted import (
     UntrustedInputError,
     file_kind,
@@ -112,7 +112,6 @@ def read_table(uri: str, *, s3_settings: S3Settings | None = None) -> RawTable:
 
 def read_bytes(uri: str, *, s3_settings: S3Settings | None = None) -> bytes:
     if uri.startswith("s3://"):
-        from onnxcast.base.s3 import get_object_bytes
 
         return get_object_bytes(uri, max_data_bytes(), s3_settings)
     path = Path(uri.removeprefix("file://"))
@@ -639,7 +638,6 @@ def read_parquet_dataset(uri: str, *, columns: list[str], s3_settings: S3Setting
     for name, _ in listing.parts:
         location = uri.rstrip("/") + "/" + name
         if uri.startswith("s3://"):
-            from onnxcast.base.s3 import get_object_bytes
 
             data = get_object_bytes(location, budget, s3_settings)
         else:
@@ -727,7 +725,6 @@ def _skip_reason(entry: os.DirEntry, mode: int) -> str:
 def _list_s3_parts(uri: str, s3_settings: S3Settings | None) -> list[tuple[str, int]]:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from onnxcast.base.s3 import make_client, s3_error_code, split_s3_uri
 
     bucket, prefix = split_s3_uri(uri)
     found = []

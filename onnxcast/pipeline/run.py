@@ -42,10 +42,10 @@ from onnxcast.pipeline.fleet_data import (
     split_fleet,
 )
 from onnxcast.pipeline.fleet_eval import (
+    AcrossSeries,
     evaluate_shard,
     fleet_report,
     reference_shard,
-    validate_fleet_family,
 )
 from onnxcast.pipeline.fleet_train import train_global, validation_windows
 from onnxcast.pipeline.intervals import calibrate
@@ -54,7 +54,12 @@ from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import compare_families, select_variants
 from onnxcast.pipeline.seasons import evaluation_seasons
-from onnxcast.pipeline.validate import baselines_for, holdout_origins_for, validate_variants
+from onnxcast.pipeline.validate import (
+    OverOrigins,
+    baselines_for,
+    holdout_origins_for,
+    validate_family_variants,
+)
 
 log = logging.getLogger(__name__)
 
@@ -224,20 +229,21 @@ def optimize_family(cfg: PipelineConfig, family: str) -> list[str]:
 
 
 def validate_family(cfg: PipelineConfig, family: str) -> dict:
-    """Validate every variant of ``family``; write and return its report entry. Judged as the
-    sample supports (:func:`judging`): across series (onnxcast.pipeline.fleet_eval, from the
-    per-shard evaluations), else over the holdout origins of the one series."""
-    if judging(cfg) == ACROSS_SERIES:
-        return validate_fleet_family(cfg, family)
-
-    series, split = load_split(cfg.layout.fleet, cfg)
+    """Validate every variant of ``family``; write and return its report entry. One path
+    (validate.validate_family_variants), its holdout figures as the sample supports
+    (:func:`judging`): across series (onnxcast.pipeline.fleet_eval, from the per-shard
+    evaluations), else over the holdout origins of the one series (recalibrating the intervals
+    where :func:`needs_recalibration`)."""
     model, spec = load_model(cfg, family)
-    onnx_dir = cfg.layout.onnx_dir(family)
     variants = read_json(cfg.layout.variants(family))
-    baselines = load_baselines(cfg)
-    entry = validate_variants(cfg, family, model, series, split, onnx_dir, variants, baselines=baselines)
-    if needs_recalibration(cfg, entry):
-        entry = recalibrate_family(cfg, family, entry, baselines)
+    if judging(cfg) == ACROSS_SERIES:
+        entry = validate_family_variants(cfg, family, model, variants, AcrossSeries(cfg, family, spec, variants))
+    else:
+        series, split = load_split(cfg.layout.fleet, cfg)
+        baselines = load_baselines(cfg)
+        entry = validate_family_variants(cfg, family, model, variants, OverOrigins(cfg, series, split, baselines))
+        if needs_recalibration(cfg, entry):
+            entry = recalibrate_family(cfg, family, entry, baselines)
     entry["training"] = read_json(cfg.layout.model_json(family))
     write_json(cfg.layout.validation(family), entry)
     return entry
@@ -276,8 +282,8 @@ def recalibrate_family(cfg: PipelineConfig, family: str, first: dict, baselines:
     optimize_family(cfg, family)
     series, split = load_split(cfg.layout.fleet, cfg)
     model, _ = load_model(cfg, family)
-    entry = validate_variants(cfg, family, model, series, split, cfg.layout.onnx_dir(family),
-                              read_json(cfg.layout.variants(family)), baselines=baselines, intervals_in_sample=True)
+    entry = validate_family_variants(cfg, family, model, read_json(cfg.layout.variants(family)),
+                                     OverOrigins(cfg, series, split, baselines, intervals_in_sample=True))
     calibration = read_json(cfg.layout.model_json(family))["intervals"]
     entry["intervals"] = {**entry["intervals"], "status": "recalibrated", "before": before,
                           "calibration_windows": calibration["windows"],

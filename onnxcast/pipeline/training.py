@@ -223,6 +223,15 @@ def sampled_batches(sampler: BatchSource, windows: int, batch_size: int) -> Iter
         yield tuple(torch.from_numpy(a) for a in sampler.batch(min(batch_size, windows - start)))
 
 
+def _stop_reason(epoch: int, trained_best_epoch: int, patience: int, deadline: float) -> str | None:
+    """Why training stops after ``epoch`` (the time budget first, then patience), or None."""
+    if time.monotonic() > deadline:
+        return "max_minutes"
+    if epoch - trained_best_epoch >= patience:
+        return "early_stopping"
+    return None
+
+
 def _fit(
     model: Forecaster,
     next_epoch: Callable[[], Iterable[tuple[torch.Tensor, ...]]],
@@ -270,11 +279,8 @@ def _fit(
             if improved:
                 best_loss, best_epoch, best_state = val_loss, epoch, copy.deepcopy(model.state_dict())
             progress.epoch(epoch, train_loss, val_loss, best_epoch, improved)
-            if time.monotonic() > deadline:
-                stopped = "max_minutes"
-                break
-            if epoch - trained_best_epoch >= patience:
-                stopped = "early_stopping"
+            stopped = _stop_reason(epoch, trained_best_epoch, patience, deadline) or stopped
+            if stopped != "max_epochs":
                 break
     finally:
         progress.close()

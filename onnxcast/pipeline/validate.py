@@ -193,62 +193,108 @@ def judge_holdout(predicted: np.ndarray, holdout: Holdout) -> tuple[dict, list[f
     return metrics, errors.tolist()
 
 
-def validate_variants(cfg, family: str, model, series, split, onnx_dir: Path, variants: list[dict],
-                      baselines: dict | None = None, intervals_in_sample: bool = False) -> dict:
-    """The report entry of one family: PyTorch figures, then each variant with its gates.
+def validate_family_variants(cfg, family: str, model, variants: list[dict], judged) -> dict:
+    """The report entry of one family, however many series it was trained on: PyTorch figures,
+    then each variant (:func:`variant_entry`) with its gates (:func:`judge_variants`).
+
+    ``judged`` holds the holdout figures as the sample supports (``fleet_data.judging_for``):
+    :class:`OverOrigins` (one series: its holdout origins) or ``fleet_eval.AcrossSeries`` (the
+    per-series table and its aggregates). Everything else is the same for both: the histories
+    of parity and latency it samples, the eager model's latency, each variant's opening,
+    parity, latency and size, and the gates.
 
     Required gates (a failure excludes the family from the choice): fp32 and fp32-opt parity
-    with PyTorch (forecast and quantiles), their intervals' holdout coverage, and fp32 beating
-    the best baseline by ``cfg.baseline_margin`` (``baselines``: onnxcast.pipeline.evaluation's
-    ``evaluate_baselines`` on the run's origins). Optional variants (int8, fp16) that miss the
-    accuracy budget (point or interval) or the coverage are kept in the report but marked not
-    eligible. The coverage is judged as :func:`coverage_gate` says (``intervals_in_sample``: the
-    intervals were recalibrated on these very windows, so it is reported, never judged), and
+    with PyTorch, fp32 beating the best baseline by ``cfg.baseline_margin`` and (strict
+    settings) their intervals' coverage. Optional variants (int8, fp16) that miss the accuracy
+    budget (point or interval) or the coverage are kept in the report but marked not eligible;
     the family's ``intervals`` hold the verdict (:func:`interval_verdict`).
     """
+    from functools import partial
+
     from onnxcast.pipeline.models import torch_threads
 
-    baselines = baselines or baselines_for(cfg, series, split)
-    holdout = holdout_windows(cfg, series, split, mase_scale=baselines["mase_scale"])
-    baseline = baselines["seasonal_naive"]
-    rng = np.random.default_rng(cfg.seed)
-    latency_inputs = {b: sample_histories(series.values, b, cfg.lookback, rng) for b in (1, 64)}
-    shapes = parity_shapes(cfg.lookback, series.season)
-    reference = torch_runner(model)
-    with_quantiles = bool(getattr(model, "has_quantiles", False))
-
+    latency_inputs, parity_histories = judged.histories()
+    references = {False: torch_runner(model)}
+    if judged.quantile_parity:  # None: the eager model has no quantiles, parity on the forecast only
+        references[True] = torch_runner(model, quantiles=True) if getattr(model, "has_quantiles", False) else None
     with torch_threads(cfg.threads):
-        torch_pred, torch_quantiles = (torch_runner(model, quantiles=True)(holdout.history) if with_quantiles
-                                       else (reference(holdout.history), None))
-        torch_holdout, torch_errors = judge_holdout(torch_pred.astype(np.float32), holdout)
-        torch_entry = {"holdout": torch_holdout, "per_origin_mae": torch_errors,
-                       "latency_ms": measure_latency(reference, latency_inputs, cfg.latency_repeats)}
-    log.info("%s torch: holdout MAE %.4g (baseline %.4g), batch1 p50 %.3f ms", family,
-             torch_entry["holdout"]["mae"], baseline["mae"], torch_entry["latency_ms"]["batch1_p50"])
+        torch_entry = {**judged.torch_holdout(references),
+                       "latency_ms": measure_latency(references[False], latency_inputs, cfg.latency_repeats)}
+    holdout_of = judged.variant_holdout(references)
+    onnx_dir = cfg.layout.onnx_dir(family)
+    entries = [variant_entry(cfg, spec, onnx_dir / spec["path"], cfg.run_dir, references, parity_histories,
+                             latency_inputs, holdout_of) for spec in variants]
+    judge = partial(judge_variants, entries, torch_latency=torch_entry["latency_ms"],
+                    accuracy_budget=cfg.accuracy_budget, baseline_margin=cfg.baseline_margin,
+                    coverage_tolerance=cfg.coverage_tolerance, strict_intervals=cfg.strict_intervals)
+    return judged.family_entry(family, entries, torch_entry, judge)
 
-    references = {False: reference, True: torch_runner(model, quantiles=True) if with_quantiles else None}
-    entries = [_validate_one(cfg, spec, onnx_dir / spec["path"], references, series, holdout, shapes,
-                             latency_inputs, onnx_dir.parent.parent.parent) for spec in variants]
-    fp32 = next((e for e in entries if e["name"] == "fp32"), None)
-    torch_holdout["intervals"] = _torch_intervals(torch_quantiles, holdout, fp32, cfg.levels)
-    fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
-    comparisons = fp32_comparisons(fp32, baselines, holdout.block)
-    failures = judge_variants(entries, baseline_mae=baseline["mae"], torch_latency=torch_entry["latency_ms"],
-                              accuracy_budget=cfg.accuracy_budget, baseline_name=baselines["best"].replace("_", " "),
-                              baseline_margin=cfg.baseline_margin, baseline_test=comparisons.get(baselines["best"]),
-                              coverage_tolerance=cfg.coverage_tolerance, strict_intervals=cfg.strict_intervals,
-                              intervals_in_sample=intervals_in_sample)
-    for entry in entries:
-        status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
-        shown = ((entry.get("holdout") or {}).get("intervals") or {})
-        log.info("%s %-8s MAE %s  80%%/95%% coverage %s/%s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s", family,
-                 entry["name"], figure_text((entry.get("holdout") or {}).get("mae")), figure_text(shown.get("coverage_80"), ".3f"),
-                 figure_text(shown.get("coverage_95"), ".3f"), figure_text(entry["parity_max_abs_diff"], ".3g"),
-                 figure_text(entry["latency_ms"].get("batch1_p50"), ".3f"), figure_text(entry["latency_ms"].get("batch64_p50"), ".3f"),
-                 entry["size_bytes"], status)
-    return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
-            "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures,
-            "intervals": interval_verdict(entries)}
+
+class OverOrigins:
+    """A family judged over the holdout origins of its one series (``fleet_data.judging_for``),
+    for :func:`validate_family_variants`: the windows at the run's origins (:func:`holdout_windows`),
+    metrics with block-bootstrap intervals, per-origin MAEs and paired tests over origins.
+
+    ``baselines``: onnxcast.pipeline.evaluation's ``evaluate_baselines`` on the run's origins.
+    ``intervals_in_sample``: the intervals were recalibrated on these very windows, so their
+    coverage is reported, never judged (:func:`coverage_gate`)."""
+
+    quantile_parity = True  # the quantiles are compared with the eager model's where both have them
+
+    def __init__(self, cfg, series, split, baselines: dict | None = None, intervals_in_sample: bool = False):
+        self.cfg, self.series = cfg, series
+        self.baselines = baselines or baselines_for(cfg, series, split)
+        self.holdout = holdout_windows(cfg, series, split, mase_scale=self.baselines["mase_scale"])
+        self.intervals_in_sample = intervals_in_sample
+        self.torch_quantiles = None
+
+    def histories(self) -> tuple[dict[int, np.ndarray], list[np.ndarray]]:
+        """Latency inputs (batch 1 and 64) and the parity histories (:func:`parity_shapes`), real
+        windows of the series; each from a generator seeded with ``cfg.seed``."""
+        cfg, values = self.cfg, self.series.values
+        rng = np.random.default_rng(cfg.seed)
+        latency_inputs = {b: sample_histories(values, b, cfg.lookback, rng) for b in (1, 64)}
+        rng = np.random.default_rng(cfg.seed)
+        return latency_inputs, [sample_histories(values, batch, steps, rng)
+                                for batch, steps in parity_shapes(cfg.lookback, self.series.season)]
+
+    def torch_holdout(self, references: dict) -> dict:
+        """The eager model's ``holdout`` and ``per_origin_mae`` (its quantiles kept for the
+        intervals, set once fp32's are known)."""
+        if references[True] is not None:
+            predicted, self.torch_quantiles = references[True](self.holdout.history)
+        else:
+            predicted = references[False](self.holdout.history)
+        holdout, errors = judge_holdout(predicted.astype(np.float32), self.holdout)
+        return {"holdout": holdout, "per_origin_mae": errors}
+
+    def variant_holdout(self, references: dict):
+        return origins_holdout(self.cfg, self.holdout, references)
+
+    def family_entry(self, family: str, entries: list[dict], torch_entry: dict, judge) -> dict:
+        cfg, baselines, holdout = self.cfg, self.baselines, self.holdout
+        baseline = baselines["seasonal_naive"]
+        log.info("%s torch: holdout MAE %.4g (baseline %.4g), batch1 p50 %.3f ms", family,
+                 torch_entry["holdout"]["mae"], baseline["mae"], torch_entry["latency_ms"]["batch1_p50"])
+        fp32 = next((e for e in entries if e["name"] == "fp32"), None)
+        torch_entry["holdout"]["intervals"] = _torch_intervals(self.torch_quantiles, holdout, fp32, cfg.levels)
+        fp32_mae = fp32["holdout"]["mae"] if fp32 and fp32.get("holdout") else None
+        comparisons = fp32_comparisons(fp32, baselines, holdout.block)
+        failures = judge(baseline_mae=baseline["mae"], baseline_name=baselines["best"].replace("_", " "),
+                         baseline_test=comparisons.get(baselines["best"]),
+                         intervals_in_sample=self.intervals_in_sample)
+        for entry in entries:
+            status = "eligible" if entry["eligible"] else "not eligible (" + "; ".join(entry["reasons"]) + ")"
+            shown = ((entry.get("holdout") or {}).get("intervals") or {})
+            log.info("%s %-8s MAE %s  80%%/95%% coverage %s/%s  parity %s  b1 %s ms  b64 %s ms  %d bytes  %s",
+                     family, entry["name"], figure_text((entry.get("holdout") or {}).get("mae")),
+                     figure_text(shown.get("coverage_80"), ".3f"), figure_text(shown.get("coverage_95"), ".3f"),
+                     figure_text(entry["parity_max_abs_diff"], ".3g"),
+                     figure_text(entry["latency_ms"].get("batch1_p50"), ".3f"),
+                     figure_text(entry["latency_ms"].get("batch64_p50"), ".3f"), entry["size_bytes"], status)
+        return {"family": family, "torch": torch_entry, "variants": entries, "fp32_holdout_mae": fp32_mae,
+                "fp32_vs": comparisons, "gates_passed": not failures, "failures": failures,
+                "intervals": interval_verdict(entries)}
 
 
 def fp32_comparisons(fp32: dict | None, baselines: dict, block: int) -> dict:
@@ -541,10 +587,18 @@ def figure_text(value, spec: str = ".4g") -> str:
     return format(value, spec) if isinstance(value, int | float) else str(value)
 
 
-def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout: Holdout, shapes, latency_inputs,
-                  run_root: Path) -> dict:
-    """One variant's entry: ``references`` maps "with quantiles" to the torch callable
-    (:func:`torch_runner`; None under True when the eager model has no quantiles)."""
+def variant_entry(cfg, spec: dict, path: Path, run_root: Path, references: dict, parity_histories: list[np.ndarray],
+                  latency_inputs: dict[int, np.ndarray], holdout_of) -> dict:
+    """One variant's entry, however its family is judged: opened with ONNX Runtime (the
+    ``runs_on_cpu`` gate when it cannot be), parity with the eager model on ``parity_histories``
+    (:func:`parity_on`; the ``parity`` gate of fp32 and fp32-opt), the holdout figures that
+    ``holdout_of(entry, session, levels, note)`` adds as the judging has them (over origins or
+    across series; ``levels``/``note``: :func:`variant_levels`), then latency and size.
+
+    ``references`` maps "with quantiles" to the torch callable (:func:`torch_runner`): with a
+    True key (None when the eager model has no quantiles) the quantiles are compared too where
+    the variant has them, and ``parity_outputs`` says which were; without one (across series)
+    parity is on the forecast only."""
     import onnx
 
     name = spec["name"]
@@ -557,7 +611,7 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
         entry["opset"] = opset_of(proto)
         session = onnx_session(path, cfg.threads)
         session.run(["forecast"], {"history": latency_inputs[1]})
-    except Exception as exc:  # onnx and ORT raise their own exception types per failure kind
+    except Exception as exc:  # noqa: BLE001 - onnx and ORT raise their own exception types per failure kind
         # e.g. fp16 kernels missing on a CPU build, or a file that is no ONNX model at all:
         # the variant cannot be validated here, and judge_variants decides what that fails
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
@@ -565,29 +619,38 @@ def _validate_one(cfg, spec: dict, path: Path, references: dict, series, holdout
         return entry
     levels, note = variant_levels(proto, session)
     both = levels is not None and references.get(True) is not None
-    parity = check_parity(references[both], session, series.values, shapes, cfg.parity_rtol, cfg.parity_atol,
-                          cfg.seed)
+    parity = parity_on(references[both], session, parity_histories, cfg.parity_rtol, cfg.parity_atol)
     entry["parity_max_abs_diff"] = parity["max_abs_diff"]
     entry["parity_shapes"] = parity["shapes"]
-    entry["parity_outputs"] = [OUTPUT_NAME, QUANTILES_NAME] if both else [OUTPUT_NAME]
+    if True in references:
+        entry["parity_outputs"] = [OUTPUT_NAME, QUANTILES_NAME] if both else [OUTPUT_NAME]
     if name in FP32_VARIANTS:
         entry["gates"]["parity"] = gate(parity["worst_tolerance_ratio"] <= 1.0, parity["worst_tolerance_ratio"], 1.0)
-    if levels is None:
-        entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
-        entry["holdout"]["intervals"] = None
-        entry["intervals_note"] = note
-    else:
+    holdout_of(entry, session, levels, note)
+    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
+                                          cfg.latency_repeats)
+    return entry
+
+
+def origins_holdout(cfg, holdout: Holdout, references: dict):
+    """``holdout_of`` for :func:`variant_entry` judged over origins: the variant's forecasts
+    (and intervals where it has quantiles) at the holdout origins, and its per-origin MAEs."""
+    def holdout_of(entry: dict, session, levels, note: str) -> None:
+        if levels is None:
+            entry["holdout"], entry["per_origin_mae"] = judge_holdout(onnx_predict(session, holdout.history), holdout)
+            entry["holdout"]["intervals"] = None
+            entry["intervals_note"] = note
+            return
         forecast, quantiles = onnx_predict_with_quantiles(session, holdout.history)
         entry["holdout"], entry["per_origin_mae"] = judge_holdout(forecast, holdout)
         entry["holdout"]["intervals"] = {**interval_metrics(holdout.actual, quantiles, levels, holdout.mase_scale,
                                                             block=holdout.block, seed=cfg.seed,
                                                             independent=holdout.independent),
                                          "levels": list(levels)}
-        if not both:
+        if references.get(True) is None:
             entry["intervals_note"] = "the PyTorch model has no quantiles: parity on the forecast only"
-    entry["latency_ms"] = measure_latency(lambda x: session.run(["forecast"], {"history": x}), latency_inputs,
-                                          cfg.latency_repeats)
-    return entry
+
+    return holdout_of
 
 
 def variant_levels(proto, session) -> tuple[tuple[float, ...] | None, str]:

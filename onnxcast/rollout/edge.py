@@ -163,11 +163,7 @@ def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_fi
         raise StoreError(f"{where}: no such channel for model {model!r}")
     if len(data) > MAX_POINTER_BYTES:
         raise RefusedError(f"{where}: longer than {MAX_POINTER_BYTES:,} bytes (stopped reading); refusing it")
-    envelope = _parse_metadata(data, where)
-    # The root comes first: the pointer may be signed by keys of a newer root it names.
-    trust.update_root(store, _root_hint(envelope))
-    signed = trust.verify_pointer(envelope, model, channel, where)
-    want = _pointer_fields(signed, where)
+    signed, want = check_pointer(store, trust, model, channel, data)
     if current and current.get("version") == want["version"] and current.get("sha256") == want["sha256"] \
             and _installed_sha(folder, current) == want["sha256"]:
         trust.record(model, channel, signed)
@@ -949,20 +945,43 @@ def _read_signed_length(store, key: str, length: int, sha256: str, what: str, ve
     return data
 
 
-def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, staging: Path,
-              staging_fd: int) -> None:
-    """Fetch and check the manifest and the artifact into ``staging`` (open as ``staging_fd``)."""
+def check_pointer(store, trust: DeviceTrust, model: str, channel: str, data: bytes) -> tuple[dict, dict]:
+    """``(signed, wanted)``: the channel pointer ``data`` verified as a device does (the trust
+    root it names first, then the pointer's signatures), and the fields it pins; RefusedError or
+    VerificationError otherwise. The rollout page asks the same (onnxcast.airflow.plugin.data)."""
+    where = store.url(store.channel_key(model, channel))
+    envelope = _parse_metadata(data, where)
+    # The root comes first: the pointer may be signed by keys of a newer root it names.
+    trust.update_root(store, _root_hint(envelope))
+    signed = trust.verify_pointer(envelope, model, channel, where)
+    return signed, _pointer_fields(signed, where)
+
+
+def check_manifest(store, trust: DeviceTrust, model: str, channel: str, want: dict) -> tuple[bytes, dict]:
+    """``(bytes, manifest)``: the manifest a verified pointer pins, read within its signed length
+    and digest, verified, and listing the pointer's artifact for ``channel`` with the same
+    digest and size; RefusedError otherwise."""
     version, artifact = want["version"], want["artifact"]
     manifest_key = store.version_key(model, version)
     data = _read_signed_length(store, manifest_key, want["manifest_length"], want["manifest_sha256"],
                                "manifest", version)
-    envelope = _parse_metadata(data, store.url(manifest_key))
-    manifest = trust.verify_manifest(envelope, model, version, store.url(manifest_key))
+    manifest = trust.verify_manifest(_parse_metadata(data, store.url(manifest_key)), model, version,
+                                     store.url(manifest_key))
     entry = (manifest.get("artifacts") or {}).get(artifact) or {}
-    if (manifest.get("channels") or {}).get(channel, {}).get("artifact") != artifact \
+    choice = (manifest.get("channels") or {}).get(channel)
+    if not isinstance(choice, dict) or choice.get("artifact") != artifact \
             or entry.get("sha256") != want["sha256"] or entry.get("size_bytes") != want["length"]:
         raise RefusedError(f"{store.url(manifest_key)}: does not list {artifact} with the pointer's sha256 and "
                            f"length for channel {channel!r}; refusing version {version}")
+    return data, manifest
+
+
+def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, staging: Path,
+              staging_fd: int) -> None:
+    """Fetch and check the manifest and the artifact into ``staging`` (open as ``staging_fd``)."""
+    version, artifact = want["version"], want["artifact"]
+    data, manifest = check_manifest(store, trust, model, channel, want)
+    entry = manifest["artifacts"][artifact]
     blob = _read_signed_length(store, store.version_key(model, version, artifact), want["length"], want["sha256"],
                                "artifact", version)
     write_new(staging_fd, MANIFEST, data)

@@ -126,14 +126,9 @@ class Registry:
 def device_check(store, model: str, channel: str, data: bytes, trust_file: str | None) -> dict:
     """``{"accepted": bool, "reason": str, "signed": dict|None, "manifest": dict|None}``: what
     a new device, holding ``trust_file``, would do with the pointer bytes ``data`` now."""
-    from onnxcast.base.errors import OnnxcastError
+    from onnxcast.base.errors import OnnxcastError, RefusedError
     from onnxcast.rollout.device import open_device_folder
-    from onnxcast.rollout.edge import (
-        _parse_metadata,
-        _pointer_fields,
-        _read_signed_length,
-        _root_hint,
-    )
+    from onnxcast.rollout.edge import check_manifest, check_pointer
     from onnxcast.rollout.trust import DeviceTrust
 
     if trust_file is None:
@@ -145,23 +140,11 @@ def device_check(store, model: str, channel: str, data: bytes, trust_file: str |
         with tempfile.TemporaryDirectory(prefix="onnxcast-page-device-") as scratch, \
                 open_device_folder(scratch, create=False) as folder:
             trust = DeviceTrust(folder, trust_file)
-            envelope = _parse_metadata(data, where)
-            trust.update_root(store, _root_hint(envelope))
-            signed = trust.verify_pointer(envelope, model, channel, where)
-            want = _pointer_fields(signed, where)
-            version = want["version"]
-            manifest_key = store.version_key(model, version)
-            manifest_bytes = _read_signed_length(store, manifest_key, want["manifest_length"],
-                                                 want["manifest_sha256"], "manifest", version)
-            manifest = trust.verify_manifest(_parse_metadata(manifest_bytes, store.url(manifest_key)), model,
-                                             version, store.url(manifest_key))
-            entry = (manifest.get("artifacts") or {}).get(want["artifact"]) or {}
-            choice = (manifest.get("channels") or {}).get(channel)
-            if not isinstance(choice, dict) or choice.get("artifact") != want["artifact"] \
-                    or entry.get("sha256") != want["sha256"] or entry.get("size_bytes") != want["length"]:
-                return {"accepted": False, "signed": signed, "manifest": None,
-                        "reason": f"{store.url(manifest_key)}: does not list {want['artifact']} with the pointer's "
-                                  f"sha256 and length for channel {channel!r}; refusing version {version}"}
+            signed, want = check_pointer(store, trust, model, channel, data)
+            try:
+                _, manifest = check_manifest(store, trust, model, channel, want)
+            except RefusedError as exc:  # the pointer is genuine: show what it signs beside the refusal
+                return {"accepted": False, "signed": signed, "manifest": None, "reason": str(exc)}
             return {"accepted": True, "signed": signed, "manifest": manifest,
                     "reason": f"signed by the release keys of trust root version {trust.root.signed.version}"}
     except OnnxcastError as exc:  # RefusedError, VerificationError, StoreError, ConfigError

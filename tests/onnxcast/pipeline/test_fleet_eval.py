@@ -105,7 +105,7 @@ def test_shards_json_with_another_shape_is_named(tmp_path):
         read_shards(cfg)
 
 
-# --- end to end: reference_shard + evaluate_shard + validate_fleet_family + the report -------
+# --- end to end: reference_shard + evaluate_shard + validate_family (across series) + the report
 
 @pytest.fixture(scope="module")
 def fleet_run(tmp_path_factory):
@@ -117,9 +117,9 @@ def fleet_run(tmp_path_factory):
     from onnxcast.base.files import write_json
     from onnxcast.pipeline.checkpoint import save_model
     from onnxcast.pipeline.export import export_onnx
-    from onnxcast.pipeline.fleet_eval import evaluate_shard, reference_shard, validate_fleet_family
+    from onnxcast.pipeline.fleet_eval import evaluate_shard, reference_shard
     from onnxcast.pipeline.models import ModelSpec, build_model
-    from onnxcast.pipeline.run import calibrate_family, optimize_family
+    from onnxcast.pipeline.run import calibrate_family, optimize_family, validate_family
 
     out = tmp_path_factory.mktemp("fleet-run")
     panel = load_panel("m3-monthly", limit=100, seed=0)
@@ -148,7 +148,7 @@ def fleet_run(tmp_path_factory):
     for k in range(2):
         reference_shard(cfg, k)
         evaluate_shard(cfg, k)
-    entry = validate_fleet_family(cfg, "dlinear")
+    entry = validate_family(cfg, "dlinear")
     return cfg, fleet, entry, short
 
 

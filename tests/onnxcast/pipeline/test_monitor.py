@@ -242,7 +242,7 @@ class TestDriftSuiteOnHourlyDemand:
 
         series = self.series(demand, tmp_path)
         first = len(series.values) - 24 * 14  # two weeks after training
-        result = check_drift(list(series.columns), [(series.values, first, series.timestamps)], 168)
+        result = check_drift(list(series.columns), [(series.values, first, series.timestamps(0))], 168)
         assert result["drifted"] == [], [c for c in result["checks"] if not c["passed"]]
 
     def test_a_shifted_feature_is_named_alone(self, demand, tmp_path):
@@ -258,7 +258,7 @@ class TestDriftSuiteOnHourlyDemand:
         path = tmp_path / "shifted.csv"
         frame.to_csv(path, index=False)
         series = self.series(str(path), tmp_path)
-        result = check_drift(list(series.columns), [(series.values, first, series.timestamps)], 168)
+        result = check_drift(list(series.columns), [(series.values, first, series.timestamps(0))], 168)
         assert result["drifted"] == ["yesterday"]
 
 

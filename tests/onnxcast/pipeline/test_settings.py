@@ -163,7 +163,7 @@ def test_onnxcast_home(monkeypatch, tmp_path):
 
 def test_example_and_onnxcast_home_are_resolved_in_one_place():
     sources = [p for folder in ("onnxcast", "dags", "scripts") for p in (REPO / folder).rglob("*.py")]
-    home = re.compile(r"environ(\.get\(|\[)\s*[\"']ONNXCAST_HOME")
+    home = re.compile(r"environ(ment)?(\.get\(|\[)\s*[\"']ONNXCAST_HOME")  # os.environ or onnxcast.base.environment
     example = re.compile(r"==\s*[\"']example[\"']|(?<!def )example_data_path\(\)")
     assert [p.relative_to(REPO).as_posix() for p in sources if home.search(p.read_text())] == [
         "onnxcast/base/files.py"]

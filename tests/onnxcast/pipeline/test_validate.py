@@ -69,7 +69,7 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
 
     from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.fleet_data import split_fleet
-    from onnxcast.pipeline.validate import validate_variants
+    from onnxcast.pipeline.validate import OverOrigins, validate_family_variants
 
     model, _ = model_and_session
     onnx_dir = tmp_path / "models" / "lstm" / "onnx"
@@ -86,8 +86,9 @@ def test_an_fp32_that_onnx_runtime_cannot_load_fails_the_family_by_name(model_an
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=16, horizon=4, latency_repeats=2)
     data = _tiny_series()
     split = split_fleet(data.lengths, cfg)
-    entry = validate_variants(cfg, "lstm", model, data, split, onnx_dir,
-                              [{"name": "fp32", "path": "fp32.onnx"}, {"name": "fp32-opt", "path": "fp32-opt.onnx"}])
+    entry = validate_family_variants(cfg, "lstm", model, [{"name": "fp32", "path": "fp32.onnx"},
+                                                          {"name": "fp32-opt", "path": "fp32-opt.onnx"}],
+                                     OverOrigins(cfg, data, split))
     assert entry["gates_passed"] is False
     assert entry["fp32_holdout_mae"] is None
     assert len(entry["failures"]) == 1
@@ -118,7 +119,7 @@ def test_an_untrained_model_equal_to_its_anchor_does_not_beat_the_baseline(tmp_p
     selected, its MAE 2.3043603969 "below" the baseline's 2.3043604084 by float32 rounding."""
     from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.fleet_data import split_fleet
-    from onnxcast.pipeline.validate import baselines_for, validate_variants
+    from onnxcast.pipeline.validate import OverOrigins, baselines_for, validate_family_variants
 
     data = _daily_series()
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4, latency_repeats=2)
@@ -129,8 +130,8 @@ def test_an_untrained_model_equal_to_its_anchor_does_not_beat_the_baseline(tmp_p
                                   season=7), data.values.mean(axis=0), data.values.std(axis=0)).eval()
     onnx_dir = tmp_path / "models" / "lstm" / "onnx"
     export_onnx(model, onnx_dir / "fp32.onnx", n_features=1, lookback=14, metadata={**META, "lookback": 14})
-    entry = validate_variants(cfg, "lstm", model, data, split, onnx_dir, [{"name": "fp32", "path": "fp32.onnx"}],
-                              baselines=baselines)
+    entry = validate_family_variants(cfg, "lstm", model, [{"name": "fp32", "path": "fp32.onnx"}],
+                                     OverOrigins(cfg, data, split, baselines))
     fp32 = entry["variants"][0]
     # the same forecasts as the baseline, up to float32 rounding of the scaling inside the graph
     assert fp32["holdout"]["mae"] == pytest.approx(baselines["seasonal_naive"]["mae"], rel=1e-5)
@@ -210,7 +211,7 @@ def test_a_calibrated_model_is_judged_on_its_intervals_in_onnx_and_in_torch(tmp_
 
     from onnxcast.pipeline.config import PipelineConfig
     from onnxcast.pipeline.fleet_data import split_fleet
-    from onnxcast.pipeline.validate import baselines_for, validate_variants
+    from onnxcast.pipeline.validate import OverOrigins, baselines_for, validate_family_variants
 
     data = _daily_series(600)
     cfg = PipelineConfig(data_uri="mem", out_dir=str(tmp_path), lookback=14, horizon=4, latency_repeats=2,
@@ -221,9 +222,9 @@ def test_a_calibrated_model_is_judged_on_its_intervals_in_onnx_and_in_torch(tmp_
     export_onnx(model, onnx_dir / "fp32.onnx", n_features=1, lookback=14, metadata=meta)
     shutil.copy(onnx_dir / "fp32.onnx", onnx_dir / "fp32-opt.onnx")
     baselines = baselines_for(cfg, data, split)
-    entry = validate_variants(cfg, "lstm", model, data, split, onnx_dir,
-                              [{"name": "fp32", "path": "fp32.onnx"}, {"name": "fp32-opt", "path": "fp32-opt.onnx"}],
-                              baselines=baselines)
+    entry = validate_family_variants(cfg, "lstm", model, [{"name": "fp32", "path": "fp32.onnx"},
+                                                          {"name": "fp32-opt", "path": "fp32-opt.onnx"}],
+                                     OverOrigins(cfg, data, split, baselines))
     fp32, opt = entry["variants"]
     intervals = fp32["holdout"]["intervals"]
     assert intervals["levels"] == list(LEVELS) and intervals["crossing"] == 0.0
