@@ -58,6 +58,7 @@ METRICS = ("mae", "smape", "mape")
 INTERVAL_LEVELS = (0.025, 0.1, 0.5, 0.9, 0.975)
 INTERVALS = ("coverage_80", "coverage_95", "msis_80", "msis_95", "pinball")
 SCALED_INTERVALS = ("msis_80", "msis_95", "pinball")  # divided by the MASE scale: rescaled to the bench's
+BLOWUP_RATIO = 3.0  # issue 32: no series with a test MAE above 3x its seasonal naive's
 COVERAGE_GOAL = 0.03  # issue 21: the edge model's 80% and 95% intervals within 3 points of nominal
 
 log = logging.getLogger("bench.fleet")
@@ -255,6 +256,9 @@ def aggregate(table, forecaster: str, *, reference: str | None = REFERENCE) -> d
         "mape_series": int(np.isfinite(mape).sum()),
         "loses_share": float((table[f"{forecaster}.mae"] > table["best_naive.mae"]).mean()),
     }
+    blowup = (table[f"{forecaster}.mae"] > BLOWUP_RATIO * table["SeasonalNaive.mae"]).to_numpy()
+    result["blowups"] = int(blowup.sum())
+    result["blowup_series"] = table.loc[blowup, "series"].astype(str).tolist()[:20]
     if reference and forecaster != reference and f"{reference}.mase" in table:
         other = table[f"{reference}.mase"].to_numpy(np.float64)
         both = finite & np.isfinite(other)
@@ -676,15 +680,16 @@ def render_panel(row: dict) -> list[str]:
                      f"{own.get('sample_size')} series; MASE on the pipeline's training-segment scale): "
                      + ", ".join(f"{name} mean MASE {_f(a.get('mase_mean'))}" for name, a in own["aggregates"].items()
                                  if isinstance(a, dict)) + ".")
-    lines += ["", "| forecaster | mean MASE [95 % CI] | median MASE | mean sMAPE [95 % CI] | mean MAPE | loses to best naive | p vs AutoETS |",
-              "|---|---|---:|---|---:|---:|---:|"]
+    lines += ["", "| forecaster | mean MASE [95 % CI] | median MASE | mean sMAPE [95 % CI] | mean MAPE | loses to best naive "
+              f"| MAE > {BLOWUP_RATIO:g}x seasonal naive | p vs AutoETS |",
+              "|---|---|---:|---|---:|---:|---:|---:|"]
     for a in [*row["forecasters"], row["best_naive"]]:
         versus = a.get(f"vs_{REFERENCE}") or {}
         name = a["forecaster"].replace("best_naive", "best naive (per series)")
         lines.append(f"| {name} | {_f(a['mase_mean'])} [{_f(a['mase_ci95'][0])}, {_f(a['mase_ci95'][1])}] | "
                      f"{_f(a['mase_median'])} | {_f(a['smape_mean'], '.2f')} [{_f(a['smape_ci95'][0], '.2f')}, "
                      f"{_f(a['smape_ci95'][1], '.2f')}] | {_f(a['mape_mean'], '.2f')} | {_f(a['loses_share'], '.1%')} | "
-                     f"{_f(versus.get('p_value'), '.3g')} |")
+                     f"{a.get('blowups', '-')} | {_f(versus.get('p_value'), '.3g')} |")
     lines += render_intervals(row)
     g = row["goals"]
     lines += ["", f"Edge choice: {g['edge'] or 'none'}. Goal 'edge model mean MASE < AutoETS': "

@@ -23,6 +23,9 @@ REQUIRED_METADATA = ("model_family", "lookback", "horizon", "freq", "target", "f
 # "true", "n_series" the series it was trained on, "series_column" the long table's series id
 # column; its "trained_until" is the latest end over those series. Absent on single-series models.
 GLOBAL_METADATA = ("global", "n_series", "series_column")
+# Optional: "true" when the target was never negative in training and the graph clips the
+# forecast and the quantiles at 0 (issue 32); absent (models exported before it) or "false": not clipped
+NONNEGATIVE_METADATA = "nonnegative"
 # Required with the ``quantiles`` output: its levels, comma-separated, strictly ascending in (0, 1)
 QUANTILE_METADATA = "quantile_levels"
 DEFAULT_QUANTILE_LEVELS = (0.025, 0.1, 0.5, 0.9, 0.975)

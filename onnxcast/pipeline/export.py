@@ -19,6 +19,7 @@ import torch
 
 from onnxcast.base.contract import (
     INPUT_NAME,
+    NONNEGATIVE_METADATA,
     OUTPUT_NAME,
     QUANTILES_NAME,
     contract_problems,
@@ -50,7 +51,9 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
 
     What is traced is the model's export form (onnxcast.pipeline.graph_forms: the same function
     in fewer, cheaper ONNX ops); ``as_written`` traces the module as it is (the benchmark's
-    comparison)."""
+    comparison). The metadata gets ``nonnegative`` ("true": the forecast and quantiles are
+    clipped at 0 in the graph, the target was never negative in training; absent in models
+    exported before it: not clipped)."""
     from onnxcast.pipeline.graph_forms import graph_form
     from onnxcast.pipeline.models import WithQuantiles
 
@@ -80,7 +83,8 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
         slice_window_from_the_end(proto, window)
     if opset is not None:
         proto = convert_opset(proto, opset)
-    set_metadata(proto, metadata)
+    # the clip at 0 of a never-negative target is in the graph (graph_forms); the metadata says so
+    set_metadata(proto, {**metadata, NONNEGATIVE_METADATA: str(bool(getattr(model, "nonnegative", False))).lower()})
     proto = check_model(proto, str(path))
     # value_info stays: the exporter's symbolic shapes are what attention fusion reads
     strip_annotations(proto, keep_value_info=True)

@@ -165,7 +165,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     training segment an epoch, the scaler of the training rows, stopped on every validation
     window. Both start from the seasonal-naive forecast of :func:`anchor_season`, unless the
     settings name a season; the window families also mix in the others."""
-    from onnxcast.pipeline.models import ModelSpec, torch_threads
+    from onnxcast.pipeline.models import ModelSpec, never_negative, torch_threads
     from onnxcast.pipeline.training import describe
 
     fleet, split = load_split(cfg.layout.fleet, cfg)
@@ -177,7 +177,11 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, patch=cfg.sequence_patch if family in PATCHED_FAMILIES else 1,
                      season=anchor, seasons=model_seasons(anchor, implied, cfg.lookback),
-                     **({"global_model": True, "n_series": fleet.n_series} if across else {}))
+                     nonnegative=never_negative(fleet.values[:, 0], fleet.offsets, split.train_end),
+                     # across series: the window's newest steps set its level and spread, so a level
+                     # shift inside the window no longer sets the forecast's scale (issue 32)
+                     **({"global_model": True, "n_series": fleet.n_series, "normalisation": "recent"}
+                        if across else {}))
     log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
              f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
     fit = _fit_across_series if across else _fit_every_window

@@ -40,6 +40,7 @@ from onnxcast.pipeline.models import (
     EPS,
     EPS_FLOOR,
     EPS_RELATIVE,
+    NORM_CLIP,
     DLinearCore,
     EncoderLayer,
     Forecaster,
@@ -80,6 +81,7 @@ class _Form(nn.Module):
         self.window = window  # the newest steps the forecast reads (None: all)
         self.n_features = int(model.feature_mean.shape[-1])
         self.relative_eps = bool(model.relative_eps)
+        self.norm_steps = int(model.norm_steps)  # "recent" normalisation: level and spread of the newest steps
         mean = model.feature_mean.detach().reshape(1, -1, 1).clone()
         std = model.feature_std.detach().reshape(1, -1, 1).clone()
         self.register_buffer("feature_mean", mean)
@@ -87,6 +89,7 @@ class _Form(nn.Module):
             self.register_buffer("eps", EPS_FLOOR * std * std)
         else:  # var + EPS * s**2
             self.register_buffer("eps", EPS * std * std)
+        self.nonnegative = bool(model.nonnegative)  # a Relu after each output, as the model's
         self.with_quantiles = bool(model.has_quantiles)
         if self.with_quantiles:
             offsets = model.quantile_offsets.detach()
@@ -115,18 +118,35 @@ class _Form(nn.Module):
 
     def normalise(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(centered [B, F, T], level [B, F, 1], spread [B, F, 1])`` in raw units; the
-        normalised window is ``centered / spread``."""
-        level = rows.mean(dim=-1, keepdim=True)
-        centered = rows - level
-        var = (centered * centered).mean(dim=-1, keepdim=True) + self.eps
+        normalised window is ``centered / spread`` (:meth:`scaled`). Level and spread are the
+        whole window's, or (``norm_steps``) its newest steps'."""
+        if self.norm_steps:
+            basis = rows[:, :, -self.norm_steps:]
+            level = basis.mean(dim=-1, keepdim=True)
+            deviation = basis - level
+            var = (deviation * deviation).mean(dim=-1, keepdim=True) + self.eps
+            centered = rows - level
+        else:
+            level = rows.mean(dim=-1, keepdim=True)
+            centered = rows - level
+            var = (centered * centered).mean(dim=-1, keepdim=True) + self.eps
         if self.relative_eps:
             shifted = level - self.feature_mean
             var = var + EPS_RELATIVE * shifted * shifted
         return centered, level, torch.sqrt(var)
 
+    def scaled(self, centered: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
+        """The normalised window, clipped at +-NORM_CLIP under the "recent" normalisation (as
+        NormalisedForecaster.normalise)."""
+        normed = centered / spread
+        return normed.clamp(-NORM_CLIP, NORM_CLIP) if self.norm_steps else normed
+
     def outputs(self, raw_target: torch.Tensor, forecast: torch.Tensor):
         """``forecast`` (and ``quantiles``): the raw target row ``[B, time]`` is the interval
-        scale's window."""
+        scale's window. A ``nonnegative`` model's outputs are clipped at 0 (a Relu each), as the
+        model's (NormalisedForecaster.unscale, QuantileOutput.forecast_and_quantiles)."""
+        if self.nonnegative:
+            forecast = torch.relu(forecast)
         if not self.with_quantiles:
             return forecast
         window = raw_target if self.interval_lookback == self.window else raw_target[:, -self.interval_lookback:]
@@ -138,6 +158,8 @@ class _Form(nn.Module):
         # forecast + scale * offsets as one MatMul: [forecast, scale] @ [[ones], [offsets]]
         # (a broadcast Add over [B, H, Q] took 0.5 ms at batch 1,024)
         flat = torch.matmul(torch.cat([forecast, scale], dim=1), self.quantile_map)
+        if self.nonnegative:
+            flat = torch.relu(flat)
         return forecast, flat.reshape(-1, self.horizon_steps, self.n_levels)  # static [H, Q]: the contract
 
     def others(self, normed: torch.Tensor) -> torch.Tensor:
@@ -189,7 +211,7 @@ class WindowForm(_Form):
     def forward(self, history: torch.Tensor):
         rows = self.rows(history)
         centered, level, spread = self.normalise(rows)
-        normed = centered / spread
+        normed = self.scaled(centered, spread)
         target = self.target(normed)
         anchors = seasonal_naive(target, self.periods, self.horizon)  # [B, K * H]
         extra = anchors if self.n_features == 1 else torch.cat([self.others(normed), anchors], dim=1)
@@ -212,10 +234,10 @@ class FoldedLinearForm(_Form):
         rows = self.rows(history)
         centered, level, spread = self.normalise(rows)
         spread0, level0 = self.target(spread), self.target(level)
-        if self.n_features == 1:  # (centered / s) @ A * s == centered @ A: no division
+        if self.n_features == 1 and not self.norm_steps:  # (centered / s) @ A * s == centered @ A: no division
             forecast = torch.matmul(self.target(centered), self.weight) + self.bias * spread0 + level0
         else:
-            forecast = (torch.matmul((centered / spread).flatten(1), self.weight) + self.bias) * spread0 + level0
+            forecast = (torch.matmul(self.scaled(centered, spread).flatten(1), self.weight) + self.bias) * spread0 + level0
         return self.outputs(self.target(rows), forecast)
 
 
@@ -277,7 +299,7 @@ class SequenceForm(_Form):
     def forward(self, history: torch.Tensor):
         rows = self.rows(history)
         centered, level, spread = self.normalise(rows)
-        normed = centered / spread
+        normed = self.scaled(centered, spread)
         target = self.target(normed)
         # the core reads [B, T, F]; a single feature is only reshaped
         steps = target.unsqueeze(2) if self.n_features == 1 else normed.transpose(1, 2)

@@ -31,6 +31,16 @@ EPS = 1e-5
 # rounding noise (1e-14), so constant windows still normalise to zero.
 EPS_RELATIVE = 1e-10
 EPS_FLOOR = 1e-30
+# ModelSpec.normalisation "recent" (issue 32): the window is centred and scaled on its newest
+# steps, and the normalised window clipped at +-NORM_CLIP (docs/fleet.md, "Blow-ups").
+NORMALISATIONS = ("window", "recent")
+NORM_CLIP = 10.0
+
+
+def recent_steps(season: int, lookback: int) -> int:
+    """The newest steps a "recent" normalisation reads: half the lookback, at least one season,
+    at most the lookback (18 of 36 on monthly panels)."""
+    return max(1, min(lookback, max(season, lookback // 2)))
 
 
 @contextmanager
@@ -71,6 +81,16 @@ class ModelSpec:
     # steps per token of the LSTM and the Transformer (PatchTST, SegRNN); 1, one token a step, is
     # the first releases' model
     patch: int = 1
+    # the target was never negative in training (every series' training part, :func:`never_negative`):
+    # the forecast and its quantiles are clipped at 0 in the module and the graph (a Relu after
+    # each output). model.json files written before it existed load as False, not clipped
+    nonnegative: bool = False
+    # how the window is normalised: "window", its mean and standard deviation (the releases before
+    # issue 32; model.json files without the field); "recent", the mean and standard deviation of
+    # its newest recent_steps(season, lookback) steps, the normalised window clipped at
+    # +-NORM_CLIP (global models since issue 32: a level shift in the window no longer sets the
+    # forecast's scale)
+    normalisation: str = "window"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seasons", tuple(int(s) for s in self.seasons))
@@ -85,6 +105,22 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def never_negative(target: np.ndarray, offsets: np.ndarray | None = None,
+                   train_end: np.ndarray | None = None) -> bool:
+    """Whether the training values of a target are all ``>= 0`` (``ModelSpec.nonnegative``: the
+    model then never forecasts a negative value). ``target``: one series' training rows; or, with
+    ``offsets`` ``[n + 1]`` and ``train_end`` ``[n]``, a fleet's series back to back, of which
+    the first ``train_end[i]`` rows of series ``i`` are its training part. Missing values are
+    ignored; no value at all is no evidence (False)."""
+    values = np.asarray(target, dtype=np.float64)
+    if offsets is not None:
+        lengths = np.diff(offsets)
+        position = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
+        values = values[position < np.repeat(np.asarray(train_end), lengths)]
+    values = values[~np.isnan(values)]
+    return bool(values.size) and bool(values.min() >= 0.0)
 
 
 def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray | None = None) -> QuantileOutput:
@@ -115,6 +151,10 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
         model = Forecaster(core, spec.n_features, spec.season, mean, std, anchors, spec.global_model)
     model.interval_lag = interval_lag(spec.season, spec.lookback)
     model.interval_lookback = spec.lookback
+    model.nonnegative = bool(spec.nonnegative)
+    if spec.normalisation not in NORMALISATIONS:
+        raise ValueError(f"unknown normalisation {spec.normalisation!r}; expected one of {NORMALISATIONS}")
+    model.norm_steps = recent_steps(spec.season, spec.lookback) if spec.normalisation == "recent" else 0
     if spec.quantile_levels:
         model.add_quantiles(spec.horizon, len(spec.quantile_levels))
     return model
@@ -145,6 +185,7 @@ class QuantileOutput(nn.Module):
     quantile_offsets: torch.Tensor
     interval_lag: int = 1  # set by build_model from the spec (interval_lag)
     interval_lookback: int = 0  # the newest steps the scale reads (the spec's lookback; 0: all)
+    nonnegative: bool = False  # set by build_model from the spec: forecast and quantiles clipped at 0
 
     def add_quantiles(self, horizon: int, n_levels: int) -> None:
         self.register_buffer("quantile_offsets", torch.zeros(horizon, n_levels))
@@ -170,9 +211,11 @@ class QuantileOutput(nn.Module):
         return change + SCALE_EPS_RELATIVE * window.abs().mean(dim=1) + SCALE_FLOOR
 
     def forecast_and_quantiles(self, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        forecast = self(history)
+        forecast = self(history)  # clipped at 0 already when ``nonnegative``
         scale = self.interval_scale(history)
-        return forecast, forecast.unsqueeze(-1) + scale[:, None, None] * self.quantile_offsets
+        quantiles = forecast.unsqueeze(-1) + scale[:, None, None] * self.quantile_offsets
+        # clipping is monotone: quantiles sorted along Q stay sorted
+        return forecast, torch.relu(quantiles) if self.nonnegative else quantiles
 
 
 class WithQuantiles(nn.Module):
@@ -197,19 +240,26 @@ class NormalisedForecaster(QuantileOutput):
     feature_mean: torch.Tensor
     feature_std: torch.Tensor
     relative_eps: bool = False
+    # "recent" normalisation: the newest steps level and spread are measured on (0: the whole window)
+    norm_steps: int = 0
 
     def normalise(self, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(normed, level, spread)`` of a raw ``window [batch, time, F]``: level and spread are
-        ``[batch, 1, F]`` in globally standardised units."""
+        ``[batch, 1, F]`` in globally standardised units, of the whole window or (``norm_steps``)
+        of its newest steps, the normalised window then clipped at +-NORM_CLIP."""
         scaled = (window - self.feature_mean) / self.feature_std
-        level = scaled.mean(dim=1, keepdim=True)
-        spread = window_spread(scaled, level, self.relative_eps)
-        return (scaled - level) / spread, level, spread
+        basis = scaled[:, -self.norm_steps:] if self.norm_steps else scaled
+        level = basis.mean(dim=1, keepdim=True)
+        spread = window_spread(basis, level, self.relative_eps)
+        normed = (scaled - level) / spread
+        return (normed.clamp(-NORM_CLIP, NORM_CLIP) if self.norm_steps else normed), level, spread
 
     def unscale(self, out: torch.Tensor, level: torch.Tensor, spread: torch.Tensor) -> torch.Tensor:
-        """A forecast ``[batch, horizon]`` in per-window units of the target, back in raw units."""
+        """A forecast ``[batch, horizon]`` in per-window units of the target, back in raw units
+        (clipped at 0 for a ``nonnegative`` target)."""
         out = out * spread[:, :, 0] + level[:, :, 0]
-        return out * self.feature_std[:, :, 0] + self.feature_mean[:, :, 0]
+        out = out * self.feature_std[:, :, 0] + self.feature_mean[:, :, 0]
+        return torch.relu(out) if self.nonnegative else out
 
     def scaled_target(self, target: torch.Tensor) -> torch.Tensor:
         """Target in globally standardised units (the unit of the training loss)."""

@@ -265,8 +265,14 @@ def _check_spec_values(spec: dict, prefix: str) -> None:
             raise FetchError(f"{prefix} field {name!r} must be an integer, got {quote(value)}")
         if not low <= value <= high:
             raise FetchError(f"{prefix} field {name!r} must be in [{low}, {high}], got {value}")
-    if "global_model" in spec and not isinstance(spec["global_model"], bool):
-        raise FetchError(f"{prefix} field 'global_model' must be true or false, got {quote(spec['global_model'])}")
+    for name in ("global_model", "nonnegative"):
+        if name in spec and not isinstance(spec[name], bool):
+            raise FetchError(f"{prefix} field {name!r} must be true or false, got {quote(spec[name])}")
+    from onnxcast.pipeline.models import NORMALISATIONS
+
+    if "normalisation" in spec and spec["normalisation"] not in NORMALISATIONS:
+        raise FetchError(f"{prefix} field 'normalisation' must be one of {list(NORMALISATIONS)}, "
+                         f"got {quote(spec['normalisation'])}")
     n_series = spec.get("n_series", 0)
     if isinstance(n_series, bool) or not isinstance(n_series, int) or n_series < 0:
         raise FetchError(f"{prefix} field 'n_series' must be a non-negative integer, got {quote(n_series)}")

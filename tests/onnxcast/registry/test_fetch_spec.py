@@ -41,6 +41,8 @@ def source(tmp_path, spec_text: str):
     ({**GOOD, "patch": 57}, "field 'patch' must be an integer in [1, 56] (the lookback), got 57"),
     ({**GOOD, "patch": "7"}, "field 'patch' must be an integer in [1, 56] (the lookback), got '7'"),
     ({**GOOD, "global_model": "yes"}, "field 'global_model' must be true or false, got 'yes'"),
+    ({**GOOD, "nonnegative": "false"}, "field 'nonnegative' must be true or false, got 'false'"),
+    ({**GOOD, "normalisation": "robust"}, "field 'normalisation' must be one of ['window', 'recent'], got 'robust'"),
     ({**GOOD, "n_series": -1}, "field 'n_series' must be a non-negative integer, got -1"),
     ({**GOOD, "evil": 1}, "model.json spec has unknown field(s) 'evil'"),
     ({k: v for k, v in GOOD.items() if k != "horizon"}, "model.json spec has no 'horizon'"),
