@@ -17,23 +17,13 @@ mean, in window spreads), its spread relative to its level, and the padded steps
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
+from single_series import load_panels_module  # bench/ is the script's folder: sys.path[0]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def load_panels_module():
-    path = REPO / "tests" / "real_panels.py"
-    spec = importlib.util.spec_from_file_location("onnxcast_bench_real_panels", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def eager_forecasts(run: Path, family: str, windows: np.ndarray) -> np.ndarray:

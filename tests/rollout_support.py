@@ -3,6 +3,9 @@ access to the bucket can), and the one-line error every refusal must be."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 from onnxcast.rollout.store import open_store
 
 
@@ -30,3 +33,23 @@ def one_error_line(capsys, contains: str) -> str:
     assert err.startswith("error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert contains in err, err
     return err
+
+
+class RecordingRegistry:
+    """The MLflow registry calls a rollout report makes: version tags written and aliases moved,
+    recorded (in place of MLflow's client)."""
+
+    def __init__(self, aliases: dict) -> None:
+        self.aliases, self.tags = dict(aliases), {}
+
+    def set_model_version_tag(self, name, version, key, value):
+        self.tags[(str(version), key)] = json.loads(value)
+
+    def get_registered_model(self, name):
+        return SimpleNamespace(aliases=dict(self.aliases))
+
+    def set_registered_model_alias(self, name, alias, version):
+        self.aliases[alias] = str(version)
+
+    def delete_registered_model_alias(self, name, alias):
+        self.aliases.pop(alias)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from mlflow_http import register_version
+from rollout_support import RecordingRegistry
 
 from onnxcast.airflow.triggers import RegistryAliasTrigger
 from onnxcast.registry.alias_rollout import rollout_state
@@ -316,27 +317,6 @@ class PullingTI:
 
     def xcom_push(self, key: str, value) -> None:
         self.xcoms[("self", key)] = value
-
-
-class RecordingRegistry:
-    """The registry calls report_back makes: tags written and aliases moved, recorded."""
-
-    def __init__(self, aliases: dict) -> None:
-        self.aliases, self.tags = dict(aliases), {}
-
-    def set_model_version_tag(self, name, version, key, value):
-        self.tags[(str(version), key)] = json.loads(value)
-
-    def get_registered_model(self, name):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(aliases=dict(self.aliases))
-
-    def set_registered_model_alias(self, name, alias, version):
-        self.aliases[alias] = str(version)
-
-    def delete_registered_model_alias(self, name, alias):
-        self.aliases.pop(alias)
 
 
 def with_hook(op):

@@ -5,10 +5,8 @@ superseded; and which task's failure is named. What the alias watcher asks for (
 
 from __future__ import annotations
 
-import json
-from types import SimpleNamespace
-
 import pytest
+from rollout_support import RecordingRegistry
 
 from onnxcast.registry.registry_rollout import (
     PromoteRun,
@@ -19,29 +17,10 @@ from onnxcast.registry.registry_rollout import (
 from onnxcast.registry.release import Registry
 
 
-class RecordingClient:
-    """The MLflow calls a report makes: version tags written and aliases moved, recorded."""
-
-    def __init__(self, aliases: dict) -> None:
-        self.aliases, self.tags = dict(aliases), {}
-
-    def set_model_version_tag(self, name, version, key, value):
-        self.tags[(str(version), key)] = json.loads(value)
-
-    def get_registered_model(self, name):
-        return SimpleNamespace(aliases=dict(self.aliases))
-
-    def set_registered_model_alias(self, name, alias, version):
-        self.aliases[alias] = str(version)
-
-    def delete_registered_model_alias(self, name, alias):
-        self.aliases.pop(alias)
-
-
 @pytest.fixture
 def registry():
     registry = Registry("http://registry.invalid", {"edge": "edge", "cloud": "cloud"})
-    registry._client = RecordingClient({"edge": "5"})  # noqa: SLF001 - a recording client in place of MLflow's
+    registry._client = RecordingRegistry({"edge": "5"})  # noqa: SLF001 - a recording client in place of MLflow's
     return registry
 
 
