@@ -13,6 +13,7 @@ as the `challenger` and promotes it to the rollout channels **only if it beats t
 | 2 | `train_or_fetch` | one mapped task per family (the champion is fetched, never retrained) |
 | 2 | `reference` | a fleet: baselines and statsforecast per series, one task per shard, in parallel with training |
 | 3 | `export` / `optimize` / `evaluate` / `validate` | ONNX fp32, fp32-opt, int8, fp16; a fleet: every series evaluated, one task per shard; parity, accuracy, latency |
+| 3 | `targets` / `validate_target` | the run's deployment targets (*targets*), then one mapped task per target: every eligible variant run there and judged (parity with x86 and PyTorch, holdout, latency, size); a failing target fails alone |
 | 4 | `register` | report.json, MLflow runs, model version with alias `challenger` |
 | 5 | `champion_challenger` | compares challenger and champion on the holdout: MAE (a fleet: mean MASE), or with `champion_metric` msis the 95% interval's MSIS |
 | 6 | `promote` | rollout store version + channel pointers, alias `champion` (skipped if the champion wins) |
@@ -53,9 +54,11 @@ from onnxcast.airflow.operators import (
     PromoteModelOperator,
     ReferenceShardOperator,
     RegisterModelOperator,
+    RunTargetsOperator,
     ServingReadySensor,
     TrainOrFetchModelOperator,
     ValidateModelOperator,
+    ValidateTargetOperator,
     end_mlflow_runs,
 )
 from onnxcast.airflow.params import pipeline_params, pipeline_templates, retry_delay
@@ -141,7 +144,13 @@ with DAG(
     reference = ReferenceShardOperator.partial(task_id="reference", **per_shard).expand(shard=shards)
     evaluate = EvaluateShardOperator.partial(task_id="evaluate", **per_shard).expand(shard=shards)
     validate = ValidateModelOperator.partial(task_id="validate", **per_family).expand(family=families)
-    register = RegisterModelOperator(task_id="register", run_dir=RUN_DIR, retries=2)
+    requested = RunTargetsOperator(task_id="targets", run_dir=RUN_DIR)
+    on_target = ValidateTargetOperator.partial(task_id="validate_target", run_dir=RUN_DIR,
+                                               map_index_template="{{ task.target }}").expand(target=requested.output)
+    # all_done: a failed target task fails alone, the run registers what the other targets validated
+    # (the report says the failed one did not finish); nothing is registered without a run directory
+    # or a family's validation (its file is missing: register fails)
+    register = RegisterModelOperator(task_id="register", run_dir=RUN_DIR, retries=2, trigger_rule="all_done")
     decide = ChampionChallengerOperator(
         task_id="champion_challenger",
         run_dir=RUN_DIR,
@@ -166,5 +175,6 @@ with DAG(
         trigger_rule="none_failed",  # a skipped promotion: nothing to wait for, the run stays green
     )
     check_series >> merge >> reference  # the reference runs while the families train
-    train >> export >> optimize >> evaluate >> validate >> register >> decide >> promote >> serving
+    train >> export >> optimize >> evaluate >> validate >> requested >> on_target >> register
+    register >> decide >> promote >> serving
     reference >> evaluate

@@ -174,11 +174,12 @@ def settings_from_args(args: argparse.Namespace, cls: type = PipelineConfig) -> 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
     from onnxcast.pipeline.run import run_pipeline
+    from onnxcast.targets.step import validate_on_target
 
     values = settings_from_args(args)
     values["data_uri"] = data_source(values["data_uri"])
     cfg = PipelineConfig.from_dict(values)
-    report = run_pipeline(cfg)
+    report = run_pipeline(cfg, target_step=validate_on_target)
     print(summarize_report(report, args.out))
     return 0
 
@@ -224,8 +225,15 @@ def summarize_report(report: dict, out: str) -> str:
         lines.append(f"families not significantly different from {choice['best']}: "
                      f"{', '.join(choice['tied_with_best'][1:])} (chosen by speed among them)")
     for channel, pick in report["selected"].items():
-        lines.append(f"selected for {channel}: {pick['family']} {pick['variant']}")
+        lines.append(f"selected for {channel}: {pick['family']} {pick['variant']}{_targets_text(pick)}")
     return "\n".join(lines)
+
+
+def _targets_text(pick: dict) -> str:
+    """A channel's deployment targets for the summary: the variant it runs on each, those missing."""
+    runs = ", ".join(f"{name} {choice['variant']}" for name, choice in (pick.get("targets") or {}).items())
+    missing = ", ".join(pick.get("targets_missing") or {})
+    return (f"; targets: {runs or 'none'}" if runs or missing else "") + (f" (not on {missing})" if missing else "")
 
 
 def summarize_fleet_report(report: dict, out: str) -> str:

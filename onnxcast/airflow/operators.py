@@ -31,6 +31,7 @@ from onnxcast.airflow.steps import (
     ValidateModelOperator,
     end_mlflow_runs,
 )
+from onnxcast.airflow.targets import RunTargetsOperator, ValidateTargetOperator
 from onnxcast.airflow.triggers import RegistryAliasTrigger, registry_alias_asset
 
 __all__ = [
@@ -52,10 +53,12 @@ __all__ = [
     "ReportRolloutOperator",
     "RetrainSignalOperator",
     "RollbackChannelOperator",
+    "RunTargetsOperator",
     "ServingReadySensor",
     "StageRegisteredVersionOperator",
     "TrainOrFetchModelOperator",
     "ValidateModelOperator",
+    "ValidateTargetOperator",
     "end_mlflow_runs",
     "dispatch_requests",
     "promote_requests",

@@ -34,6 +34,8 @@ class RegisterModelOperator(TrackedOperator):
     def execute(self, context: Context) -> dict:
         from onnxcast.registry.challenger import register_challenger
 
+        if not self.run_dir:  # runs when its upstream is done (a failed target must not stop it): not after check_data failed
+            raise AirflowFailException("no run directory: check_data did not succeed; nothing to register")
         tags = {"airflow.dag_id": context["dag_run"].dag_id, "airflow.run_id": context["run_id"]}
         with self.workspace(context, self.run_dir) as work:
             cfg = load_config(work)

@@ -24,6 +24,12 @@ from onnxcast.base.contract import parse_quantile_levels
 from onnxcast.base.errors import ConfigError, DataError
 from onnxcast.base.files import write_text_atomic
 from onnxcast.pipeline.layout import RunLayout
+from onnxcast.targets.declarations import (
+    DEFAULT_TARGETS,
+    TARGETS,
+    UnknownTargetError,
+    parse_targets,
+)
 
 # nhits and dlinear: window families (onnxcast.pipeline.models), trained in seconds; N-HiTS was more
 # accurate than the Transformer on hourly, half-hourly and weekly data, DLinear on weekly data
@@ -229,6 +235,12 @@ class PipelineConfig:
     threads: int = setting(
         1, help="threads per step (training, validation, latency figures); 1 keeps parallel workers from "
                 "thrashing", cli="--threads", group=EXPORT, low=1, high=1024)
+    # deployment targets (onnxcast.targets, docs/targets.md): each eligible variant is run and judged on each
+    targets: tuple[str, ...] = setting(
+        DEFAULT_TARGETS, help="comma-separated deployment targets every eligible variant is validated on: "
+        + ", ".join(TARGETS) + " (docs/targets.md)", cli="--targets", group=EXPORT, dag=True,
+        choices=tuple(TARGETS), description="Deployment targets each variant is validated on (one mapped task "
+                                            "each): runtime and processor")
     # onnxcast.pipeline.training.BF16_FAMILIES: measured per family, speed and holdout MAE (docs/performance.md)
     bf16_training: bool = setting(
         False, help="train the LSTM in bfloat16 autocast where the CPU has bf16 units (AMX, AVX512-BF16): about "
@@ -259,6 +271,12 @@ class PipelineConfig:
     quality: QualitySettings = field(default_factory=QualitySettings)
 
     def __post_init__(self) -> None:
+        try:  # the declared targets, in order, without duplicates; one line naming an unknown one
+            text = self.targets if isinstance(self.targets, str) else ",".join(map(str, self.targets))
+            names = tuple(t.name for t in parse_targets(text))
+        except UnknownTargetError as exc:
+            raise ConfigError(f"invalid settings: targets: {exc}") from None
+        object.__setattr__(self, "targets", names)
         problems = check_ranges(self, ranges(type(self)))
         if not self.data_uri:
             problems.append("data_uri is empty")
@@ -333,7 +351,7 @@ class PipelineConfig:
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
         values = dict(values)
-        for key in ("feature_columns", "models"):
+        for key in ("feature_columns", "models", "targets"):
             if key in values and values[key] is not None:
                 values[key] = _as_tuple(values[key], key)
         if isinstance(values.get("quality"), dict):

@@ -124,6 +124,18 @@ class RunLayout:
     def variants(self, family: str) -> Path:
         return self.onnx_dir(family) / "variants.json"
 
+    def targets_dir(self, family: str) -> Path:
+        """The family's deployment-target evidence (onnxcast.targets.step) and compiled artifacts."""
+        return self.family(family) / "targets"
+
+    def target_evidence(self, family: str, target: str) -> Path:
+        """The evidence of every eligible variant of ``family`` on ``target``."""
+        return self.targets_dir(family) / f"{target}.json"
+
+    def target_artifacts(self, family: str, target: str, variant: str) -> Path:
+        """What a target compiles of a variant (TVM's libraries)."""
+        return self.targets_dir(family) / target / variant
+
     # --- fleet mode ---------------------------------------------------------------------------
 
     @property

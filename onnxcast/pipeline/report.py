@@ -7,7 +7,10 @@ import json
 from pathlib import Path
 
 from onnxcast.base.errors import ConfigError
+from onnxcast.base.files import read_json
+from onnxcast.base.target_evidence import REFERENCE_TARGET, UNAVAILABLE, VALIDATED, reference_record
 from onnxcast.pipeline.config import CHANNELS
+from onnxcast.pipeline.layout import RunLayout
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "report.schema.json"
 
@@ -168,3 +171,52 @@ def served_variant(report: dict, channel: str) -> tuple[dict, dict]:
                     return entry, variant
     raise ConfigError(f"report: channel {channel!r} names {chosen['family']}/{chosen['variant']}, "
                       "which the report's models do not hold")
+
+
+# --- deployment targets (onnxcast.targets.step writes their evidence; docs/targets.md) -----------
+
+def attach_targets(layout: RunLayout, targets: tuple[str, ...], models: list[dict], selected: dict) -> None:
+    """Give every eligible variant its ``targets`` (the target step's records,
+    ``layout.target_evidence``; x86_64 from its validation where the step wrote none) and every
+    channel of ``selected`` the variant it runs per target (:func:`channel_targets`)."""
+    for model in models:
+        family = model["family"]
+        found = {}
+        for name in targets:
+            path = layout.target_evidence(family, name)
+            found[name] = read_json(path).get("variants", {}) if path.exists() else {}
+        for variant in model["variants"]:
+            if variant.get("eligible") is not True:
+                continue
+            variant["targets"] = {}
+            for name in targets:
+                record = found[name].get(variant["name"])
+                if record is None:
+                    record = reference_record(variant) if name == REFERENCE_TARGET else {
+                        "status": UNAVAILABLE, "reason": f"the target step did not run {family}/{variant['name']} "
+                        f"on {name} (no {path.name} under {path.parent.name}/)", "artifact": None, "sha256": None,
+                        "size_bytes": None, "parity": None, "holdout": None, "latency_ms": {}, "latency_note": None,
+                        "environment": {}}
+                variant["targets"][name] = record
+    by_family = {m["family"]: m for m in models}
+    for choice in selected.values():
+        choice["targets"], choice["targets_missing"] = channel_targets(by_family[choice["family"]], choice, targets)
+
+
+def channel_targets(model: dict, choice: dict, targets: tuple[str, ...]) -> tuple[dict, dict]:
+    """Per target, the variant a channel runs there: its own variant where validated on the target,
+    else its family's fp32 where that is, else none (``missing``: target -> why)."""
+    variants = {v["name"]: v for v in model["variants"]}
+    family, chosen, missing = choice["family"], {}, {}
+    for name in targets:
+        tried = []
+        for variant in dict.fromkeys((choice["variant"], "fp32")):
+            record = ((variants.get(variant) or {}).get("targets") or {}).get(name) or {}
+            if record.get("status") == VALIDATED:
+                chosen[name] = {"family": family, "variant": variant}
+                break
+            tried.append(f"{family}/{variant}: {record.get('status', 'not run')}"
+                         + (f" ({record['reason']})" if record.get("reason") else ""))
+        else:
+            missing[name] = "not validated on " + name + ": " + "; ".join(tried)
+    return chosen, missing

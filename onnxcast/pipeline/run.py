@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,7 +52,7 @@ from onnxcast.pipeline.intervals import calibrate
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.quality import check_data
-from onnxcast.pipeline.report import compare_families, select_variants
+from onnxcast.pipeline.report import attach_targets, compare_families, select_variants
 from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.validate import (
     OverOrigins,
@@ -328,6 +328,7 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         baselines = load_baselines(cfg)
         family_choice = compare_families(models, baselines["origins"]["block"])
     selected, ranking = select_variants(models, family_choice)
+    attach_targets(cfg.layout, cfg.targets, models, selected)
     excluded = [{"family": m["family"], "failures": m["failures"]} for m in models if not m["gates_passed"]]
     failures = [f"{m['family']}: {reason}" for m in models for reason in m["failures"]]
     if len(excluded) < len(models):
@@ -345,6 +346,7 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         "family_choice": family_choice,
         "excluded": excluded,
         "selected": selected,
+        "targets": list(cfg.targets),
         "ranking": ranking,
         "status": "failed" if failures else "passed",
         "failures": failures,
@@ -362,19 +364,29 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
 
 # --- the whole run ------------------------------------------------------------------------
 
-def run_pipeline(cfg: PipelineConfig) -> dict:
+# the deployment-target step (onnxcast.targets.step.validate_on_target, above the pipeline in the layers:
+# its caller passes it): (cfg, family, target) -> the evidence it wrote
+TargetStep = Callable[[PipelineConfig, str, str], dict]
+
+
+def run_pipeline(cfg: PipelineConfig, *, target_step: TargetStep | None = None) -> dict:
     """Run every step for every family; on success the output folder holds the new run.
 
     The run happens in ``<out>/.staging``. On failure the staging folder is removed and only
     the data-quality report (and ``failed-report.json`` for a gate failure) is kept, so a
-    failed run never leaves a model or report.json behind.
+    failed run never leaves a model or report.json behind. ``target_step`` runs after the
+    validation for every family and target of ``cfg.targets``; without it only x86_64 (the
+    validation itself) can be asked for.
     """
+    if target_step is None and set(cfg.targets) != {"x86_64"}:
+        raise ConfigError(f"targets {', '.join(cfg.targets)}: the pipeline's caller must pass the target step "
+                          "(onnxcast.targets.step.validate_on_target; `onnxcast pipeline` does)")
     out = cfg.run_dir
     with run_dir_lock(out):
-        return _run_locked(cfg, out)
+        return _run_locked(cfg, out, target_step)
 
 
-def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
+def _run_locked(cfg: PipelineConfig, out: Path, target_step: TargetStep | None = None) -> dict:
     staging = out / STAGING
     # Before anything is read or trained: every name this run may replace in ``out`` must hold
     # only what an earlier onnxcast run wrote there (the first release replaced a user's data/).
@@ -390,7 +402,7 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     work = replace(cfg, out_dir=str(staging))
     started = time.monotonic()
     try:
-        report = _run_steps(work)
+        report = _run_steps(work, target_step)
     except BaseException as exc:
         _keep_diagnostics(staging, out, owned)
         if isinstance(exc, DataQualityError) and exc.report_path:  # it moved out of staging
@@ -403,7 +415,7 @@ def _run_locked(cfg: PipelineConfig, out: Path) -> dict:
     return report
 
 
-def _run_steps(work: PipelineConfig) -> dict:
+def _run_steps(work: PipelineConfig, target_step: TargetStep | None = None) -> dict:
     """Every step of a run, in order, for any number of series: the per-shard steps one shard
     after another (Airflow maps them over the workers, onnxcast.airflow.steps). A one-series
     file has no shards: step 1 checks and saves it whole."""
@@ -424,6 +436,9 @@ def _run_steps(work: PipelineConfig) -> dict:
         evaluate_shard(work, shard)
     for family in work.models:
         _step(5, f"validate {family}", validate_family, work, family)
+    for family in work.models if target_step else ():
+        for name in work.targets:
+            _step(5, f"validate {family} on {name}", target_step, work, family, name)
     return _step(6, "report", assemble_report, work)
 
 

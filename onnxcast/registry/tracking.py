@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import tempfile
 import time
@@ -249,7 +250,7 @@ def log_pipeline_run(run_dir: str | Path, *, model_name: str, run_key: str, fami
         child = _find_or_create_run(client, experiment_id, run_key, role, family,
                                     {RUN_KEY_TAG: run_key, **(tags or {}), ROLE_TAG: role, FAMILY_TAG: family,
                                      "mlflow.parentRunId": parent}, f"{family}")
-        _log_family(client, child, layout, family, report if is_fleet_report(report) else None)
+        _log_family(client, child, layout, family, report if is_fleet_report(report) else None, report=report)
         client.set_terminated(child, "FINISHED")
         children[family] = child
     client.set_terminated(parent, "FINISHED" if report.get("status", "passed") == "passed" else "FAILED")
@@ -829,13 +830,16 @@ def _log_fleet_tables(client, run_id: str, layout: RunLayout, families: list[str
                        f"over {MAX_TABLE_ROWS} series: see the per_series/*.parquet artifacts")
 
 
-def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_report: dict | None = None) -> None:
+def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_report: dict | None = None, *,
+                report: dict | None = None) -> None:
     """A family's child run; ``fleet_report`` (the report of a fleet run) adds the fleet
-    aggregates and tests as metrics and the family's per-series table as an artifact. Params,
+    aggregates and tests as metrics and the family's per-series table as an artifact; ``report``
+    its variants' deployment-target figures and statuses (:func:`target_figures`). Params,
     metrics and tags go in one batch (each MLflow call is a request the server authenticates)."""
     family_dir = layout.family(family)
     entry = read_json(layout.validation(family))
-    tags = {"onnxcast.gates_passed": str(entry["gates_passed"])}
+    target_metrics, tags = target_figures(report or {}, family)
+    tags["onnxcast.gates_passed"] = str(entry["gates_passed"])
     if fleet_report is not None:
         losers = _losers_text(entry, fleet_report, family)
         if losers:
@@ -844,11 +848,38 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_repor
             if family in files:
                 client.log_artifact(run_id, str(files[family]), "per_series")
     _log_batch(client, run_id, params=family_params(layout, family),
-               metrics=family_metrics(layout, family, fleet_report), tags=tags)
+               metrics={**family_metrics(layout, family, fleet_report), **target_metrics}, tags=tags)
     client.log_artifact(run_id, str(layout.validation(family)))
     client.log_artifacts(run_id, str(layout.onnx_dir(family)), "onnx")
     for name in PYTORCH_FILES:
         client.log_artifact(run_id, str(family_dir / name), "pytorch")
+
+
+def target_figures(report: dict, family: str) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) of a family's deployment targets (report.json's ``targets`` per variant,
+    docs/targets.md): per variant and target ``<variant>.target.<name>.validated`` (1 or 0), the
+    parity with x86 and PyTorch (tolerance ratio, max diff in units of the forecast level), the
+    holdout MAE, the batch-1/64 p50 latency and the size; the tag ``onnxcast.target.<name>.<variant>``
+    holds the status (and why, and "emulated, not a timing" where the latency is no timing)."""
+    metrics, tags = {}, {}
+    model = next((m for m in report.get("models", []) if m.get("family") == family), None) or {}
+    for variant in model.get("variants", []):
+        for name, record in (variant.get("targets") or {}).items():
+            prefix = f"{variant['name']}.target.{name}"
+            metrics[f"{prefix}.validated"] = float(record.get("status") == "validated")
+            values = {f"{prefix}.size_bytes": record.get("size_bytes"),
+                      f"{prefix}.holdout_mae": (record.get("holdout") or {}).get("mae")}
+            for against, parity in ((record.get("parity") or {}).items()):
+                values[f"{prefix}.{against}.tolerance_ratio"] = (parity or {}).get("worst_tolerance_ratio")
+                values[f"{prefix}.{against}.max_diff_in_levels"] = (parity or {}).get("max_diff_in_levels")
+            for key in ("batch1_p50", "batch64_p50"):
+                values[f"{prefix}.latency_{key}_ms"] = (record.get("latency_ms") or {}).get(key)
+            metrics.update({k: float(v) for k, v in values.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)})
+            text = " ".join(filter(None, [record.get("status"), record.get("reason") and f"({record['reason']})",
+                                          record.get("latency_note") and f"[latency: {record['latency_note']}]"]))
+            tags[f"onnxcast.target.{name}.{variant['name']}"] = text[:4900]
+    return metrics, tags
 
 
 def family_params(layout: RunLayout, family: str) -> dict[str, Any]:

@@ -50,6 +50,12 @@ from onnxcast.base.errors import (
     VerificationError,
 )
 from onnxcast.base.files import sha256_bytes
+from onnxcast.base.target_evidence import (
+    REFERENCE_TARGET,
+    VALIDATED,
+    manifest_target,
+    variant_targets,
+)
 from onnxcast.base.untrusted import (
     MAX_REPORT_BYTES,
     UntrustedInputError,
@@ -418,10 +424,7 @@ class VersionPlan:
 
 def plan_version(report_path: str | Path, channels: Sequence[str] | str, version: str | None = None) -> VersionPlan:
     """Read and check the report and its artifacts; raise before anything is written."""
-    from onnxcast.rollout.edge import inspect_model
-
     path, report, raw = load_report(report_path)
-    base = path.parent.resolve()
     if report.get("status", "passed") != "passed":
         raise ReportError(f"{path}: status is {report.get('status')!r}; only a passed run can be promoted")
     selected = report.get("selected") or {}
@@ -436,30 +439,9 @@ def plan_version(report_path: str | Path, channels: Sequence[str] | str, version
         check_name("channel", channel)
         family, variant = choice.get("family"), choice.get("variant")
         entry = _variant_entry(report, family, variant, path)
-        name = check_name("artifact", f"{family}-{variant}.onnx")
-        chosen[channel] = {"artifact": name, "family": family, "variant": variant}
-        if name in artifacts:
-            continue
-        file = (base / entry["onnx_path"]).resolve()
-        if not file.is_relative_to(base):
-            raise ReportError(f"{path}: onnx_path {entry['onnx_path']!r} points outside the report folder")
-        try:
-            data = file.read_bytes()
-        except OSError as exc:
-            raise ReportError(f"{file}: cannot read the {family}/{variant} model the report names ({exc.strerror})") from None
-        if sha256_bytes(data) != entry.get("sha256"):
-            raise ReportError(f"{file}: sha256 {sha256_bytes(data)[:12]} does not match the report's "
-                              f"{str(entry.get('sha256'))[:12]}")
-        info = inspect_model(file)
-        artifacts[name] = Artifact(name, data, {
-            "sha256": sha256_bytes(data), "size_bytes": len(data), "family": family, "variant": variant,
-            "opset": info.opset, "signature": info.signature, "metadata": info.metadata,
-            "holdout": entry.get("holdout"), "latency_ms": entry.get("latency_ms"),
-            "parity_max_abs_diff": entry.get("parity_max_abs_diff"), "gates": entry.get("gates"),
-            # calibrated, not_judged, recalibrated or uncalibrated (docs/intervals.md): what a
-            # consumer of the quantiles output may rely on; None from a report before the verdict
-            "intervals_status": entry.get("intervals_status"),
-        })
+        name = _add_model(artifacts, path, family, variant, entry)
+        chosen[channel] = {"artifact": name, "family": family, "variant": variant,
+                           "targets": _channel_targets(artifacts, report, path, choice, entry)}
 
     ordered = [artifacts[n] for n in sorted(artifacts)]
     identity = _identity({"artifacts": {a.name: a.entry for a in ordered}, "channels": chosen})
@@ -472,6 +454,85 @@ def plan_version(report_path: str | Path, channels: Sequence[str] | str, version
         digest = sha256_bytes(json.dumps(identity, sort_keys=True).encode())
         version = f"{dataset[:8]}-{digest[:12]}"
     return VersionPlan(version, ordered, chosen, wanted, report, sha256_bytes(raw))
+
+
+def _add_model(artifacts: dict, path: Path, family: Any, variant: Any, entry: dict) -> str:
+    """The ONNX file of a report variant as an artifact (read once, its sha256 checked), with its
+    evidence and the evidence of every deployment target it was judged on; returns its name."""
+    from onnxcast.rollout.edge import inspect_model
+
+    name = check_name("artifact", f"{family}-{variant}.onnx")
+    if name in artifacts:
+        return name
+    file, data = _read_checked(path, entry["onnx_path"], entry.get("sha256"), f"the {family}/{variant} model")
+    info = inspect_model(file)
+    artifacts[name] = Artifact(name, data, {
+        "sha256": sha256_bytes(data), "size_bytes": len(data), "family": family, "variant": variant,
+        "opset": info.opset, "signature": info.signature, "metadata": info.metadata,
+        "holdout": entry.get("holdout"), "latency_ms": entry.get("latency_ms"),
+        "parity_max_abs_diff": entry.get("parity_max_abs_diff"), "gates": entry.get("gates"),
+        # calibrated, not_judged, recalibrated or uncalibrated (docs/intervals.md): what a
+        # consumer of the quantiles output may rely on; None from a report before the verdict
+        "intervals_status": entry.get("intervals_status"),
+        # per deployment target: its status and evidence (docs/targets.md); x86_64 derived from
+        # the validation for a report from before targets
+        "targets": {t: manifest_target(r) for t, r in sorted(variant_targets(entry).items())},
+    })
+    return name
+
+
+def _channel_targets(artifacts: dict, report: dict, path: Path, choice: dict, entry: dict) -> dict:
+    """``{target: {artifact, family, variant}}`` of a channel, validated targets only (the report's
+    ``selected[channel]["targets"]``; x86_64 with the channel's variant for a report from before
+    targets); each variant's ONNX file, and a target's compiled file (TVM's library), published."""
+    family, variant = choice.get("family"), choice.get("variant")
+    wanted = choice.get("targets")
+    if not isinstance(wanted, dict):
+        wanted = {REFERENCE_TARGET: {"family": family, "variant": variant}}
+    chosen = {}
+    for name, pick in sorted(wanted.items()):
+        picked = pick.get("variant") if isinstance(pick, dict) else None
+        if not isinstance(pick, dict) or pick.get("family") != family:
+            raise ReportError(f"{path}: target {name!r} of the {family} channel choice names another family")
+        found = entry if picked == variant else _variant_entry(report, family, picked, path)
+        record = variant_targets(found).get(name) or {}
+        if record.get("status") != VALIDATED:
+            raise ReportError(f"{path}: target {name!r} names {family}/{picked}, which is "
+                              f"{record.get('status') or 'not judged'} there, not validated")
+        artifact = _add_model(artifacts, path, family, picked, found)
+        if record.get("artifact") and record["artifact"] != found.get("onnx_path"):
+            artifact = _add_compiled(artifacts, path, name, record, artifacts[artifact])
+        chosen[name] = {"artifact": artifact, "family": family, "variant": picked}
+    return chosen
+
+
+def _add_compiled(artifacts: dict, path: Path, target: str, record: dict, model: Artifact) -> str:
+    """A target's own artifact (TVM's library compiled from ``model``), checked like a model."""
+    family, variant = model.entry["family"], model.entry["variant"]
+    suffix = Path(record["artifact"]).suffix
+    name = check_name("artifact", f"{family}-{variant}.{target}{suffix}")
+    if name not in artifacts:
+        _, data = _read_checked(path, record["artifact"], record.get("sha256"), f"the {family}/{variant} {target} file")
+        artifacts[name] = Artifact(name, data, {
+            "sha256": sha256_bytes(data), "size_bytes": len(data), "family": family, "variant": variant,
+            "target": target, "compiled_from": model.name, "static_shape": record.get("static_shape")})
+    return name
+
+
+def _read_checked(path: Path, relative: str, sha256: Any, what: str) -> tuple[Path, bytes]:
+    """The bytes of a file the report names (under its folder), matching the report's sha256."""
+    base = path.parent.resolve()
+    file = (base / relative).resolve()
+    if not file.is_relative_to(base):
+        raise ReportError(f"{path}: {relative!r} ({what}) points outside the report folder")
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise ReportError(f"{file}: cannot read {what} the report names ({exc.strerror})") from None
+    if sha256_bytes(data) != sha256:
+        raise ReportError(f"{file}: sha256 {sha256_bytes(data)[:12]} does not match the report's "
+                          f"{str(sha256)[:12]}")
+    return file, data
 
 
 def load_report(report_path: str | Path) -> tuple[Path, dict, bytes]:
@@ -543,6 +604,8 @@ def _same_models(existing: dict, report: dict) -> bool:
     if not artifacts:
         return False
     for entry in artifacts.values():
+        if entry.get("target"):  # a target's compiled file: judged with the model it was compiled from
+            continue
         found = [v for m in report.get("models", []) if m.get("family") == entry.get("family")
                  for v in m.get("variants", []) if v.get("name") == entry.get("variant")]
         if not found or found[0].get("eligible") is not True or found[0].get("sha256") != entry.get("sha256"):
@@ -788,7 +851,9 @@ def _check_pointer_shape(signed: dict, where: str) -> None:
 
 def check_manifest_shape(manifest: Any, where: str) -> dict:
     """The manifest's fields writers use: ``artifacts`` (name -> {sha256, size_bytes}) and
-    ``channels`` (channel -> {artifact named in artifacts, family, variant}); one
+    ``channels`` (channel -> {artifact named in artifacts, family, variant}), and where given
+    (not in a manifest from before deployment targets) each artifact's ``targets`` (name ->
+    {status, evidence}) and each channel's (name -> {artifact it lists, family, variant}); one
     VerificationError line otherwise."""
     def bad(what: str) -> VerificationError:
         return VerificationError(f"{where}: malformed manifest ({what}); nothing written")
@@ -804,13 +869,35 @@ def check_manifest_shape(manifest: Any, where: str) -> dict:
         size = entry.get("size_bytes") if isinstance(entry, dict) else None
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(entry.get("sha256"), str):
             raise bad(f"artifact {quote(name)} has no valid sha256 and size_bytes")
+        evidence = entry.get("targets") or {}
+        if not isinstance(evidence, dict) or not all(
+                isinstance(e, dict) and isinstance(e.get("status"), str) and isinstance(e.get("evidence"), dict)
+                for e in evidence.values()):
+            raise bad(f"artifact {quote(name)} has targets without a status and evidence")
     for channel, choice in channels.items():
         if not isinstance(choice, dict) or not all(isinstance(choice.get(k), str)
                                                    for k in ("artifact", "family", "variant")):
             raise bad(f"channel {quote(channel)} has no artifact, family and variant")
         if choice["artifact"] not in artifacts:
             raise bad(f"channel {quote(channel)} names artifact {quote(choice['artifact'])}, which it does not list")
+        _check_targets_shape(choice, artifacts, f"channel {quote(channel)}", bad)
     return manifest
+
+
+def _check_targets_shape(choice: dict, artifacts: dict, what: str, bad) -> None:
+    """A channel's optional ``targets`` (a manifest from before targets has none): each an object
+    naming an artifact the manifest lists, its family and variant."""
+    targets = choice.get("targets")
+    if targets is None:
+        return
+    if not isinstance(targets, dict):
+        raise bad(f"{what} has a 'targets' that is not an object")
+    for name, pick in targets.items():
+        if not isinstance(pick, dict) or not all(isinstance(pick.get(k), str) for k in ("artifact", "family", "variant")):
+            raise bad(f"{what} target {quote(name)} has no artifact, family and variant")
+        if pick["artifact"] not in artifacts:
+            raise bad(f"{what} target {quote(name)} names artifact {quote(pick['artifact'])}, which it does not list")
+
 
 
 def _keyids(signers: Sequence) -> str:

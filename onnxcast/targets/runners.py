@@ -145,9 +145,10 @@ def run_aarch64(declared: Target, model: Path, histories: list[np.ndarray], *, r
 
 
 def run_tvm_aarch64(declared: Target, model: Path, histories: list[np.ndarray], *, repeats: int,
-                    sysroot: ArmSysroot, timeout_s: float) -> TargetRun:
+                    sysroot: ArmSysroot, timeout_s: float, keep: Path | None = None) -> TargetRun:
     """TVM's Relax ONNX frontend, cross-compiled for aarch64 (one library per input shape), run by TVM's
-    aarch64 runtime under qemu-user."""
+    aarch64 runtime under qemu-user. ``keep``: a folder the compiled libraries are copied into
+    (``b<batch>_t<time>.so``: the target's artifacts)."""
     refused = tvm_refusal(model)
     if refused:
         raise TargetUnsupported(refused)
@@ -165,6 +166,8 @@ def run_tvm_aarch64(declared: Target, model: Path, histories: list[np.ndarray], 
         if done.returncode != 0:
             raise TargetUnsupported(f"TVM cannot compile {model.name}: {last_line(done.stderr or done.stdout)}")
         size = sum(p.stat().st_size for p in libraries.glob("*.so"))
+        if keep is not None:
+            shutil.copytree(libraries, keep, dirs_exist_ok=True)
         names, outputs, times, env = run_worker(command, "tvm", libraries, histories, repeats, timeout_s,
                                                 site=[sysroot.tvm_site, sysroot.site])
     return TargetRun(declared.name, OK, output_names=names, outputs=outputs,

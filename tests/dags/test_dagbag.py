@@ -82,12 +82,20 @@ class TestDagBag:
         assert (weekly.expression, weekly.run_immediately) == ("0 0 * * 0", timedelta(minutes=10))
         assert [a.name for a in dag.timetable.asset_condition.objects] == ["onnxcast_retrain"]
         assert dag.start_date is None
-        for name in ("families", "channels"):  # multi-selects in the trigger form, not free text
+        for name in ("families", "channels", "targets"):  # multi-selects in the trigger form, not free text
             schema = dag.params.get_param(name).schema
             assert schema["examples"] == schema["items"]["enum"], name
         assert dag.max_active_runs == 1
         mapped = {t.task_id for t in dag.tasks if getattr(t, "_is_mapped", False) or type(t).__name__ == "MappedOperator"}
-        assert mapped == {"check_series", "train_or_fetch", "export", "optimize", "reference", "evaluate", "validate"}
+        assert mapped == {"check_series", "train_or_fetch", "export", "optimize", "reference", "evaluate", "validate",
+                          "validate_target"}
+        # a task per deployment target, mapped over what the targets task reads from the run's settings;
+        # register runs when every target task is done, so a failing target fails alone
+        (arg,) = dag.get_task("validate_target").expand_input.value.values()
+        assert arg.operator.task_id == "targets"
+        assert dag.params["targets"] == ["x86_64"]
+        assert dag.get_task("register").upstream_task_ids == {"validate_target"}
+        assert dag.get_task("register").trigger_rule == "all_done"
         assert [o.name for o in dag.get_task("promote").outlets] == ["onnxcast_rollout"]
         assert dag.params["families"] == ["nhits", "dlinear", "lstm", "transformer"]
         assert dag.params["serving_url"] is None  # waiting for onnxcast serve is opt-in

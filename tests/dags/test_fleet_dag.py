@@ -49,7 +49,9 @@ class TestShape:
         assert upstream["reference"] == {"check_data", "merge_data"}  # in parallel with training
         assert upstream["evaluate"] == {"check_data", "optimize", "reference"}
         assert upstream["validate"] == {"merge_data", "evaluate"}
-        assert upstream["register"] == {"validate"}
+        assert upstream["targets"] == {"validate"}
+        assert upstream["validate_target"] == {"targets"}
+        assert upstream["register"] == {"validate_target"}
 
     def test_each_family_still_trains_in_one_task(self, dag):
         assert dag.get_task("train_or_fetch").max_active_tis_per_dag == 2

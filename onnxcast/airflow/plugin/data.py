@@ -252,7 +252,42 @@ def _channel(store, model: str, channel: str, trust_file: str | None, registry: 
     entry["history_total"] = len(moves)
     entry["history"] = [_move(h) for h in reversed(moves[-MAX_HISTORY:])]
     entry["registry"] = _registry(store, model, channel, entry["pointer"]["version"], check["manifest"], registry)
+    entry["targets"] = channel_targets(check["manifest"], channel)
     return entry
+
+
+def channel_targets(manifest: dict | None, channel: str) -> list[dict]:
+    """The deployment targets of a channel in its verified manifest (docs/targets.md): each target a
+    device may run (the channel's ``targets``: its artifact, family, variant, validated), then the
+    others the channel's own artifact was judged on, with their status and why (unvalidated,
+    unavailable, unsupported, failed). Empty for a manifest from before targets or not verified."""
+    channels = manifest.get("channels") if isinstance(manifest, dict) else None
+    choice = channels.get(channel) if isinstance(channels, dict) else None
+    if not isinstance(choice, dict):
+        return []
+    artifacts = manifest.get("artifacts") if isinstance(manifest.get("artifacts"), dict) else {}
+    shown, out = set(), []
+    picks = choice.get("targets") if isinstance(choice.get("targets"), dict) else {}
+    for name, pick in list(picks.items())[:MAX_CHANNELS]:
+        if not isinstance(pick, dict):
+            continue
+        model = artifacts.get(pick.get("artifact"))
+        source = artifacts.get((model or {}).get("compiled_from")) if isinstance(model, dict) else None
+        evidence = ((source or model or {}).get("targets") or {}).get(name) or {}
+        latency = (evidence.get("evidence") or {}).get("latency_note") if isinstance(evidence, dict) else None
+        out.append({"name": text(name, 64), "status": "validated", "family": text(pick.get("family"), 64),
+                    "variant": text(pick.get("variant"), 64), "artifact": text(pick.get("artifact"), 200),
+                    "note": text(latency)})
+        shown.add(name)
+    own = artifacts.get(choice.get("artifact"))
+    judged = own.get("targets") if isinstance(own, dict) and isinstance(own.get("targets"), dict) else {}
+    for name, entry in list(judged.items())[:MAX_CHANNELS]:
+        if name in shown or not isinstance(entry, dict):
+            continue
+        evidence = entry.get("evidence") if isinstance(entry.get("evidence"), dict) else {}
+        out.append({"name": text(name, 64), "status": text(entry.get("status"), 32), "family": None,
+                    "variant": None, "artifact": None, "note": text(evidence.get("reason"))})
+    return out
 
 
 def _pointer(signed: dict, moment: datetime, *, verified: bool) -> dict:

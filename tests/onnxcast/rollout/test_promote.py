@@ -28,9 +28,17 @@ class TestPromote:
         manifest = store.read_manifest("m", result.version)
         assert result.changed and result.channels == {"edge": "moved"}
         assert set(result.written) == {"lstm-fp32.onnx", "lstm-fp32-opt.onnx", "manifest.json"}
-        assert manifest["channels"] == {"edge": {"artifact": "lstm-fp32-opt.onnx", "family": "lstm", "variant": "fp32-opt"},
-                                        "cloud": {"artifact": "lstm-fp32.onnx", "family": "lstm", "variant": "fp32"}}
+        # a report from before deployment targets: x86_64, validated by the variant's own validation
+        edge = {"artifact": "lstm-fp32-opt.onnx", "family": "lstm", "variant": "fp32-opt"}
+        cloud = {"artifact": "lstm-fp32.onnx", "family": "lstm", "variant": "fp32"}
+        assert manifest["channels"] == {"edge": {**edge, "targets": {"x86_64": edge}},
+                                        "cloud": {**cloud, "targets": {"x86_64": cloud}}}
         entry = manifest["artifacts"]["lstm-fp32-opt.onnx"]
+        assert set(entry["targets"]) == {"x86_64"} and entry["targets"]["x86_64"]["status"] == "validated"
+        evidence = entry["targets"]["x86_64"]["evidence"]
+        assert evidence["holdout"]["mae"] == entry["holdout"]["mae"] and evidence["latency_ms"] == entry["latency_ms"]
+        assert evidence["parity"]["vs_torch"]["max_abs_diff"] == entry["parity_max_abs_diff"]
+        assert evidence["size_bytes"] == entry["size_bytes"] and evidence["latency_note"] is None
         assert entry["sha256"] == json.loads(report.read_text())["models"][0]["variants"][1]["sha256"]
         assert entry["signature"]["inputs"] == [{"name": "history", "dtype": "float32", "shape": ["batch", "time", 2]}]
         assert entry["opset"] > 0 and entry["holdout"]["mae"] == 1.0 and entry["metadata"]["target"] == "y"
