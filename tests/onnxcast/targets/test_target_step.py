@@ -162,7 +162,9 @@ def test_aarch64_under_qemu_is_judged_like_every_target(validated):
     assert evidence["variants"]
     for name, record in evidence["variants"].items():
         assert record["status"] == VALIDATED, (name, record["reason"])
-        assert record["parity"]["vs_x86"]["max_diff_in_levels"] < 1e-5
+        assert record["parity"]["vs_x86"]["passed"] and record["parity"]["vs_x86"]["judged"]
+        if name.startswith("fp32"):  # float kernels agree to rounding; int8 ones may differ by a step
+            assert record["parity"]["vs_x86"]["max_diff_in_levels"] < 1e-5
         assert record["holdout"]["judged"] and record["holdout"]["passed"]
         assert record["latency_note"] == EMULATED_LATENCY_NOTE
         assert record["environment"]["machine"] == "aarch64" and record["environment"]["qemu_cpu"] == "cortex-a72"
