@@ -9,10 +9,12 @@ import shutil
 
 import pytest
 
+from onnxcast.airflow.plugin.data import channel_targets
 from onnxcast.base.errors import ConfigError, VerificationError
 from onnxcast.base.files import read_json
 from onnxcast.base.target_evidence import STATUSES, VALIDATED
 from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.registry.tracking import target_figures
 from onnxcast.rollout.promote import check_manifest_shape, promote, verify_version
 from onnxcast.rollout.store import open_store
 from onnxcast.targets.declarations import EMULATED_LATENCY_NOTE
@@ -116,6 +118,25 @@ class TestTargetStep:
         # the targets are inside the signed part: the envelope's signature covers them
         envelope = json.loads(open_store(store).read(open_store(store).version_key("m", result.version)))
         assert envelope["signatures"] and "targets" in json.dumps(envelope["signed"]["channels"])
+        # the rollout page shows each channel's targets from the verified manifest
+        shown = {t["name"]: t for t in channel_targets(manifest, "edge")}
+        assert {n for n, t in shown.items() if t["status"] == VALIDATED} == set(report["selected"]["edge"]["targets"])
+        assert shown["openvino"]["variant"] == report["selected"]["edge"]["targets"]["openvino"]["variant"]
+
+    def test_mlflow_gets_each_targets_status_parity_and_latency(self, run):
+        _, _, report = run
+        metrics, tags = target_figures(report, "dlinear")
+        for variant in eligible(report):
+            for name, record in variant["targets"].items():
+                prefix = f"{variant['name']}.target.{name}"
+                assert metrics[f"{prefix}.validated"] == float(record["status"] == VALIDATED)
+                assert tags[f"onnxcast.target.{name}.{variant['name']}"].startswith(record["status"])
+            openvino = variant["targets"]["openvino"]
+            if openvino["status"] == VALIDATED:
+                prefix = f"{variant['name']}.target.openvino"
+                assert metrics[f"{prefix}.vs_x86.max_diff_in_levels"] == openvino["parity"]["vs_x86"]["max_diff_in_levels"]
+                assert metrics[f"{prefix}.latency_batch1_p50_ms"] == openvino["latency_ms"]["batch1_p50"]
+                assert metrics[f"{prefix}.holdout_mae"] == openvino["holdout"]["mae"]
 
 
 def test_an_unknown_target_is_refused_in_one_line_naming_it():
