@@ -141,3 +141,22 @@ class TestCheckDataOperatorFailures:
         (run,) = client.search_runs([experiment.experiment_id])
         assert run.info.status == "FAILED" and "no_such_column" in run.data.tags["onnxcast.error"]
         assert run.info.run_id in context["ti"].xcoms["mlflow_run_url"]
+
+
+class TestTargetOperators:
+    def test_the_runs_targets_then_one_task_per_target_that_writes_its_evidence(self, run_dir):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onnxcast.airflow.operators import RunTargetsOperator, ValidateTargetOperator
+        from onnxcast.base.target_evidence import STATUSES
+
+        assert RunTargetsOperator(task_id="targets", run_dir=run_dir).execute(make_context()) == ["x86_64"]
+        op = ValidateTargetOperator(task_id="validate_target", run_dir=run_dir, target="openvino")
+        assert tuple(op.template_fields) == ("run_dir", "target")
+        result = op.execute(make_context())
+        assert result["target"] == "openvino" and result["statuses"]["lstm"]
+        assert set(result["statuses"]["lstm"].values()) <= set(STATUSES)
+        evidence = read(Path(run_dir) / "models" / "lstm" / "targets" / "openvino.json")
+        assert {v: r["status"] for v, r in evidence["variants"].items()} == result["statuses"]["lstm"]
+        with pytest.raises(AirflowFailException, match="unknown target 'riscv'"):
+            ValidateTargetOperator(task_id="v", run_dir=run_dir, target="riscv").execute(make_context())
