@@ -53,3 +53,44 @@ class RecordingRegistry:
 
     def delete_registered_model_alias(self, name, alias):
         self.aliases.pop(alias)
+
+
+def publish_with_targets(store_uri: str, model: str, channel: str, targets: dict[str, str], *, version: str,
+                         evidence: dict[str, dict[str, str]] | None = None) -> dict:
+    """Publish the version ``channel`` serves again as ``version``, its manifest carrying the fields
+    of deployment targets (issue 33, as onnxcast.rollout.promote writes them): the channel's
+    ``targets`` ``{target: {"artifact", "family", "variant"}}`` from ``targets`` (target -> artifact
+    name, listed as validated), each artifact's ``targets`` ``{target: {"status", "evidence"}}`` from
+    ``evidence`` (artifact -> {target: status}; default: validated for each listed pair), signed
+    with the release key; the channel's pointer moves to it. Returns the manifest."""
+    from onnxcast.base.files import sha256_bytes
+    from onnxcast.rollout.signing import load_signers, sign_envelope
+    from onnxcast.rollout.store import dump_json
+
+    store = open_store(store_uri)
+    pointer = store.read_channel(model, channel)
+    old = pointer.value["version"]
+    manifest = store.read_manifest(model, old)
+    manifest["version"] = version
+    artifacts = manifest["artifacts"]
+    choice = manifest["channels"][channel]
+    choice["targets"] = {name: {"artifact": artifact, "family": artifacts[artifact]["family"],
+                                "variant": artifacts[artifact]["variant"]} for name, artifact in targets.items()}
+    if evidence is None:
+        evidence = {}
+        for name, artifact in targets.items():
+            evidence.setdefault(artifact, {})[name] = "validated"
+    for artifact, statuses in evidence.items():
+        artifacts[artifact]["targets"] = {name: {"status": status, "evidence": {"note": "written by a test"}}
+                                          for name, status in statuses.items()}
+    for name in artifacts:
+        store.create(store.version_key(model, version, name), store.read(store.version_key(model, old, name)))
+    signers = load_signers()
+    manifest_bytes = dump_json(sign_envelope(manifest, signers))
+    store.create(store.version_key(model, version), manifest_bytes)
+    entry = artifacts[choice["artifact"]]
+    store.replace_pointer(store.channel_key(model, channel), sign_envelope({
+        **pointer.value, "version": version, "sha256": entry["sha256"], "length": entry["size_bytes"],
+        "counter": pointer.value["counter"] + 1,
+        "manifest": {"sha256": sha256_bytes(manifest_bytes), "length": len(manifest_bytes)}}, signers), pointer.token)
+    return manifest
