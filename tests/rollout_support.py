@@ -94,3 +94,28 @@ def publish_with_targets(store_uri: str, model: str, channel: str, targets: dict
         "counter": pointer.value["counter"] + 1,
         "manifest": {"sha256": sha256_bytes(manifest_bytes), "length": len(manifest_bytes)}}, signers), pointer.token)
     return manifest
+
+
+def random_forecaster(path, seed: int = 0):
+    """``tiny_onnx``'s contract (an LSTM on target y and feature x1, lookback 16, horizon 4, five
+    quantile levels) with random weights, exported to ``path``: an untrained model's zero head
+    forecasts a constant whatever its core computes, so a runtime's differences would not show."""
+    import numpy as np
+    import torch
+
+    from onnxcast.base.contract import DEFAULT_QUANTILE_LEVELS, format_quantile_levels
+    from onnxcast.pipeline.export import export_onnx
+    from onnxcast.pipeline.models import ModelSpec, build_model
+
+    torch.manual_seed(seed)
+    spec = ModelSpec(family="lstm", n_features=2, horizon=4, lookback=16, hidden_size=8, num_layers=1, season=4,
+                     quantile_levels=DEFAULT_QUANTILE_LEVELS)
+    model = build_model(spec, np.array([100.0, 5.0]), np.array([10.0, 2.0]))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+        model.quantile_offsets.copy_(torch.sort(torch.randn(4, len(DEFAULT_QUANTILE_LEVELS)), dim=1).values)
+    metadata = {"model_family": "lstm", "lookback": 16, "horizon": 4, "freq": "h", "target": "y", "features": "x1",
+                "precision": "fp32", "trained_until": "2026-01-01T00:00:00Z", "dataset_sha256": "ab" * 32,
+                "quantile_levels": format_quantile_levels(DEFAULT_QUANTILE_LEVELS)}
+    return export_onnx(model.eval(), path, n_features=2, lookback=16, metadata=metadata)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rollout_support import publish_with_targets
+from rollout_support import publish_with_targets, random_forecaster
 
 from onnxcast.rollout.edge import predict, pull
 from onnxcast.rollout.promote import promote
@@ -98,7 +98,7 @@ def test_an_emulated_aarch64_device_pulls_its_variant_and_matches_x86(tmp_path, 
                                            f"{5 + rng.normal():.4f}\n" for h in range(20)))
     pull_args = ["pull", "--store", store, "--model", "m", "--channel", "edge", "--dest", str(arm)]
 
-    promote(make_run("a", quantiles=True), store, "m", "edge", version="1")
+    promote(make_run("a", source=random_forecaster(tmp_path / "random.onnx")), store, "m", "edge", version="1")
     done = run_device(device, *pull_args)  # a manifest before targets: validated for x86_64 only
     assert done.returncode == 1, done.stderr
     assert "channel 'edge' has no variant validated for this device (its targets: aarch64; the channel's: " \
@@ -122,5 +122,8 @@ def test_an_emulated_aarch64_device_pulls_its_variant_and_matches_x86(tmp_path, 
     got = np.array([[float(r["forecast"]) for r in rows]], dtype=np.float32)
     quantiles = np.array([[[float(r[c]) for c in r if c.startswith("q")] for r in rows]], dtype=np.float32)
     assert got.shape == x86.forecast.shape and quantiles.shape == x86.quantiles.shape
-    for a, b in ((got, x86.forecast), (quantiles, x86.quantiles)):
-        assert float(np.max(np.abs(a - b) / (1e-4 + 1e-3 * np.abs(b)))) <= 1  # the pipeline's parity tolerance
+    for name, a, b in (("forecast", got, x86.forecast), ("quantiles", quantiles, x86.quantiles)):
+        ratio = float(np.max(np.abs(a - b) / (1e-4 + 1e-3 * np.abs(b))))  # the pipeline's parity measure
+        print(f"aarch64 vs x86 {name}: tolerance ratio {ratio:.3g}, max |diff| / level "
+              f"{float(np.max(np.abs(a - b)) / np.mean(np.abs(x86.forecast))):.2g}")
+        assert ratio <= 1

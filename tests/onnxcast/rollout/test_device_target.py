@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rollout_support import one_error_line, publish_with_targets
+from rollout_support import one_error_line, publish_with_targets, random_forecaster
 
 from onnxcast.base.errors import ConfigError, RefusedError
 from onnxcast.rollout.cli import edge_main
@@ -151,7 +151,7 @@ def _within_parity(got: np.ndarray, reference: np.ndarray, rtol: float = 1e-3, a
 def test_an_openvino_device_pulls_its_variant_and_matches_x86(tmp_path, make_run, fleet_csv, capsys, monkeypatch):
     monkeypatch.delenv("ONNXCAST_EDGE_TARGET", raising=False)
     store = str(tmp_path / "store")
-    promote(make_run("a", quantiles=True), store, "m", "edge", version="1")
+    promote(make_run("a", source=random_forecaster(tmp_path / "random.onnx")), store, "m", "edge", version="1")
     publish_with_targets(store, "m", "edge", {"x86_64": "lstm-fp32-opt.onnx", "openvino": "lstm-fp32.onnx"},
                          version="2")
     ov_dest, x86_dest = tmp_path / "ov", tmp_path / "x86"
@@ -162,7 +162,11 @@ def test_an_openvino_device_pulls_its_variant_and_matches_x86(tmp_path, make_run
     ov = predict(ov_dest, fleet_csv, out=io.StringIO(), series_column="id")
     x86 = predict(x86_dest, fleet_csv, out=io.StringIO(), series_column="id")
     assert ov.forecast.shape == (3, 4) and ov.quantiles.shape == (3, 4, 5)
-    assert _within_parity(ov.forecast, x86.forecast) <= 1 and _within_parity(ov.quantiles, x86.quantiles) <= 1
+    for name, got, reference in (("forecast", ov.forecast, x86.forecast), ("quantiles", ov.quantiles, x86.quantiles)):
+        ratio = _within_parity(got, reference)
+        print(f"openvino vs x86 {name}: tolerance ratio {ratio:.3g}, max |diff| / level "
+              f"{float(np.max(np.abs(got - reference)) / np.mean(np.abs(x86.forecast))):.2g}", file=sys.stderr)
+        assert ratio <= 1
 
     assert edge_main(["status", "--dir", str(ov_dest)]) == 0
     status = json.loads(capsys.readouterr().out)
