@@ -101,6 +101,9 @@ log = logging.getLogger(__name__)
 
 PREDICT_METADATA = ("target", "features", "lookback", "horizon")
 PULLED = "pulled.json"
+# pulled.json's target of a pull of the channel's own artifact (pull(channel_artifact=True))
+CHANNEL_ARTIFACT_RECORD = {"name": LEGACY_TARGET, "runtime": ONNXRUNTIME, "fallback": False,
+                           "why": "the channel's own artifact (a server, the monitor or a model repository pulled it)"}
 DEFAULT_TIME_COLUMN = "ds"  # the pipeline's default time column (PipelineConfig.time_column)
 # An input table for one forecast is the newest `lookback` rows; 256 MiB is years of
 # half-hourly rows. Streamed: memory holds `lookback` rows, not the file.
@@ -144,7 +147,8 @@ class ModelInfo:
 
 
 def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: str | Path | None = None,
-         s3_settings: S3Settings | None = None, target: str | None = None) -> PullResult:
+         s3_settings: S3Settings | None = None, target: str | None = None,
+         channel_artifact: bool = False) -> PullResult:
     """Install the model ``channel`` points to under ``dest/current`` if it verifies
     against the device's trust root (``trust``, ``$ONNXCAST_TRUST`` or ``dest/trust``).
 
@@ -157,23 +161,27 @@ def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: s
     The artifact installed is the one of the device's target (onnxcast.rollout.device_target:
     ``target``, else ``$ONNXCAST_EDGE_TARGET``, else resolved from this machine's facts); a
     channel with no variant validated for this device is refused (RefusedError).
+    ``channel_artifact``: the pointer's own artifact instead, whatever the device (what a server
+    serves, the monitor judges and a model repository publishes), run with ONNX Runtime.
     """
     check_name("model", model)
     check_name("channel", channel)
-    facts = read_facts()
-    prefer = preference(facts, target)  # an unknown or foreign --target: refused before anything
+    device = None
+    if not channel_artifact:
+        facts = read_facts()
+        device = (preference(facts, target), facts)  # an unknown or foreign --target: refused before anything
     store = open_store(store_uri, s3_settings)
     with open_device_folder(dest, create=True) as folder, folder.locked():
         current = _installed(folder)
         try:
-            return _pull_locked(store, model, channel, folder, trust, current, (prefer, facts))
+            return _pull_locked(store, model, channel, folder, trust, current, device)
         except VerificationError as exc:  # RefusedError included
             serving = f"still serving version {current['version']}" if current else "nothing installed"
             raise type(exc)(f"{exc} ({serving})") from None
 
 
 def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_file,
-                 current: dict | None, device: tuple[Preference, DeviceFacts]) -> PullResult:
+                 current: dict | None, device: tuple[Preference, DeviceFacts] | None) -> PullResult:
     trust = DeviceTrust(folder, trust_file)
     key = store.channel_key(model, channel)
     where = store.url(key)
@@ -183,9 +191,9 @@ def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_fi
     if len(data) > MAX_POINTER_BYTES:
         raise RefusedError(f"{where}: longer than {MAX_POINTER_BYTES:,} bytes (stopped reading); refusing it")
     signed, want = check_pointer(store, trust, model, channel, data)
-    if _unchanged(folder, current, want, device[0]):
+    if _unchanged(folder, current, want, device[0] if device else None):
         trust.record(model, channel, signed)
-        target = current.get("target") or {}
+        target = current.get("target") if isinstance(current.get("target"), dict) else {}
         return PullResult(model, channel, want["version"], False, folder.path / CURRENT, target=target.get("name"),
                           why=target.get("why"))
     staging = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
@@ -206,15 +214,19 @@ def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_fi
                       pulled["target"]["name"], pulled["target"]["why"])
 
 
-def _unchanged(folder: DeviceFolder, current: dict | None, want: dict, prefer: Preference) -> bool:
+def _unchanged(folder: DeviceFolder, current: dict | None, want: dict, prefer: Preference | None) -> bool:
     """Whether ``current`` is the pointer's version, installed intact, for the same targets as
-    this device's now (a device that gained a runtime, or a --target, pulls again)."""
+    this device's now (a device that gained a runtime, or a --target, pulls again); with no
+    ``prefer`` (a pull of the channel's own artifact), whether that artifact is installed."""
     if not current or current.get("version") != want["version"]:
         return False
     target = current.get("target") if isinstance(current.get("target"), dict) else {}
-    return (current.get("channel_sha256", current.get("sha256")) == want["sha256"]
-            and target.get("preference") == list(prefer.targets) and target.get("override") == prefer.override
-            and _installed_sha(folder, current) == current.get("sha256"))
+    if prefer is None:
+        same = current.get("sha256") == want["sha256"]
+    else:
+        same = (current.get("channel_sha256", current.get("sha256")) == want["sha256"]
+                and target.get("preference") == list(prefer.targets) and target.get("override") == prefer.override)
+    return same and _installed_sha(folder, current) == current.get("sha256")
 
 
 def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interval: float = 60.0,
@@ -1022,15 +1034,18 @@ def check_manifest(store, trust: DeviceTrust, model: str, channel: str, want: di
 
 
 def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, staging: Path,
-              staging_fd: int, device: tuple[Preference, DeviceFacts]) -> dict:
-    """Fetch and check the manifest and the artifact of the device's target into ``staging``
-    (open as ``staging_fd``); returns what pulled.json records."""
+              staging_fd: int, device: tuple[Preference, DeviceFacts] | None) -> dict:
+    """Fetch and check the manifest and the artifact of the device's target (None: the pointer's
+    own) into ``staging`` (open as ``staging_fd``); returns what pulled.json records."""
     version = want["version"]
     data, manifest = check_manifest(store, trust, model, channel, want)
-    prefer, facts = device
     manifest_url = store.url(store.version_key(model, version))
-    choice = choose(manifest, channel, prefer, manifest_url)
-    artifact, sha, length, entry = _signed_artifact(manifest, choice.artifact, manifest_url, version)
+    if device is None:
+        name, record = want["artifact"], CHANNEL_ARTIFACT_RECORD
+    else:
+        choice = choose(manifest, channel, device[0], manifest_url)
+        name, record = choice.artifact, choice.record(*device)
+    artifact, sha, length, entry = _signed_artifact(manifest, name, manifest_url, version)
     blob = _read_signed_length(store, store.version_key(model, version, artifact), length, sha, "artifact", version)
     write_new(staging_fd, MANIFEST, data)
     write_new(staging_fd, artifact, blob)
@@ -1039,7 +1054,7 @@ def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, s
     pulled = {"model": model, "channel": channel, "store": store.uri, **want,
               "artifact": artifact, "sha256": sha, "length": length,
               "channel_artifact": want["artifact"], "channel_sha256": want["sha256"],
-              "target": choice.record(prefer, facts),
+              "target": record,
               "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_new(staging_fd, PULLED, (json.dumps(pulled, indent=2) + "\n").encode())
     return pulled

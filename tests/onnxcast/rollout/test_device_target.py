@@ -159,6 +159,11 @@ def test_an_openvino_device_pulls_its_variant_and_matches_x86(tmp_path, make_run
     assert (result.version, result.target) == ("2", "openvino") and "openvino 2026.4.1 installed" in result.why
     assert pull(store, "m", "edge", x86_dest, target="x86_64").target == "x86_64"
     assert not pull(store, "m", "edge", ov_dest).changed  # the same device, the same choice
+    # a server, the monitor, a model repository: the channel's own artifact, whatever the machine has
+    server = pull(store, "m", "edge", tmp_path / "server", channel_artifact=True)
+    served = json.loads((tmp_path / "server" / "current" / "pulled.json").read_text())
+    assert (server.target, served["artifact"]) == ("x86_64", "lstm-fp32-opt.onnx")
+    assert not pull(store, "m", "edge", tmp_path / "server", channel_artifact=True).changed
     ov = predict(ov_dest, fleet_csv, out=io.StringIO(), series_column="id")
     x86 = predict(x86_dest, fleet_csv, out=io.StringIO(), series_column="id")
     assert ov.forecast.shape == (3, 4) and ov.quantiles.shape == (3, 4, 5)
