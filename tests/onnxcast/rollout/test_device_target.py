@@ -173,6 +173,15 @@ def test_an_openvino_device_pulls_its_variant_and_matches_x86(tmp_path, make_run
               f"{float(np.max(np.abs(got - reference)) / np.mean(np.abs(x86.forecast))):.2g}", file=sys.stderr)
         assert ratio <= 1
 
+    # the same folder where openvino cannot be imported: refused in one line naming the extra
+    code = ("import sys; sys.modules['openvino'] = None; from onnxcast.rollout.cli import edge_main; "
+            "sys.exit(edge_main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "predict", "--dir", str(ov_dest), "--input", str(fleet_csv),
+                           "--series-column", "id"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "installed for the openvino target, but openvino is not installed here: pip install " \
+           "'onnxcast-edge[openvino]', or pull with --target x86_64" in done.stderr
+
     assert edge_main(["status", "--dir", str(ov_dest)]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["artifact"] == "lstm-fp32.onnx" and status["channel_artifact"] == "lstm-fp32-opt.onnx"
