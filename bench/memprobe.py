@@ -2,6 +2,7 @@
 
     python bench/memprobe.py torch RUN_DIR FAMILY      PyTorch eager from the run's state dict
     python bench/memprobe.py onnx MODEL.onnx N_FEATURES LOOKBACK
+    python bench/memprobe.py openvino MODEL.onnx N_FEATURES LOOKBACK
 
 Prints JSON ``{"1": MiB, "64": MiB, "1024": MiB}``: the growth of the peak resident set size
 (VmHWM) over the process's size after its imports, through loading the model and running batch
@@ -49,6 +50,20 @@ def main(argv: list[str]) -> None:
         def run(x: np.ndarray) -> None:
             with torch.inference_mode():
                 model(torch.from_numpy(x))
+    elif kind == "openvino":  # the openvino deployment target: f32 hint (onnxcast.rollout.device_runtime)
+        import openvino as ov
+
+        n_features, lookback = int(argv[2]), int(argv[3])
+        inputs = {b: np.random.default_rng(0).standard_normal((b, lookback, n_features), dtype=np.float32)
+                  for b in BATCHES}
+        base = status_kib("VmRSS:")
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(argv[1]), "CPU",
+                                      {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1})
+        request = compiled.create_infer_request()
+
+        def run(x: np.ndarray) -> None:
+            request.infer({"history": x})
     else:
         import onnxruntime as ort
 

@@ -47,6 +47,7 @@ log = logging.getLogger("bench")
 
 BATCHES = (1, 64, 1024)
 FLEET_BATCH = 1024  # a fleet is served at batch sizes of hundreds to thousands
+OPENVINO_VARIANT = "openvino-fp32"  # the openvino deployment target: fp32.onnx on OpenVINO (docs/targets.md)
 # A run is "disturbed" when other work held a core: the 1-minute load average over this before
 # the run, or over this after it (the benchmark itself keeps one core busy).
 QUIET_LOAD_BEFORE, QUIET_LOAD_AFTER = 0.5, 1.5
@@ -66,6 +67,7 @@ class Candidate:
     note: str = ""
     times: dict = field(default_factory=dict)  # (batch, threads) -> list of ms
     path: Path | None = None  # the ONNX file (None: PyTorch eager)
+    runtime: str = "onnxruntime"  # what runs it: torch, onnxruntime, openvino (the deployment target)
 
 
 # --- machine ----------------------------------------------------------------------------------
@@ -205,7 +207,8 @@ def torch_candidate(run_dir: Path, cfg, family: str) -> Candidate:
         return run
 
     return Candidate(family, "torch", size, make, ["torch", str(run_dir), family],
-                     note=f"eager, inference_mode; above {CHUNK_ROWS} rows one call or chunks, the faster")
+                     note=f"eager, inference_mode; above {CHUNK_ROWS} rows one call or chunks, the faster",
+                     runtime="torch")
 
 
 def _seconds(fn: Callable[[np.ndarray], object], history: np.ndarray, repeats: int = 3) -> float:
@@ -237,6 +240,30 @@ def onnx_candidates(cfg, family: str) -> list[Candidate]:
         out.append(Candidate(family, spec["name"], path.stat().st_size, make, probe, note=spec.get("note", ""),
                              path=path))
     return out
+
+
+def openvino_candidate(cfg, family: str) -> Candidate | None:
+    """The fp32 ONNX file run by OpenVINO as the ``openvino`` deployment target runs it on a device
+    (onnxcast.rollout.device_runtime.OpenVinoSession: CPU device, f32 precision hint, one history row
+    per inference where the model reads features), in the same chunks as ONNX Runtime; None where
+    openvino is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is None:
+        log.warning("openvino is not installed: no OpenVINO rows")
+        return None
+    path = cfg.layout.family(family) / "onnx" / "fp32.onnx"
+
+    def make(threads: int):
+        from onnxcast.rollout.device_runtime import OpenVinoSession
+
+        session = OpenVinoSession(path, threads)
+        return lambda history: run_in_chunks(session, ["forecast"], history)[0]
+
+    probe = ["openvino", str(path), str(cfg.n_features), str(cfg.lookback)]
+    return Candidate(family, OPENVINO_VARIANT, path.stat().st_size, make, probe, path=path, runtime="openvino",
+                     note="fp32.onnx on OpenVINO's CPU device, f32 hint"
+                          + (", row by row (features)" if cfg.n_features > 1 else ""))
 
 
 # --- measuring --------------------------------------------------------------------------------
@@ -284,6 +311,7 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
     model, spec = load_model(cfg, family)
 
     candidates = [torch_candidate(cfg.run_dir, cfg, family), *onnx_candidates(cfg, family)]
+    candidates += [c for c in (openvino_candidate(cfg, family),) if c is not None]
     reference = torch_runner(model)
     shapes = parity_shapes(cfg.lookback, series.season)
     for c in candidates:
@@ -323,7 +351,7 @@ def bench_family(cfg, family: str, threads_list: list[int], rounds: int, repeats
                 compute_s = (own[(c.variant, b)]["flops"] * b - int8_ops) / (peak * 1e9) + int8_ops / (int8_peak * 1e9)
                 roofline_ms = 1000.0 * max(compute_s, moved / (bandwidth * 1e9))
                 rows.append({
-                    "family": family, "variant": c.variant, "batch": b, "threads": threads,
+                    "family": family, "variant": c.variant, "runtime": c.runtime, "batch": b, "threads": threads,
                     "p50_ms": p50, "p95_ms": p95, "throughput_per_s": b * 1000.0 / p50,
                     "speedup_vs_torch": torch_p50 / p50,
                     "holdout_mae": c.holdout_mae, "mae_vs_fp32": c.holdout_mae / fp32_mae - 1.0,
@@ -377,6 +405,8 @@ def _selection_entry(family: str, rows: list[dict], candidates: list[Candidate],
 
     variants = []
     for c in candidates[1:]:
+        if c.runtime != "onnxruntime":  # another runtime of the same fp32 graph: timed, not a variant to choose
+            continue
         gates = {}
         if c.variant in FP32_VARIANTS:
             measured = c.parity is not None
@@ -481,6 +511,7 @@ def write_markdown(results: dict, path: Path) -> None:
             f"{r['p95_ms']:.3f} | {r['throughput_per_s']:.0f} | {r['speedup_vs_torch']:.2f} | {r['x_roofline']:.2f} | "
             f"{r['holdout_mae']:.2f} | {100 * r['mae_vs_fp32']:+.2f}% | {r['size_bytes'] / 1024:.0f} | "
             f"{100 * r['gflops_fraction']:.1f}% | {mem} |")
+    lines += openvino_table(results["rows"])
     lines += ["", "Work per forecast (fp32 graph, batch 1,024): "
               + "; ".join(f"{family} {cost[str(FLEET_BATCH)]['flops'] / 1e6:.2f} MFLOP, "
                           f"{cost[str(FLEET_BATCH)]['bytes'] / 1e3:.1f} kB"
@@ -500,6 +531,29 @@ def write_markdown(results: dict, path: Path) -> None:
         lines.append(f"| {g['goal']} | {g['value']} | {'yes' if g['met'] else 'no'} |")
     lines.append("")
     path.write_text("\n".join(lines))
+
+
+def openvino_table(rows: list[dict]) -> list[str]:
+    """OpenVINO against ONNX Runtime on the same fp32 graph, per family, thread count and batch, timed
+    interleaved in the same run (the ratio holds under other load); empty without OpenVINO rows."""
+    found = {(r["family"], r["threads"], r["batch"]): r for r in rows if r["variant"] == OPENVINO_VARIANT}
+    if not found:
+        return []
+    ort = {(r["family"], r["threads"], r["batch"]): r for r in rows if r["variant"] == "fp32"}
+    lines = ["", "OpenVINO against ONNX Runtime, the same fp32.onnx (the `openvino` and `x86_64` deployment "
+             "targets, docs/targets.md): p50 ms, timed interleaved in this run; ORT / OpenVINO above 1: OpenVINO "
+             "is faster.", "",
+             "| family | threads | batch | ONNX Runtime p50 ms | OpenVINO p50 ms | ORT / OpenVINO | OpenVINO parity "
+             "vs torch | OpenVINO MAE vs ORT fp32 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for key in sorted(found, key=lambda k: (list(dict.fromkeys(f for f, _, _ in found)).index(k[0]), k[1], k[2])):
+        ov, base = found[key], ort.get(key)
+        if base is None:
+            continue
+        parity = "-" if ov["parity_ratio"] is None else f"{ov['parity_ratio']:.3f}"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {base['p50_ms']:.3f} | {ov['p50_ms']:.3f} | "
+                     f"{base['p50_ms'] / ov['p50_ms']:.2f} | {parity} | {100 * ov['mae_vs_fp32']:+.3f}% |")
+    return lines
 
 
 def training_goals(training: list[dict]) -> list[dict]:

@@ -230,16 +230,19 @@ def tiny_onnx_quantiles(tmp_path_factory) -> Path:
 def make_run(tmp_path, tiny_onnx, request):
     """Factory: a pipeline run folder (report.json + ONNX variants) whose models differ by
     ``tag``, for promotion tests; ``quantiles=True``: models with the ``quantiles`` output
-    (tiny_onnx_quantiles), else ones from before it (``forecast`` only). Returns the report path."""
+    (tiny_onnx_quantiles), else ones from before it (``forecast`` only); ``source``: this ONNX file
+    instead (rollout_support.random_forecaster). Returns the report path."""
     import hashlib
     import json
 
     import onnx
 
-    def make(tag: str = "a", mlflow_version: str | None = None, quantiles: bool = False) -> Path:
+    def make(tag: str = "a", mlflow_version: str | None = None, quantiles: bool = False,
+             source: Path | None = None) -> Path:
         out = tmp_path / f"run-{tag}"
         variants = []
-        source = request.getfixturevalue("tiny_onnx_quantiles") if quantiles else tiny_onnx
+        if source is None:  # else an ONNX file of tiny_onnx's contract (target y, feature x1, lookback 16)
+            source = request.getfixturevalue("tiny_onnx_quantiles") if quantiles else tiny_onnx
         for name in ("fp32", "fp32-opt"):
             proto = onnx.load(source)
             for prop in proto.metadata_props:

@@ -185,6 +185,12 @@ VARIABLES: dict[str, Variable] = _declare(
              "check; `--trust` wins.", (DEVICE, SERVE, ROLLOUT, MONITOR, AIRFLOW), FILE,
              shown_default="a device's installed root (`DEST/trust/root.json`); the embedded Airflow mode: the "
                            "development root"),
+    Variable("ONNXCAST_EDGE_TARGET", "The deployment target a device pulls and runs its channel's model for, in "
+             "place of the one it resolves from its machine, CPU and runtimes (docs/targets.md, \"The device's "
+             "target\"); refused when it is not declared, not for this machine, or not validated for the channel; "
+             "`onnxcast-edge pull --target` wins.", (DEVICE,),
+             text("a target: `x86_64`, `aarch64`, `openvino`, `tvm-aarch64`, `cuda`, `tensorrt`"),
+             shown_default="none (resolved by the device)"),
     Variable("ONNXCAST_POINTER_EXPIRES_DAYS", "Days a new channel pointer stays valid (more than 0, at most 3660); "
              "`--expires-days` wins.", (ROLLOUT, AIRFLOW), days, 30.0, "`30`"),
     Variable("ONNXCAST_ACTOR", "Who a command-line promotion or rollback is recorded as, in the channel history.",

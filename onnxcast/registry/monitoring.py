@@ -269,7 +269,8 @@ def monitor_channel(model_name: str, channel: str, store_uri: str, *, trust: str
     with tempfile.TemporaryDirectory(prefix="onnxcast-monitor-") as scratch:
         work = Path(scratch)
         pulled = pull(store_uri, model_name, channel, work / "device", trust=trust,
-                      s3_settings=settings_for(store_uri) if store_uri.startswith("s3://") else None)
+                      s3_settings=settings_for(store_uri) if store_uri.startswith("s3://") else None,
+                      channel_artifact=True)
         model_path, _info = installed(work / "device")
         version = registered_version(model_path.parent / "manifest.json", pulled.version)
         report = deployed_report(model_name, version, work / "registry", tracking_uri)

@@ -18,6 +18,7 @@ the training CLI's imports.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -100,7 +101,15 @@ def add_device_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--watch", action="store_true", help="keep polling the channel")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between polls (default 60)")
     p.add_argument("--max-polls", type=int, help="stop after this many polls (default: never)")
+    p.add_argument("--target", help="deployment target to install the channel's model for (x86_64, aarch64, "
+                                    "openvino, tvm-aarch64, cuda, tensorrt) instead of the one this device resolves "
+                                    "(default: $ONNXCAST_EDGE_TARGET, else resolved; docs/targets.md)")
     p.set_defaults(handler=run_edge_pull)
+
+    p = commands.add_parser("status", help="what DEST serves: version, channel, artifact, the deployment target "
+                                           "and why it was chosen (JSON)")
+    p.add_argument("--dir", required=True, help="device folder given to 'pull --dest'")
+    p.set_defaults(handler=run_edge_status)
 
     p = commands.add_parser("predict", help="forecast from a CSV with the installed model: CSV on stdout, "
                                             "step, time, forecast, one q<level> column per quantile level of the "
@@ -142,7 +151,7 @@ def _edge_main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog=DEVICE_PROGRAM, description="onnxcast device client: pull signed "
                                      "models from a rollout store, verify them and run them")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{pull,predict,trust,keys}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{pull,predict,status,trust,keys}")
     add_device_commands(commands)
     add_keys_commands(commands)
     # `onnxcast-edge edge pull`: the spelling of the first release, kept working
@@ -251,13 +260,25 @@ def run_edge_pull(args: argparse.Namespace) -> int:
             raise ConfigError(f"--max-polls must be >= 1, got {args.max_polls}")
         try:
             failures = watch(args.store, args.model, args.channel, args.dest, interval=args.interval,
-                             max_polls=args.max_polls, trust=args.trust, on_poll=lambda line: print(line, flush=True))
+                             max_polls=args.max_polls, trust=args.trust, on_poll=lambda line: print(line, flush=True),
+                             target=args.target)
         except KeyboardInterrupt:  # the usual way to stop an unbounded watch
             return 130
         return 1 if failures else 0
-    result = pull(args.store, args.model, args.channel, args.dest, trust=args.trust)
+    result = pull(args.store, args.model, args.channel, args.dest, trust=args.trust, target=args.target)
     state = "installed" if result.changed else "already at"
-    print(f"{result.model} channel {result.channel}: {state} version {result.version} ({result.path})")
+    target = f"; target {result.target} ({result.why})" if result.target else ""
+    print(f"{result.model} channel {result.channel}: {state} version {result.version} ({result.path}){target}")
+    return 0
+
+
+def run_edge_status(args: argparse.Namespace) -> int:
+    """pulled.json of the version DEST serves (its sha256 checked), as JSON on stdout."""
+    from onnxcast.rollout.edge import installed
+
+    path, info = installed(args.dir)
+    shown = {k: v for k, v in info.items() if not k.startswith("_")}
+    print(json.dumps({"path": str(path), **shown}, indent=2))
     return 0
 
 

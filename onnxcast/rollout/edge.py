@@ -83,6 +83,17 @@ from onnxcast.rollout.device import (
     DeviceFolderError,
     open_device_folder,
 )
+from onnxcast.rollout.device_runtime import open_runtime
+from onnxcast.rollout.device_target import (
+    DEVICE_TARGETS,
+    LEGACY_TARGET,
+    ONNXRUNTIME,
+    DeviceFacts,
+    Preference,
+    choose,
+    preference,
+    read_facts,
+)
 from onnxcast.rollout.store import MANIFEST, MAX_POINTER_BYTES, check_name, open_store, write_new
 from onnxcast.rollout.trust import DeviceTrust
 
@@ -90,6 +101,9 @@ log = logging.getLogger(__name__)
 
 PREDICT_METADATA = ("target", "features", "lookback", "horizon")
 PULLED = "pulled.json"
+# pulled.json's target of a pull of the channel's own artifact (pull(channel_artifact=True))
+CHANNEL_ARTIFACT_RECORD = {"name": LEGACY_TARGET, "runtime": ONNXRUNTIME, "fallback": False,
+                           "why": "the channel's own artifact (a server, the monitor or a model repository pulled it)"}
 DEFAULT_TIME_COLUMN = "ds"  # the pipeline's default time column (PipelineConfig.time_column)
 # An input table for one forecast is the newest `lookback` rows; 256 MiB is years of
 # half-hourly rows. Streamed: memory holds `lookback` rows, not the file.
@@ -119,6 +133,8 @@ class PullResult:
     changed: bool
     path: Path
     previous: str | None = None
+    target: str | None = None  # the deployment target installed (onnxcast.rollout.device_target)
+    why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,7 +147,8 @@ class ModelInfo:
 
 
 def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: str | Path | None = None,
-         s3_settings: S3Settings | None = None) -> PullResult:
+         s3_settings: S3Settings | None = None, target: str | None = None,
+         channel_artifact: bool = False) -> PullResult:
     """Install the model ``channel`` points to under ``dest/current`` if it verifies
     against the device's trust root (``trust``, ``$ONNXCAST_TRUST`` or ``dest/trust``).
 
@@ -140,21 +157,31 @@ def pull(store_uri: str, model: str, channel: str, dest: str | Path, *, trust: s
     VerificationError when the model fails the device's checks; ``dest/current`` is
     unchanged then and the message says which version keeps serving. Nothing outside
     ``dest`` is written or removed (onnxcast.rollout.device).
+
+    The artifact installed is the one of the device's target (onnxcast.rollout.device_target:
+    ``target``, else ``$ONNXCAST_EDGE_TARGET``, else resolved from this machine's facts); a
+    channel with no variant validated for this device is refused (RefusedError).
+    ``channel_artifact``: the pointer's own artifact instead, whatever the device (what a server
+    serves, the monitor judges and a model repository publishes), run with ONNX Runtime.
     """
     check_name("model", model)
     check_name("channel", channel)
+    device = None
+    if not channel_artifact:
+        facts = read_facts()
+        device = (preference(facts, target), facts)  # an unknown or foreign --target: refused before anything
     store = open_store(store_uri, s3_settings)
     with open_device_folder(dest, create=True) as folder, folder.locked():
         current = _installed(folder)
         try:
-            return _pull_locked(store, model, channel, folder, trust, current)
+            return _pull_locked(store, model, channel, folder, trust, current, device)
         except VerificationError as exc:  # RefusedError included
             serving = f"still serving version {current['version']}" if current else "nothing installed"
             raise type(exc)(f"{exc} ({serving})") from None
 
 
 def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_file,
-                 current: dict | None) -> PullResult:
+                 current: dict | None, device: tuple[Preference, DeviceFacts] | None) -> PullResult:
     trust = DeviceTrust(folder, trust_file)
     key = store.channel_key(model, channel)
     where = store.url(key)
@@ -164,16 +191,17 @@ def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_fi
     if len(data) > MAX_POINTER_BYTES:
         raise RefusedError(f"{where}: longer than {MAX_POINTER_BYTES:,} bytes (stopped reading); refusing it")
     signed, want = check_pointer(store, trust, model, channel, data)
-    if current and current.get("version") == want["version"] and current.get("sha256") == want["sha256"] \
-            and _installed_sha(folder, current) == want["sha256"]:
+    if _unchanged(folder, current, want, device[0] if device else None):
         trust.record(model, channel, signed)
-        return PullResult(model, channel, want["version"], False, folder.path / CURRENT)
+        target = current.get("target") if isinstance(current.get("target"), dict) else {}
+        return PullResult(model, channel, want["version"], False, folder.path / CURRENT, target=target.get("name"),
+                          why=target.get("why"))
     staging = f"{STAGING_PREFIX}{uuid.uuid4().hex}"
     os.mkdir(staging, 0o755, dir_fd=folder.fd)
     try:
         staging_fd = folder.open_folder(folder.fd, staging, create=False)
         try:
-            _download(store, trust, model, channel, want, folder.path / staging, staging_fd)
+            pulled = _download(store, trust, model, channel, want, folder.path / staging, staging_fd, device)
         finally:
             os.close(staging_fd)
         installed = _install(folder, staging, want["version"])
@@ -182,13 +210,29 @@ def _pull_locked(store, model: str, channel: str, folder: DeviceFolder, trust_fi
     trust.record(model, channel, signed)
     previous = current.get("version") if current else None
     log.info("installed %s version %s (channel %s) at %s", model, want["version"], channel, installed)
-    return PullResult(model, channel, want["version"], True, folder.path / CURRENT, previous)
+    return PullResult(model, channel, want["version"], True, folder.path / CURRENT, previous,
+                      pulled["target"]["name"], pulled["target"]["why"])
+
+
+def _unchanged(folder: DeviceFolder, current: dict | None, want: dict, prefer: Preference | None) -> bool:
+    """Whether ``current`` is the pointer's version, installed intact, for the same targets as
+    this device's now (a device that gained a runtime, or a --target, pulls again); with no
+    ``prefer`` (a pull of the channel's own artifact), whether that artifact is installed."""
+    if not current or current.get("version") != want["version"]:
+        return False
+    target = current.get("target") if isinstance(current.get("target"), dict) else {}
+    if prefer is None:
+        same = current.get("sha256") == want["sha256"]
+    else:
+        same = (current.get("channel_sha256", current.get("sha256")) == want["sha256"]
+                and target.get("preference") == list(prefer.targets) and target.get("override") == prefer.override)
+    return same and _installed_sha(folder, current) == current.get("sha256")
 
 
 def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interval: float = 60.0,
           max_polls: int | None = None, on_poll: Callable[[str], None] = log.info,
           sleep: Callable[[float], None] = time.sleep, trust: str | Path | None = None,
-          s3_settings: S3Settings | None = None) -> int:
+          s3_settings: S3Settings | None = None, target: str | None = None) -> int:
     """Poll the channel every ``interval`` seconds (``max_polls`` times, or forever) and pull
     what it names. A poll that fails keeps the current model. Returns the failed polls."""
     if not 0 <= interval <= MAX_INTERVAL_S:  # nan and inf included: time.sleep raises on them
@@ -199,7 +243,7 @@ def watch(store_uri: str, model: str, channel: str, dest: str | Path, *, interva
             sleep(interval)
         polls += 1
         try:
-            result = pull(store_uri, model, channel, dest, trust=trust, s3_settings=s3_settings)
+            result = pull(store_uri, model, channel, dest, trust=trust, s3_settings=s3_settings, target=target)
             on_poll(f"poll {polls}: {'installed' if result.changed else 'unchanged at'} version {result.version}")
         except RefusedError as exc:
             failures += 1
@@ -347,25 +391,38 @@ def quantile_columns(levels) -> list[str]:
 
 
 def _open_model(model_dir: str | Path, threads: int) -> _Model:
-    """The installed model's ORT session, metadata (unprefixed), pulled.json, input columns
-    and quantile levels; VerificationError (one line) when its metadata does not fit it."""
-    import onnxruntime as ort
-
+    """The installed model's session in the runtime of the target it was pulled for (ONNX
+    Runtime, OpenVINO, TVM), metadata (unprefixed), pulled.json, input columns and quantile
+    levels; VerificationError (one line) when its metadata does not fit it."""
     model_path, info = installed(model_dir)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    meta = _prefixed(session.get_modelmeta().custom_metadata_map)
+    name = info["target"].get("name") if isinstance(info.get("target"), dict) else None
+    target = DEVICE_TARGETS.get(name or LEGACY_TARGET)
+    if target is None:
+        raise VerificationError(f"{model_path}: installed for target {name!r}, which this client does not know; "
+                                f"pull again")
+    if target.runtime == ONNXRUNTIME:
+        session, meta, found = _ort_model(model_path, threads, target.provider)
+    else:
+        session, meta, found = open_runtime(target, model_path, info, threads)
     missing = [k for k in PREDICT_METADATA if k not in meta]
     if missing:
         raise VerificationError(f"{model_path}: ONNX metadata lacks onnxcast.{', onnxcast.'.join(missing)}")
-    found = ort_signature(session)
     problems = quantile_problems(found, meta)
     if problems:
         raise VerificationError(f"{model_path}: " + "; ".join(problems))
     levels = parse_quantile_levels(meta[QUANTILE_METADATA]) if has_quantiles(found) else ()
     columns = [meta["target"], *[c for c in meta["features"].split(",") if c]]
     return _Model(session, meta, info, columns, int(meta["lookback"]), levels)
+
+
+def _ort_model(model_path: Path, threads: int, provider: str | None) -> tuple[Any, dict[str, str], dict]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    providers = [provider, "CPUExecutionProvider"] if provider else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(model_path), options, providers=providers)
+    return session, _prefixed(session.get_modelmeta().custom_metadata_map), ort_signature(session)
 
 
 def _format_value(value) -> str:
@@ -977,19 +1034,41 @@ def check_manifest(store, trust: DeviceTrust, model: str, channel: str, want: di
 
 
 def _download(store, trust: DeviceTrust, model: str, channel: str, want: dict, staging: Path,
-              staging_fd: int) -> None:
-    """Fetch and check the manifest and the artifact into ``staging`` (open as ``staging_fd``)."""
-    version, artifact = want["version"], want["artifact"]
+              staging_fd: int, device: tuple[Preference, DeviceFacts] | None) -> dict:
+    """Fetch and check the manifest and the artifact of the device's target (None: the pointer's
+    own) into ``staging`` (open as ``staging_fd``); returns what pulled.json records."""
+    version = want["version"]
     data, manifest = check_manifest(store, trust, model, channel, want)
-    entry = manifest["artifacts"][artifact]
-    blob = _read_signed_length(store, store.version_key(model, version, artifact), want["length"], want["sha256"],
-                               "artifact", version)
+    manifest_url = store.url(store.version_key(model, version))
+    if device is None:
+        name, record = want["artifact"], CHANNEL_ARTIFACT_RECORD
+    else:
+        choice = choose(manifest, channel, device[0], manifest_url)
+        name, record = choice.artifact, choice.record(*device)
+    artifact, sha, length, entry = _signed_artifact(manifest, name, manifest_url, version)
+    blob = _read_signed_length(store, store.version_key(model, version, artifact), length, sha, "artifact", version)
     write_new(staging_fd, MANIFEST, data)
     write_new(staging_fd, artifact, blob)
-    inspect_model(staging / artifact, expected_signature=entry.get("signature"))
+    if artifact.endswith(".onnx"):  # a compiled library (tvm-aarch64) is checked by its signed digest only
+        inspect_model(staging / artifact, expected_signature=entry.get("signature"))
     pulled = {"model": model, "channel": channel, "store": store.uri, **want,
+              "artifact": artifact, "sha256": sha, "length": length,
+              "channel_artifact": want["artifact"], "channel_sha256": want["sha256"],
+              "target": record,
               "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_new(staging_fd, PULLED, (json.dumps(pulled, indent=2) + "\n").encode())
+    return pulled
+
+
+def _signed_artifact(manifest: dict, name: str, where: str, version: str) -> tuple[str, str, int, dict]:
+    """``(name, sha256, length, entry)`` of an artifact the verified manifest lists."""
+    entry = (manifest.get("artifacts") or {}).get(name)
+    sha = entry.get("sha256") if isinstance(entry, dict) else None
+    length = entry.get("size_bytes") if isinstance(entry, dict) else None
+    if not isinstance(sha, str) or not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        raise RefusedError(f"{where}: names artifact {name!r} for its target without a signed sha256 and size; "
+                           f"refusing version {version}")
+    return check_name("artifact", name), sha, length, entry
 
 
 def _install(folder: DeviceFolder, staging: str, version: str) -> Path:

@@ -67,7 +67,7 @@ def publish_model_repository(store: RolloutStore | str, model: str, channel: str
     # The pull verifies into a scratch device folder removed at the end: its name says so,
     # since the pull logs where it "installed" the model (it was read as the repository's place).
     with tempfile.TemporaryDirectory(prefix="onnxcast-temporary-verify-") as device:
-        pulled = pull(store.uri, model, channel, device, trust=trust, s3_settings=s3_settings)
+        pulled = pull(store.uri, model, channel, device, trust=trust, s3_settings=s3_settings, channel_artifact=True)
         if pulled.version != pointer.value.get("version"):
             raise ConflictError(f"{store.url(store.channel_key(model, channel))} moved while publishing the model "
                                 "repository; re-run")

@@ -188,7 +188,7 @@ class ChannelFollower:
     def poll(self) -> bool:
         """Pull once and swap if the installed version changed; True when it swapped."""
         try:
-            pull(self.store_uri, self.name, self.channel, self.dest, trust=self.trust)
+            pull(self.store_uri, self.name, self.channel, self.dest, trust=self.trust, channel_artifact=True)
             self.last_error = None
         except OnnxcastError as exc:  # refused or unreachable: keep what is installed and loaded
             self._failed(type(exc).__name__, str(exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -23,6 +24,8 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
     for family in ("lstm", "transformer", "nhits", "dlinear"):
         for variant in ("torch", "fp32", "fp32-opt", "int8", "fp16"):
             assert {(family, variant, 1), (family, variant, 64), (family, variant, 1024)} <= cells
+        if importlib.util.find_spec("openvino") is not None:  # the openvino target, timed against ORT's fp32
+            assert {(family, "openvino-fp32", b) for b in (1, 64, 1024)} <= cells
         cost = report["cost_per_forecast"][family]["1024"]
         assert cost["flops"] > 0 and cost["bytes"] > 0
     for row in report["rows"]:
@@ -46,6 +49,9 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
         for variant, gates in judged["variants"].items():
             assert "beats_seasonal_naive" in gates and "accuracy_vs_fp32" in gates, (family, variant)
     assert "| family | variant |" in markdown.read_text()
+    if importlib.util.find_spec("openvino") is not None:
+        assert "| family | threads | batch | ONNX Runtime p50 ms | OpenVINO p50 ms | ORT / OpenVINO |" \
+            in markdown.read_text()
 
 
 def _bench_module():

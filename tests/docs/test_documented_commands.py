@@ -97,6 +97,9 @@ SKIPPED: dict[str, str] = {
         "tests/onnxcast/targets/test_target_runs.py builds the sysroot (slow tests)",
     r"^python scripts/measure_targets\.py\b": "every target on a run's four models (minutes under qemu); "
         "tests/onnxcast/targets/test_target_runs.py runs the same runners",
+    r"^pip install '?\./distributions/edge(\[\w+\])?'? -c distributions/edge/constraints/": "installs the device "
+        "distribution from the package registry; tests/onnxcast/rollout/test_rollout_hardening.py installs it in a "
+        "fresh venv, test_device_aarch64.py the aarch64 install those constraints pin",
 }
 
 # A documented HTTP client of `onnxcast serve`: run against the server the test starts from the

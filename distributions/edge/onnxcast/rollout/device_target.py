@@ -1,0 +1,1 @@
+../../../../onnxcast/rollout/device_target.py
