@@ -91,6 +91,9 @@ class TestPull:
         manifest["artifacts"]["evil.onnx"] = {**manifest["artifacts"]["lstm-fp32-opt.onnx"],
                                               "sha256": sha256_bytes(data), "size_bytes": len(data)}
         manifest["channels"]["edge"]["artifact"] = "evil.onnx"
+        # a device installs the artifact its target names (docs/targets.md): name the evil one there too
+        for choice in manifest["channels"]["edge"].get("targets", {}).values():
+            choice["artifact"] = "evil.onnx"
         manifest["version"] = "2"
         signers = load_signers()
         manifest_bytes = dump_json(sign_envelope(manifest, signers))
