@@ -73,7 +73,12 @@ def train_ensemble(cfg: PipelineConfig, family: str = ENSEMBLE) -> dict:
     x, y, w = ensemble_validation(cfg, loaded[0][1])
     forecasts = member_forecasts([model for model, _ in loaded], x)
     choice = choose_combination(forecasts, y, w, members)
-    model, spec = build_ensemble(loaded, choice["weights"] if choice["combination"] == "weighted" else ())
+    if choice["combination"] == "weighted":  # a member of weight 0 is not computed: left out of the graph
+        kept = [i for i, v in enumerate(choice["weights"]) if v > 0]
+        model, spec = build_ensemble([loaded[i] for i in kept], [choice["weights"][i] for i in kept])
+    else:
+        model, spec = build_ensemble(loaded, ())
+    choice["in_graph"] = [m["family"] for m in spec.members]
     seconds = time.monotonic() - started
     log.info("%s of %s: %s (validation scaled MAE %.4g; median %.4g; best member %s %.4g) in %.1fs", family,
              ", ".join(members), choice["combination"], choice["validation_loss"][choice["combination"]],
@@ -202,5 +207,5 @@ def ensemble_summary(model_json: dict) -> dict | None:
     choice = model_json.get("ensemble")
     if not isinstance(choice, dict):
         return None
-    return {k: choice[k] for k in ("members", "combination", "weights", "validation_loss", "best_member",
+    return {k: choice[k] for k in ("members", "combination", "weights", "in_graph", "validation_loss", "best_member",
                                    "validation_windows", "intervals") if k in choice}

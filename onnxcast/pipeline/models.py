@@ -498,8 +498,8 @@ class EnsembleForecaster(QuantileOutput):
 
     def __init__(self, members: list[QuantileOutput], weights: tuple[float, ...] = ()):
         super().__init__()
-        if len(members) < 2:
-            raise ValueError(f"an ensemble needs at least two members, got {len(members)}")
+        if len(members) < (1 if weights else 2):  # a median of one is no combination
+            raise ValueError(f"an ensemble's median needs at least two members, got {len(members)}")
         if weights and len(weights) != len(members):
             raise ValueError(f"{len(weights)} weights for {len(members)} members")
         self.core = nn.ModuleList(members)

@@ -33,7 +33,6 @@ from onnxcast.pipeline import fleet_quality
 from onnxcast.pipeline.checkpoint import load_model, save_model
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import dated_split, utc_iso, windows
-from onnxcast.pipeline.evaluation import reference_model
 from onnxcast.pipeline.ensemble import (
     ENSEMBLE,
     ensemble_last,
@@ -42,6 +41,7 @@ from onnxcast.pipeline.ensemble import (
     skipped_families,
     train_ensemble,
 )
+from onnxcast.pipeline.evaluation import reference_model
 from onnxcast.pipeline.fleet_data import (
     ACROSS_SERIES,
     FleetData,
