@@ -278,6 +278,9 @@ class PipelineConfig:
             problems.append(str(exc))
         if self.champion_metric not in CHAMPION_METRICS:
             problems.append(f"champion_metric must be one of {list(CHAMPION_METRICS)}, got {self.champion_metric!r}")
+        if tuple(self.models) == ("ensemble",):
+            problems.append("models: ensemble combines the other families of the run; name at least two of them "
+                            "too (e.g. nhits,dlinear,ensemble)")
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.patch_length > self.lookback:

@@ -232,3 +232,28 @@ def test_a_fleet_run_trains_two_members_and_their_ensemble(tmp_path):
     model, spec = load_model(cfg, "ensemble")
     assert spec.quantile_levels == LEVELS or spec.quantile_levels == cfg.levels
     assert {v["name"] for v in ensemble["variants"]} >= {"fp32", "fp32-opt", "int8"}
+
+
+def test_an_ensemble_alone_is_refused_with_the_reason():
+    from onnxcast.base.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ensemble combines the other families of the run; name at least two"):
+        PipelineConfig(data_uri="example", out_dir="out", models=("ensemble",))
+
+
+@pytest.mark.slow
+def test_a_run_with_one_member_skips_the_ensemble_and_says_why(tmp_path):
+    """One series (weekly CO2), DLinear for one epoch: the run passes with DLinear alone."""
+    sys.path.append(str(Path(__file__).parents[2]))
+    from real_series import weekly_co2_csv
+
+    from onnxcast.pipeline.run import run_pipeline
+
+    cfg = PipelineConfig.from_dict({"data_uri": weekly_co2_csv(), "out_dir": str(tmp_path / "run"), "horizon": 12,
+                                    "lookback": 56, "max_epochs": 1, "models": ["ensemble", "dlinear"],
+                                    "latency_repeats": 2, "coverage_tolerance": 0.5})
+    report = run_pipeline(cfg)
+    assert [m["family"] for m in report["models"]] == ["dlinear"]
+    assert report["skipped"] == [{"family": "ensemble",
+                                  "reason": "needs at least two trained member families, the run trained 1 (dlinear)"}]
+    assert not (tmp_path / "run" / "models" / "ensemble" / "onnx").exists()
