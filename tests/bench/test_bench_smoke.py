@@ -46,6 +46,13 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
         for variant, gates in judged["variants"].items():
             assert "beats_seasonal_naive" in gates and "accuracy_vs_fp32" in gates, (family, variant)
     assert "| family | variant |" in markdown.read_text()
+    # the ensemble of the four, timed against its members in the same run
+    ensemble = report["ensemble"]
+    assert ensemble["members"] and set(ensemble["members"]) <= {"lstm", "transformer", "nhits", "dlinear"}
+    assert {("fp32", b) for b in (1, 64, 1024)} <= {(c["variant"], c["batch"]) for c in ensemble["cells"]}
+    assert all(c["ensemble_p50_ms"] > 0 and c["members_sum_p50_ms"] >= c["slowest_member_p50_ms"] > 0
+               for c in ensemble["cells"])
+    assert "The ensemble of" in markdown.read_text()
 
 
 def _bench_module():

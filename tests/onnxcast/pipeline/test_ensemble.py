@@ -185,6 +185,22 @@ def test_a_fetched_ensemble_spec_is_checked_member_by_member(tmp_path):
         assert fragment in str(error.value)
 
 
+def test_mlflow_params_and_tags_name_the_members_and_weights(tmp_path):
+    from onnxcast.base.files import write_json
+    from onnxcast.pipeline.layout import RunLayout
+    from onnxcast.registry.tracking import family_params
+
+    _, spec = build_ensemble(trained_members(("dlinear", "nhits")), (0.7, 0.3))
+    layout = RunLayout(tmp_path)
+    layout.family("ensemble").mkdir(parents=True)
+    choice = {"members": ["dlinear", "nhits", "lstm"], "combination": "weighted", "weights": [0.7, 0.3, 0.0]}
+    write_json(layout.model_json("ensemble"), {"spec": spec.to_dict(), "source": "trained", "ensemble": choice})
+    params = family_params(layout, "ensemble")
+    assert params["spec.members"] == "dlinear,nhits"  # the graph's members, not their whole specs
+    assert params["ensemble.members"] == "dlinear,nhits,lstm" and params["ensemble.combination"] == "weighted"
+    assert params["ensemble.weights"] == "0.7,0.3,0"
+
+
 def test_with_fewer_than_two_trained_members_the_ensemble_is_skipped_with_the_reason(tmp_path):
     cfg = PipelineConfig(data_uri="example", out_dir=str(tmp_path), models=("nhits", "ensemble"))
     result = train_ensemble(cfg)
