@@ -213,7 +213,7 @@ def test_with_fewer_than_two_trained_members_the_ensemble_is_skipped_with_the_re
 
 
 @pytest.mark.slow
-def test_a_fleet_run_trains_two_members_and_their_ensemble(tmp_path):
+def test_a_fleet_run_trains_two_members_and_their_ensemble(tmp_path, capsys):
     """M3 monthly, 40 series, one short epoch each (about 40 s on 2 cores)."""
     sys.path.append(str(Path(__file__).parents[2]))
     from real_panels import load_panel
@@ -248,6 +248,13 @@ def test_a_fleet_run_trains_two_members_and_their_ensemble(tmp_path):
     model, spec = load_model(cfg, "ensemble")
     assert spec.quantile_levels == LEVELS or spec.quantile_levels == cfg.levels
     assert {v["name"] for v in ensemble["variants"]} >= {"fp32", "fp32-opt", "int8"}
+    # bench/ensemble_quantiles.py judges its quantiles against the members' combined, on the run
+    sys.path.append(str(Path(__file__).parents[3] / "bench"))
+    import ensemble_quantiles
+
+    assert ensemble_quantiles.main(cfg.out_dir) == 0
+    printed = capsys.readouterr().out
+    assert "the ensemble's conformal quantiles: coverage 80%" in printed and "the members' quantiles combined" in printed
 
 
 def test_an_ensemble_alone_is_refused_with_the_reason():
