@@ -149,8 +149,9 @@ def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = 
     fetched_from = original.get("source", "unknown")
     record = {"spec": spec.to_dict(), "source": {"kind": source["kind"], **resolved},
               "fetched_from": fetched_from if isinstance(fetched_from, str | dict) else "unknown"}
-    if isinstance(original.get("training"), dict):
-        record["training"] = original["training"]
+    for key in ("training", "ensemble"):  # how it was made; an ensemble's members and weights
+        if isinstance(original.get(key), dict):
+            record[key] = original[key]
     write_json(family_dir / SPEC_FILE, record)
     log.info("fetched %s model from %s into %s", spec.family, uri, family_dir)
     return FetchedModel(spec.family, spec.to_dict(), record["source"])

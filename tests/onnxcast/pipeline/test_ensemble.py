@@ -185,6 +185,26 @@ def test_a_fetched_ensemble_spec_is_checked_member_by_member(tmp_path):
         assert fragment in str(error.value)
 
 
+def test_a_fetched_ensemble_loads_and_forecasts_as_the_one_registered(tmp_path):
+    from onnxcast.registry.fetch import fetch_model
+
+    model, spec = build_ensemble(trained_members(("dlinear", "nhits")), ())
+    source = tmp_path / "source"
+    source.mkdir()
+    torch.save(model.state_dict(), source / "model.pt")
+    choice = {"members": ["dlinear", "nhits"], "combination": "median", "weights": []}
+    (source / "model.json").write_text(json.dumps({"spec": spec.to_dict(), "ensemble": choice}))
+    fetched = fetch_model(str(source), tmp_path / "champion", expect={"horizon": 6})
+    assert fetched.family == "ensemble"
+    record = json.loads((tmp_path / "champion" / "model.json").read_text())
+    assert record["ensemble"] == choice and [m["family"] for m in record["spec"]["members"]] == ["dlinear", "nhits"]
+    again = build_model(ModelSpec(**record["spec"]))
+    again.load_state_dict(torch.load(tmp_path / "champion" / "model.pt", weights_only=True))
+    x = torch.from_numpy(histories(2, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(again.eval()(x), model(x), rtol=0, atol=0)
+
+
 def test_mlflow_params_and_tags_name_the_members_and_weights(tmp_path):
     from onnxcast.base.files import write_json
     from onnxcast.pipeline.layout import RunLayout
