@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxcast.pipeline.ensemble import ensemble_last
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "fleet-results.json"
 MARKDOWN = REPO / "bench" / "fleet-results.md"
@@ -312,7 +314,7 @@ def fleet_steps(cfg, shards: list[int]) -> list[list[Step]]:
     groups = [[Step("check_series", f"{quality}:check_fleet_shard", (k,), k) for k in shards],
               [Step("merge_data", f"{quality}:merge_fleet_checks")],
               [Step("reference", f"{evaluation}:reference_shard", (k,), k) for k in shards]]
-    for family in cfg.models:
+    for family in ensemble_last(cfg.models):  # the ensemble combines the families trained before it
         groups += [[Step(f"train {family}", f"{run}:train_family", (family,))],
                    [Step(f"export {family}", f"{run}:export_family", (family,))],
                    [Step(f"optimize {family}", f"{run}:optimize_family", (family,))]]

@@ -42,6 +42,8 @@ from training import render as render_training  # noqa: E402
 from training import training_throughput  # noqa: E402
 
 from onnxcast.base.batches import CHUNK_ROWS, run_in_chunks  # noqa: E402
+from onnxcast.pipeline.config import DEFAULT_FAMILIES  # noqa: E402
+from onnxcast.pipeline.ensemble import ENSEMBLE, ensemble_last  # noqa: E402
 
 log = logging.getLogger("bench")
 
@@ -431,15 +433,17 @@ def prepare_run(out_dir: Path, epochs: int, max_minutes: float):
     from onnxcast.pipeline.config import PipelineConfig, example_data_path
     from onnxcast.pipeline.run import export_family, optimize_family, prepare_data, train_family
 
+    # the four families and their ensemble (its latency against its members', ensemble_latency)
     cfg = PipelineConfig(data_uri=example_data_path(), out_dir=str(out_dir), max_epochs=epochs,
-                         max_minutes=max_minutes)
+                         max_minutes=max_minutes, models=(*DEFAULT_FAMILIES, ENSEMBLE))
     out_dir.mkdir(parents=True, exist_ok=True)
     # One thread: with another job on the second core, PyTorch's two OpenMP threads made an
     # epoch 30x slower (60 s instead of 2), hit the time cap and left a different model.
     torch.set_num_threads(1)
     prepare_data(cfg)
-    for family in cfg.models:
-        train_family(cfg, family)
+    for family in ensemble_last(cfg.models):
+        if "skipped" in train_family(cfg, family):
+            continue
         export_family(cfg, family)
         optimize_family(cfg, family)
     return cfg
@@ -451,6 +455,8 @@ def load_run(run_dir: Path, reoptimize: bool):
 
     cfg = PipelineConfig.load(run_dir / "config.json")
     cfg = PipelineConfig.from_dict({**cfg.to_dict(), "out_dir": str(run_dir)})
+    # a skipped ensemble (fewer than two members) has no model to time
+    cfg = PipelineConfig.from_dict({**cfg.to_dict(), "models": [f for f in cfg.models if cfg.layout.model_json(f).exists()]})
     if reoptimize:  # rebuild the variants from fp32.onnx with the current onnxcast.pipeline.optimize
         for family in cfg.models:
             optimize_family(cfg, family)
@@ -522,6 +528,8 @@ def write_markdown(results: dict, path: Path) -> None:
                     "not beat the baselines); the per-family choices above judge parity and the accuracy budget "
                     "against fp32 only"),
               ""]
+    if results.get("ensemble"):
+        lines += render_ensemble(results["ensemble"])
     if results.get("training"):
         lines += ["Training windows a second (bench/training.py: the pipeline's training step; `before` is the "
                   "model and step of c2a809c, when the issue was filed; per CPU second is the steady figure on "
@@ -554,6 +562,35 @@ def openvino_table(rows: list[dict]) -> list[str]:
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {base['p50_ms']:.3f} | {ov['p50_ms']:.3f} | "
                      f"{base['p50_ms'] / ov['p50_ms']:.2f} | {parity} | {100 * ov['mae_vs_fp32']:+.3f}% |")
     return lines
+
+
+def ensemble_latency(cfg, rows: list[dict], threads: int) -> dict | None:
+    """The ensemble's p50 latency per variant and batch (at ``threads``) against its members': the
+    sum of the members' p50 (what running them one by one costs) and the slowest member's."""
+    from onnxcast.base.files import read_json
+
+    if ENSEMBLE not in cfg.models:
+        return None
+    members = [m["family"] for m in read_json(cfg.layout.model_json(ENSEMBLE))["spec"]["members"]]
+    p50 = {(r["family"], r["variant"], r["batch"]): r["p50_ms"] for r in rows if r["threads"] == threads}
+    cells = []
+    for (family, variant, batch), value in sorted(p50.items()):
+        mine = [p50.get((m, variant, batch)) for m in members]
+        if family != ENSEMBLE or None in mine:
+            continue
+        cells.append({"variant": variant, "batch": batch, "ensemble_p50_ms": value, "members_sum_p50_ms": sum(mine),
+                      "slowest_member_p50_ms": max(mine), "x_members_sum": value / sum(mine)})
+    return {"members": members, "threads": threads, "cells": cells}
+
+
+def render_ensemble(ensemble: dict) -> list[str]:
+    lines = [f"The ensemble of {', '.join(ensemble['members'])} against its members (p50 ms at "
+             f"{ensemble['threads']} thread(s), the same variant of each; 'sum': the members run one after another):",
+             "", "| variant | batch | ensemble | members' sum | slowest member | x sum |", "|---|---:|---:|---:|---:|---:|"]
+    for c in ensemble["cells"]:
+        lines.append(f"| {c['variant']} | {c['batch']} | {c['ensemble_p50_ms']:.3f} | {c['members_sum_p50_ms']:.3f} | "
+                     f"{c['slowest_member_p50_ms']:.3f} | {c['x_members_sum']:.2f} |")
+    return [*lines, ""]
 
 
 def training_goals(training: list[dict]) -> list[dict]:
@@ -649,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     from onnxcast.pipeline.report import select_variants
 
     rows, entries = [], []
-    for family in cfg.models:
+    for family in ensemble_last(cfg.models):
         family_rows, entry = bench_family(cfg, family, threads_list, rounds, repeats, warmup, machine)
         rows += family_rows
         entries.append(entry)
@@ -667,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds, training_rounds = (0.3, 2) if args.quick else (4.0, 5)
     training = []
     for fleet, lookback, horizon in ((False, cfg.lookback, cfg.horizon), (True, 36, 18)):
-        training += training_throughput(tuple(cfg.models), lookback=lookback, horizon=horizon, fleet=fleet,
+        training += training_throughput(tuple(f for f in cfg.models if f != ENSEMBLE), lookback=lookback, horizon=horizon, fleet=fleet,
                                         fleet_series=200 if args.quick else 10_000, threads=threads_list[0],
                                         seconds_per_candidate=seconds, rounds=training_rounds,
                                         warmup_steps=1 if args.quick else 3)
@@ -710,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         "gates": {e["family"]: {"passed": e["gates_passed"], "failures": e["failures"],
                                 "variants": {v["name"]: v["gates"] for v in e["variants"]}} for e in entries},
         "training": training,
+        "ensemble": ensemble_latency(cfg, rows, threads_list[0]),
         "goals": goals(rows, per_family, threads_list[0]) + training_goals(training),
         "seconds": round(time.monotonic() - started, 1),
     }

@@ -34,9 +34,13 @@ from onnxcast.targets.declarations import (
 # nhits and dlinear: window families (onnxcast.pipeline.models), trained in seconds; N-HiTS was more
 # accurate than the Transformer on hourly, half-hourly and weekly data, DLinear on weekly data
 # only (docs/performance.md#model-families)
-MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
+# ensemble: the other families of the run combined, trained after them (onnxcast.pipeline.ensemble,
+# docs/ensemble.md); chosen by name, not by default
+MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear", "ensemble")
+DEFAULT_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
 # the trigger form's names of the families, in its order (the window families first)
-FAMILY_LABELS = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer"}
+FAMILY_LABELS = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer",
+                 "ensemble": "Ensemble"}
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
 # the trigger form's names of the rollout channels, in CHANNELS' order
@@ -153,9 +157,10 @@ class PipelineConfig:
                             group=FORECAST, dag=True, description="History steps the model is trained on",
                             low=2, high=100_000)
     models: tuple[str, ...] = setting(
-        MODEL_FAMILIES, help="comma-separated families: " + ", ".join(MODEL_FAMILIES), cli="--models",
+        DEFAULT_FAMILIES, help="comma-separated families: " + ", ".join(MODEL_FAMILIES) + " (ensemble: the others "
+        "combined, after them)", cli="--models",
         group=TRAINING, dag="families", choices=MODEL_FAMILIES, labels=FAMILY_LABELS,
-        dag_default=tuple(FAMILY_LABELS),
+        dag_default=tuple(f for f in FAMILY_LABELS if f in DEFAULT_FAMILIES),
         description="Model families trained in parallel (one mapped task each)")
     season: int | None = setting(
         None, help="seasonal-naive period in steps; derived from the frequency if omitted", cli="--season",
@@ -291,6 +296,9 @@ class PipelineConfig:
             problems.append(str(exc))
         if self.champion_metric not in CHAMPION_METRICS:
             problems.append(f"champion_metric must be one of {list(CHAMPION_METRICS)}, got {self.champion_metric!r}")
+        if tuple(self.models) == ("ensemble",):
+            problems.append("models: ensemble combines the other families of the run; name at least two of them "
+                            "too (e.g. nhits,dlinear,ensemble)")
         if self.d_model % self.n_heads:
             problems.append(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.patch_length > self.lookback:
@@ -505,6 +513,7 @@ SIZE_SETTINGS = {
     "transformer": ("d_model", "num_layers", "horizon", "lookback", "batch_size"),
     "nhits": ("hidden_size", "lookback", "horizon"),
     "dlinear": ("lookback", "horizon"),
+    "ensemble": ("lookback", "horizon"),
 }
 
 

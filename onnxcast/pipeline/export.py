@@ -66,7 +66,9 @@ def export_onnx(model: torch.nn.Module, path: str | Path, *, n_features: int, lo
     quantiles = bool(getattr(model, "has_quantiles", False))
     outputs = [OUTPUT_NAME, QUANTILES_NAME] if quantiles else [OUTPUT_NAME]
     name = type(model.core).__name__
-    exporter = exporter or EXPORTER.get(name, "dynamo")
+    # an ensemble's members are its core: the TorchScript exporter if any member needs it
+    cores = [type(m.core).__name__ for m in model.core] if isinstance(model.core, torch.nn.ModuleList) else [name]
+    exporter = exporter or next((EXPORTER[c] for c in cores if c in EXPORTER), "dynamo")
     try:
         traced = (WithQuantiles(model) if quantiles else model) if as_written else graph_form(model)
     except (TypeError, ValueError) as exc:

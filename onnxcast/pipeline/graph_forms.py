@@ -43,6 +43,7 @@ from onnxcast.pipeline.models import (
     NORM_CLIP,
     DLinearCore,
     EncoderLayer,
+    EnsembleForecaster,
     Forecaster,
     LSTMCore,
     NormalisedForecaster,
@@ -62,6 +63,8 @@ FOLD_TOLERANCE = 1e-9
 def graph_form(model: QuantileOutput) -> nn.Module:
     """The module to export for ``model``: ``history -> forecast`` or, with quantile offsets,
     ``history -> (forecast, quantiles)``."""
+    if isinstance(model, EnsembleForecaster):
+        return EnsembleForm(model)
     if isinstance(model, WindowForecaster):
         if isinstance(model.core, DLinearCore):
             return FoldedLinearForm(model)
@@ -89,6 +92,13 @@ class _Form(nn.Module):
             self.register_buffer("eps", EPS_FLOOR * std * std)
         else:  # var + EPS * s**2
             self.register_buffer("eps", EPS * std * std)
+        self.init_outputs(model, window)
+        if hasattr(model, "min_history"):
+            self.min_history = model.min_history  # the exporter's lower bound of the time axis
+
+    def init_outputs(self, model: QuantileOutput, window: int | None) -> None:
+        """What :meth:`outputs` reads: the clip at 0, the quantiles' map and the interval scale's
+        lag and window."""
         self.nonnegative = bool(model.nonnegative)  # a Relu after each output, as the model's
         self.with_quantiles = bool(model.has_quantiles)
         if self.with_quantiles:
@@ -102,8 +112,6 @@ class _Form(nn.Module):
             self.register_buffer("quantile_map", quantile_map)
         self.interval_lag = int(model.interval_lag)
         self.interval_lookback = int(window or model.interval_lookback)
-        if hasattr(model, "min_history"):
-            self.min_history = model.min_history  # the exporter's lower bound of the time axis
 
     def rows(self, history: torch.Tensor) -> torch.Tensor:
         """The (window of the) history as ``[batch, F, time]``."""
@@ -312,6 +320,28 @@ class SequenceForm(_Form):
             features = self.core.features(steps)
         out = anchors + self.head(features)
         return self.outputs(self.target(rows), out * self.target(spread) + self.target(level))
+
+
+class EnsembleForm(_Form):
+    """The ensemble: each member's own form (forecast only), their combination (a weighted sum,
+    or the median as fixed weights over the sorted forecasts, one TopK), then the ensemble's
+    quantiles and clip at 0 as any form's."""
+
+    def __init__(self, model: EnsembleForecaster):
+        nn.Module.__init__(self)
+        self.window = None
+        self.forms = nn.ModuleList(graph_form(member) for member in model.core)
+        self.median = bool(model.median)
+        self.register_buffer("combination", model.weights.detach().float().clone())
+        self.init_outputs(model, None)
+        if hasattr(model, "min_history"):
+            self.min_history = model.min_history
+
+    def forward(self, history: torch.Tensor):
+        forecasts = torch.stack([form(history) for form in self.forms], dim=-1)  # [B, H, M]
+        if self.median:
+            forecasts = torch.topk(forecasts, len(self.forms), dim=-1, largest=False, sorted=True).values
+        return self.outputs(history[:, :, 0], (forecasts * self.combination).sum(dim=-1))
 
 
 def _feature_width(core: nn.Module) -> int:

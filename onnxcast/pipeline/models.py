@@ -91,10 +91,17 @@ class ModelSpec:
     # +-NORM_CLIP (global models since issue 32: a level shift in the window no longer sets the
     # forecast's scale)
     normalisation: str = "window"
+    # family "ensemble" (onnxcast.pipeline.ensemble): the member models' specs (each keeps its own
+    # normalisation and nonnegative handling) and the combination's weights, one a member, in
+    # their order; no weights: the median of the members' forecasts. Empty for every other family
+    members: tuple[dict, ...] = ()
+    weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seasons", tuple(int(s) for s in self.seasons))
         object.__setattr__(self, "quantile_levels", tuple(float(q) for q in self.quantile_levels))
+        object.__setattr__(self, "members", tuple(dict(m) for m in self.members))
+        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
 
     @property
     def anchor_seasons(self) -> tuple[int, ...]:
@@ -128,6 +135,9 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
     # LSTM / Transformer with ``seasons``: every anchor mixed and read by the correction head
     anchors = spec.anchor_seasons if spec.seasons else ()
     n_anchor_inputs = len(anchors) * spec.horizon
+    if spec.family == ENSEMBLE:
+        return _with_spec(EnsembleForecaster([build_model(ModelSpec(**m)) for m in spec.members], spec.weights),
+                          spec)
     if spec.family not in ("lstm", "transformer", *WINDOW_FAMILIES):
         raise ValueError(f"unknown model family {spec.family!r}; expected one of 'lstm', 'transformer', "
                          + ", ".join(repr(f) for f in WINDOW_FAMILIES))
@@ -149,12 +159,18 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
             core = TransformerCore(spec.n_features, spec.d_model, spec.n_heads, spec.num_layers, spec.horizon,
                                    n_anchor_inputs, patch=spec.patch)
         model = Forecaster(core, spec.n_features, spec.season, mean, std, anchors, spec.global_model)
-    model.interval_lag = interval_lag(spec.season, spec.lookback)
-    model.interval_lookback = spec.lookback
-    model.nonnegative = bool(spec.nonnegative)
     if spec.normalisation not in NORMALISATIONS:
         raise ValueError(f"unknown normalisation {spec.normalisation!r}; expected one of {NORMALISATIONS}")
     model.norm_steps = recent_steps(spec.season, spec.lookback) if spec.normalisation == "recent" else 0
+    return _with_spec(model, spec)
+
+
+def _with_spec(model: QuantileOutput, spec: ModelSpec) -> QuantileOutput:
+    """``model`` with what every forecaster takes from its spec: the interval scale's lag and
+    window, the clip at 0 of a never-negative target, the quantiles' buffer."""
+    model.interval_lag = interval_lag(spec.season, spec.lookback)
+    model.interval_lookback = spec.lookback
+    model.nonnegative = bool(spec.nonnegative)
     if spec.quantile_levels:
         model.add_quantiles(spec.horizon, len(spec.quantile_levels))
     return model
@@ -464,6 +480,58 @@ class EncoderLayer(nn.Module):
 
     def _heads(self, t: torch.Tensor, batch: int, time: int) -> torch.Tensor:
         return t.reshape(batch, time, self.n_heads, self.head_dim).transpose(1, 2)
+
+
+# --- the ensemble: one graph of several trained forecasters --------------------------------
+
+ENSEMBLE = "ensemble"
+
+
+class EnsembleForecaster(QuantileOutput):
+    """The combination of trained forecasters ``members`` (the ``core``, so the exporter and
+    ``WithQuantiles`` find it): ``forecast = sum_m weights[m] * forecast_m`` or, with no
+    ``weights``, the median of the members' forecasts (the mean of the middle two for an even
+    count). Each member keeps its own scaling, normalisation and clip at 0; its own quantiles are
+    not used: the ensemble's are calibrated on its own validation errors
+    (onnxcast.pipeline.intervals.calibrate, as any family's). The weights are fitted by
+    onnxcast.pipeline.ensemble."""
+
+    def __init__(self, members: list[QuantileOutput], weights: tuple[float, ...] = ()):
+        super().__init__()
+        if len(members) < (1 if weights else 2):  # a median of one is no combination
+            raise ValueError(f"an ensemble's median needs at least two members, got {len(members)}")
+        if weights and len(weights) != len(members):
+            raise ValueError(f"{len(weights)} weights for {len(members)} members")
+        self.core = nn.ModuleList(members)
+        self.median = not weights
+        self.register_buffer("weights", median_weights(len(members)) if self.median
+                             else torch.tensor(weights, dtype=torch.float32))
+        windows = [int(m.min_history) for m in members if hasattr(m, "min_history")]
+        if windows:
+            self.min_history = max(windows)  # the exporter's lower bound of the time axis
+
+    def member_forecasts(self, history: torch.Tensor) -> torch.Tensor:
+        """``[batch, horizon, members]``."""
+        return torch.stack([member(history) for member in self.core], dim=-1)
+
+    def forward(self, history: torch.Tensor) -> torch.Tensor:
+        return combine(self.member_forecasts(history), self.weights, self.median)
+
+
+def median_weights(count: int) -> torch.Tensor:
+    """The weights that make the median of ``count`` SORTED values: 1 on the middle one, or 0.5
+    on the middle two."""
+    weights = torch.zeros(count)
+    weights[(count - 1) // 2] += 0.5
+    weights[count // 2] += 0.5
+    return weights
+
+
+def combine(forecasts: torch.Tensor, weights: torch.Tensor, median: bool) -> torch.Tensor:
+    """``[batch, horizon]`` from the members' ``forecasts [batch, horizon, M]``: the weighted
+    sum, or (``median``) the median as ``median_weights`` over the sorted forecasts."""
+    values = torch.sort(forecasts, dim=-1).values if median else forecasts
+    return (values * weights).sum(dim=-1)
 
 
 # --- window families: read exactly the last ``lookback`` steps ----------------------------

@@ -153,7 +153,9 @@ def exact_products(model: onnx.ModelProto) -> list[str]:
 
     names = []
     for node in model.graph.node:
-        if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in EXACT_MATRICES:
+        # an ensemble's members' matrices are named "forms.<i>.<name>" (graph_forms.EnsembleForm)
+        if (node.op_type in ("MatMul", "Gemm") and len(node.input) > 1
+                and node.input[1].rsplit(".", 1)[-1] in EXACT_MATRICES):
             # the quantizer splits a Gemm into "<name>_MatMul" + Add before it reads the
             # exclusions (onnxruntime 1.32: a MatMul+Add fused by quant_pre_process was quantized)
             names += [node.name, f"{node.name}_MatMul"] if node.op_type == "Gemm" else [node.name]

@@ -33,6 +33,14 @@ from onnxcast.pipeline import fleet_quality
 from onnxcast.pipeline.checkpoint import load_model, save_model
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import dated_split, utc_iso, windows
+from onnxcast.pipeline.ensemble import (
+    ENSEMBLE,
+    ensemble_last,
+    ensemble_metadata,
+    ensemble_summary,
+    skipped_families,
+    train_ensemble,
+)
 from onnxcast.pipeline.evaluation import reference_model
 from onnxcast.pipeline.fleet_data import (
     ACROSS_SERIES,
@@ -150,7 +158,10 @@ def _heartbeat(message: str, every: float) -> Iterator[None]:
 
 def train_family(cfg: PipelineConfig, family: str) -> dict:
     """Train one model family on the saved series, one or many (onnxcast.pipeline.fleet_train.
-    train_global); save its state dict and config."""
+    train_global); save its state dict and config. The ensemble combines the families trained
+    before it (onnxcast.pipeline.ensemble.train_ensemble): ``skipped`` with fewer than two."""
+    if family == ENSEMBLE:
+        return train_ensemble(cfg, family)
     return train_global(cfg, family)
 
 
@@ -177,6 +188,7 @@ def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str
         "dataset_sha256": fleet.sha256, "season": fleet.season, "version": __version__,
         "quantile_levels": format_quantile_levels(spec.quantile_levels),
         "intervals_calibrated_on": RECENT if recent else "validation", **global_keys,
+        **ensemble_metadata(spec),
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
@@ -245,6 +257,9 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
         if needs_recalibration(cfg, entry):
             entry = recalibrate_family(cfg, family, entry, baselines)
     entry["training"] = read_json(cfg.layout.model_json(family))
+    combination = ensemble_summary(entry["training"])
+    if combination:  # members, combination and weights of the ensemble, at the top of its entry
+        entry["ensemble"] = combination
     write_json(cfg.layout.validation(family), entry)
     return entry
 
@@ -353,6 +368,9 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     }
     if fleet is not None:
         report["fleet"] = fleet
+    skipped = skipped_families(cfg)
+    if skipped:  # a family that could not be made (the ensemble with fewer than two members): why
+        report["skipped"] = skipped
     if cfg.layout.trigger.exists():  # a retraining the monitor asked for: why
         report["trigger"] = read_json(cfg.layout.trigger)
     if failures:
@@ -426,20 +444,23 @@ def _run_steps(work: PipelineConfig, target_step: TargetStep | None = None) -> d
         _step(1, "check every series", fleet_quality.merge_fleet_checks, work)
     for shard in shards:
         reference_shard(work, shard)
-    for family in work.models:
-        _step(2, f"train {family}", train_family, work, family)
+    families = []
+    for family in ensemble_last(work.models):  # the ensemble combines the families trained before it
+        if "skipped" in _step(2, f"train {family}", train_family, work, family):
+            continue
         _step(3, f"export {family}", export_family, work, family)
         _step(4, f"optimize {family}", optimize_family, work, family)
+        families.append(family)
     if shards:
         log.info("[5/6] evaluate every series")
     for shard in shards:
-        evaluate_shard(work, shard)
-    for family in work.models:
+        evaluate_shard(work, shard, families)
+    for family in families:
         _step(5, f"validate {family}", validate_family, work, family)
-    for family in work.models if target_step else ():
+    for family in families if target_step else ():
         for name in work.targets:
             _step(5, f"validate {family} on {name}", target_step, work, family, name)
-    return _step(6, "report", assemble_report, work)
+    return _step(6, "report", assemble_report, work, families)
 
 
 def check_input(cfg: PipelineConfig) -> list[int]:

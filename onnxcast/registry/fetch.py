@@ -149,8 +149,9 @@ def fetch_model(uri: str, family_dir: str | Path, *, tracking_uri: str | None = 
     fetched_from = original.get("source", "unknown")
     record = {"spec": spec.to_dict(), "source": {"kind": source["kind"], **resolved},
               "fetched_from": fetched_from if isinstance(fetched_from, str | dict) else "unknown"}
-    if isinstance(original.get("training"), dict):
-        record["training"] = original["training"]
+    for key in ("training", "ensemble"):  # how it was made; an ensemble's members and weights
+        if isinstance(original.get(key), dict):
+            record[key] = original[key]
     write_json(family_dir / SPEC_FILE, record)
     log.info("fetched %s model from %s into %s", spec.family, uri, family_dir)
     return FetchedModel(spec.family, spec.to_dict(), record["source"])
@@ -238,7 +239,39 @@ def _check_spec(document: dict, where: str) -> dict:
     checked = {**{f: ModelSpec.__dataclass_fields__[f].default for f in known if f != "family"
                   and f not in ("n_features", "horizon", "lookback")}, **spec}
     _check_spec_architecture(checked, prefix)
-    return {**spec, "seasons": list(checked["seasons"])}
+    members = _check_ensemble(spec, prefix, where)
+    return {**spec, "seasons": list(checked["seasons"]), **({"members": members} if members else {})}
+
+
+def _check_ensemble(spec: dict, prefix: str, where: str) -> list[dict]:
+    """An ensemble's members (each a spec checked as any, of another family, with the ensemble's
+    features, horizon and lookback) and weights (none: the median; else one a member, >= 0, sum 1);
+    no members nor weights for another family. Returns the checked members."""
+    members, weights = spec.get("members", []), spec.get("weights", [])
+    if not isinstance(members, list | tuple) or not isinstance(weights, list | tuple):
+        raise FetchError(f"{prefix} fields 'members' and 'weights' must be lists")
+    if spec["family"] != "ensemble":
+        if members or weights:
+            raise FetchError(f"{prefix} has 'members' or 'weights', which only an ensemble has")
+        return []
+    if not (2 if not weights else 1) <= len(members) <= len(MODEL_FAMILIES):
+        raise FetchError(f"{prefix} field 'members' must hold 2 to {len(MODEL_FAMILIES)} specs (1 with weights), "
+                         f"got {len(members)}")
+    checked = []
+    for i, member in enumerate(members):
+        if not isinstance(member, dict):
+            raise FetchError(f"{prefix} field 'members' item {i} is not an object")
+        member = _check_spec({"spec": member}, f"{where} member {i}")
+        if member["family"] == "ensemble" or any(member[k] != spec[k] for k in ("n_features", "horizon", "lookback")):
+            raise FetchError(f"{prefix} member {i} ({member['family']}) must be another family with the ensemble's "
+                             "n_features, horizon and lookback")
+        checked.append(member)
+    if weights and (len(weights) != len(members) or not all(
+            isinstance(w, int | float) and not isinstance(w, bool) and 0 <= w <= 1 for w in weights)
+            or abs(sum(weights) - 1.0) > 1e-3):
+        raise FetchError(f"{prefix} field 'weights' must be one number in [0, 1] a member, summing to 1, got "
+                         f"{quote(weights)}")
+    return checked
 
 
 def _check_spec_names(spec: dict, prefix: str, known: set[str]) -> None:

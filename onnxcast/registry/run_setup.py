@@ -21,6 +21,7 @@ from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PipelineConfig, data_source
+from onnxcast.pipeline.ensemble import ENSEMBLE
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fetch import FetchError, read_source_spec
 from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
@@ -86,6 +87,14 @@ def plan_run(cfg: Any, *, fetch_from: str | None = None, compare_with_champion: 
     ``fetch_from``) may be a function, called only when there is a model to fetch."""
     entries = _challengers(cfg, fetch_from, tracking_uri, s3_settings)
     notes: list[str] = []
+    if any(e["family"] == ENSEMBLE and not e["source"] for e in entries):
+        # the DAG trains its families in parallel tasks; the ensemble needs them trained first
+        entries = [e for e in entries if e["family"] != ENSEMBLE or e["source"]]
+        notes.append(f"{ENSEMBLE} not planned: the training DAG trains the families in parallel and the ensemble "
+                     "combines them after they trained; `onnxcast pipeline --models ...,ensemble` makes it "
+                     "(docs/ensemble.md)")
+        if not entries:
+            raise ConfigError(f"models: {ENSEMBLE} alone trains nothing in the training DAG; name its member families")
     incomparable: dict = {}
     champion = comparable_champion(cfg, notes, incomparable, tracking_uri) if compare_with_champion else None
     if champion:

@@ -840,6 +840,8 @@ def _log_family(client, run_id: str, layout: RunLayout, family: str, fleet_repor
     entry = read_json(layout.validation(family))
     target_metrics, tags = target_figures(report or {}, family)
     tags["onnxcast.gates_passed"] = str(entry["gates_passed"])
+    tags.update({f"onnxcast.{k}": v for k, v in ensemble_params(read_json(layout.model_json(family))).items()
+                 if k.startswith("ensemble.")})
     if fleet_report is not None:
         losers = _losers_text(entry, fleet_report, family)
         if losers:
@@ -886,9 +888,22 @@ def family_params(layout: RunLayout, family: str) -> dict[str, Any]:
     """The params of a family's child run (and of its logged model): the model spec and its source."""
     model_json = read_json(layout.model_json(family))
     params = {f"spec.{k}": v for k, v in model_json["spec"].items()}
+    params.update(ensemble_params(model_json))
     params["source"] = json.dumps(model_json.get("source", "trained")) if not isinstance(
         model_json.get("source"), str) else model_json["source"]
     return params
+
+
+def ensemble_params(model_json: dict) -> dict[str, str]:
+    """An ensemble's members (as the graph holds them), combination and weights as params and tags
+    (``spec.members``: the member families, not their specs); empty for another family."""
+    spec, choice = model_json.get("spec") or {}, model_json.get("ensemble")
+    if not spec.get("members") or not isinstance(choice, dict):
+        return {}
+    return {"spec.members": ",".join(m["family"] for m in spec["members"]),
+            "ensemble.members": ",".join(choice.get("members", [])),
+            "ensemble.combination": str(choice.get("combination")),
+            "ensemble.weights": ",".join(f"{w:.6g}" for w in choice.get("weights") or []) or "median"}
 
 
 def family_metrics(layout: RunLayout, family: str, fleet_report: dict | None = None) -> dict[str, float]:

@@ -18,7 +18,7 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
     results, markdown = tmp_path / "results.json", tmp_path / "results.md"
     subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--quick", "--threads", "1",
                     "--out-dir", str(tmp_path / "run"), "--results", str(results), "--markdown", str(markdown)],
-                   check=True, capture_output=True, text=True, timeout=300)
+                   check=True, capture_output=True, text=True, timeout=360)  # five families, OpenVINO rows too
     report = json.loads(results.read_text())
     cells = {(r["family"], r["variant"], r["batch"]) for r in report["rows"]}
     for family in ("lstm", "transformer", "nhits", "dlinear"):
@@ -52,6 +52,13 @@ def test_quick_bench_writes_rows_for_every_candidate(tmp_path):
     if importlib.util.find_spec("openvino") is not None:
         assert "| family | threads | batch | ONNX Runtime p50 ms | OpenVINO p50 ms | ORT / OpenVINO |" \
             in markdown.read_text()
+    # the ensemble of the four, timed against its members in the same run
+    ensemble = report["ensemble"]
+    assert ensemble["members"] and set(ensemble["members"]) <= {"lstm", "transformer", "nhits", "dlinear"}
+    assert {("fp32", b) for b in (1, 64, 1024)} <= {(c["variant"], c["batch"]) for c in ensemble["cells"]}
+    assert all(c["ensemble_p50_ms"] > 0 and c["members_sum_p50_ms"] >= c["slowest_member_p50_ms"] > 0
+               for c in ensemble["cells"])
+    assert "The ensemble of" in markdown.read_text()
 
 
 def _bench_module():

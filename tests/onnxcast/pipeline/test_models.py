@@ -7,7 +7,7 @@ from onnxcast.pipeline.metrics import seasonal_naive
 from onnxcast.pipeline.models import WINDOW_FAMILIES, ModelSpec, build_model
 from onnxcast.pipeline.seasons import model_seasons
 
-FAMILIES = list(MODEL_FAMILIES)
+FAMILIES = [f for f in MODEL_FAMILIES if f != "ensemble"]  # an ensemble is built from trained members
 
 
 def small(family, n_features=1, season=6, horizon=8, seasons=(6, 12)):

@@ -74,6 +74,15 @@ class TestPlan:
         assert plan.families == ["lstm", "transformer"] and plan.notes == ["comparison with the champion is off"]
         assert registry["read"] == []
 
+    def test_the_ensemble_is_not_planned_in_the_dag_and_the_notes_say_why(self, cfg, registry):
+        cfg.models = ("lstm", "ensemble", "transformer")
+        plan = plan_run(cfg, compare_with_champion=False)
+        assert plan.families == ["lstm", "transformer"]
+        assert plan.notes[0].startswith("ensemble not planned: the training DAG trains the families in parallel")
+        cfg.models = ("ensemble",)
+        with pytest.raises(ConfigError, match="ensemble alone trains nothing in the training DAG"):
+            plan_run(cfg, compare_with_champion=False)
+
     def test_a_fetched_model_replaces_the_trained_families_and_settings_are_read_only_then(self, cfg, registry):
         settings = SimpleNamespace(endpoint="http://s3")
         plan = plan_run(cfg, fetch_from="s3://bucket/model", compare_with_champion=False,
