@@ -248,3 +248,35 @@ def test_a_local_import_that_could_sit_at_the_top_is_found(tmp_path):
                                      "def g():\n    from demo_pkg import heavy, numeric\n")
     (package / "airflow" / "op.py").write_text("def execute():\n    from demo_pkg.light import json\n")
     assert liftable_local_imports(package) == ["demo_pkg.user:2 imports demo_pkg.light inside a function"]
+
+
+# --- long functions (issue 31: split into named steps) ----------------------------------------------
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(package: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``path:line name (n lines)`` of every function or method of ``package`` longer than ``limit``
+    lines, counted from ``def`` to its last line (docstring included)."""
+    import ast
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_of_the_package_is_longer_than_sixty_lines():
+    assert long_functions(REPO / "onnxcast") == []
+
+
+def test_a_long_function_is_found(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (package / "m.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}")
+    assert long_functions(package) == [f"pkg/m.py:5 long ({MAX_FUNCTION_LINES + 1} lines)"]
