@@ -152,9 +152,14 @@ def run_tvm_aarch64(declared: Target, model: Path, histories: list[np.ndarray], 
     refused = tvm_refusal(model)
     if refused:
         raise TargetUnsupported(refused)
-    command = emulated_python(sysroot, tvm=True)
-    if importlib.util.find_spec("tvm") is None:  # the compiler runs in a child process: not loaded here
-        raise TargetUnavailable("apache-tvm is not installed here (pip install apache-tvm==0.27.0.post1)")
+    no_tvm = "apache-tvm is not installed here (pip install apache-tvm==0.27.0.post1)"
+    installed = importlib.util.find_spec("tvm") is not None  # the compiler runs in a child process: not loaded here
+    try:
+        command = emulated_python(sysroot, tvm=True)
+    except TargetUnavailable as exc:  # everything missing is named, in one line
+        raise TargetUnavailable(str(exc) if installed else f"{exc}; and {no_tvm}") from None
+    if not installed:
+        raise TargetUnavailable(no_tvm)
     if shutil.which(CROSS_CC) is None:
         raise TargetUnavailable(f"{CROSS_CC} not found (apt-get install gcc-aarch64-linux-gnu; make arm-tools)")
     with tempfile.TemporaryDirectory(prefix="onnxcast-tvm-") as tmp:
