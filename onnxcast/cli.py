@@ -17,6 +17,7 @@ from typing import Any
 from onnxcast import __version__
 from onnxcast.base.errors import ConfigError, DataError, DataQualityError, GateError, OnnxcastError
 from onnxcast.pipeline.config import PipelineConfig, Setting, data_source, settings
+from onnxcast.pipeline.judging import ACROSS_SERIES, report_judging
 from onnxcast.registry.monitoring import monitor_channel
 from onnxcast.registry.release import (
     NO_REGISTRY,
@@ -186,7 +187,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
 def summarize_report(report: dict, out: str) -> str:
     """A short human summary of report.json for the terminal (the CLI and the demo)."""
-    if report.get("fleet"):
+    if report_judging(report) == ACROSS_SERIES:
         return summarize_fleet_report(report, out)
     baselines = report["baselines"]
     base = baselines["seasonal_naive"]

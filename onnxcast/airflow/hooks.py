@@ -16,7 +16,9 @@ deployment (onnxcast.airflow.settings) it fails the task, naming the connection.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -34,9 +36,15 @@ class MlflowHook(BaseHook):
     """Where MLflow is, from the ``mlflow_default`` connection (or the embedded default).
 
     The connection's login reaches MLflow through its environment variables, the only way MLflow
-    takes one: inside ``with hook.login():`` (restored after: the triggerer runs many triggers in
-    one process), or, with ``export_login`` (a task: one process per try, Airflow's task runner),
-    for the rest of the task's process once the settings are read."""
+    takes one, inside ``with hook.login():`` only, and put back as they were after: an operator
+    that mixes in :class:`MlflowLoginScope` runs its whole ``execute`` so, the alias watcher each
+    poll (the triggerer runs many triggers in one process), the rollout page each page. One
+    task's login never outlives its call: the next task of a long-lived process (a Celery worker
+    running tasks in-process, ``dags test``) starts from the variables as they were.
+
+    ``export_login`` (the default) keeps, for an operator that does not run inside the scope
+    yet, the older behaviour: the login set for the rest of the process when the settings are
+    first read outside any ``login()`` block."""
 
     conn_name_attr = "mlflow_conn_id"
     default_conn_name = "mlflow_default"
@@ -49,10 +57,19 @@ class MlflowHook(BaseHook):
         self.export_login = export_login
         self._settings: dict[str, Any] | None = None
         self._login: dict[str, str | None] | None = None
+        self._scopes = 0  # login() blocks open now
 
     def get_settings(self) -> dict[str, Any]:
-        """``{"tracking_uri", "ui_url"}``; with ``export_login``, the connection's login set where
-        MLflow reads it, for the rest of this (task) process."""
+        """``{"tracking_uri", "ui_url"}``. With ``export_login``, read outside any ``login()``
+        block (an operator without :class:`MlflowLoginScope`), the login is also set where
+        MLflow reads it for the rest of the process."""
+        settings = self._read_settings()
+        if self.export_login and self._login and not self._scopes:
+            environment.export_for_this_process(self._login)
+            self.export_login = False  # once
+        return settings
+
+    def _read_settings(self) -> dict[str, Any]:
         if self._settings is not None:
             return self._settings
         from onnxcast.registry.tracking import bound_requests, default_tracking_uri
@@ -66,16 +83,23 @@ class MlflowHook(BaseHook):
         uri = extra.get("tracking_uri") or _uri_from(conn) or default_tracking_uri()
         if conn.login:
             self._login = dict(zip(MLFLOW_LOGIN_VARIABLES, (conn.login, conn.password or ""), strict=True))
-            if self.export_login:
-                environment.export_for_this_process(self._login)
         self._settings = {"tracking_uri": uri, "ui_url": extra.get("ui_url")}
         return self._settings
 
-    def login(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def login(self) -> Iterator[None]:
         """A block in which MLflow calls authenticate as the connection's login (nothing when it
-        has none); MLflow's login variables are put back as they were after it."""
-        self.get_settings()
-        return environment.scoped(self._login) if self._login else nullcontext()
+        has none); MLflow's login variables are put back as they were after it, on an error too."""
+        self._read_settings()
+        if not self._login:
+            yield
+            return
+        self._scopes += 1
+        try:
+            with environment.scoped(self._login):
+                yield
+        finally:
+            self._scopes -= 1
 
     @property
     def tracking_uri(self) -> str:
@@ -100,6 +124,29 @@ class MlflowHook(BaseHook):
                     "(ONNXCAST_MODE=embedded) only") from None
             self.log.info("No connection %r: using the embedded MLflow store", self.mlflow_conn_id)
             return None
+
+
+class MlflowLoginScope:
+    """For operators with an ``mlflow_hook``: each ``execute`` a subclass defines runs inside
+    ``self.mlflow_hook.login()``, so the connection's login is set for the task's MLflow calls
+    and the variables are as before once it returns or fails (mix in before the operator base:
+    ``class X(MlflowLoginScope, TrackedOperator)``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        execute = cls.__dict__.get("execute")
+        if execute is not None and not getattr(execute, "logged_in_to_mlflow", False):
+            cls.execute = _logged_in(execute)
+
+
+def _logged_in(execute):
+    @functools.wraps(execute)
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        with self.mlflow_hook.login():
+            return execute(self, *args, **kwargs)
+
+    run.logged_in_to_mlflow = True
+    return run
 
 
 class S3SettingsHook(BaseHook):

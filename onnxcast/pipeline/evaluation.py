@@ -4,7 +4,9 @@ a statistical reference, confidence intervals and paired tests.
 - **Origins.** Forecasts start at every ``stride`` steps of the holdout, with a stride well
   below the horizon and coprime with each season, so the origins fall at every hour of the
   day and every day of the week instead of at one phase (twelve non-overlapping origins at
-  the same time of day once flipped the family choice).
+  the same time of day once flipped the family choice). They are aligned at each series' end
+  (:func:`holdout_origins`, one rule for one series, for many and for the monitor), as
+  statsforecast's ``cross_validation`` lays out its windows.
 - **Baselines.** The naive forecast and the seasonal-naive forecast for every seasonality the
   frequency implies (``seasons.seasons_for_freq``); the most accurate on the holdout is THE
   baseline: the gate a model must beat, and the scale of MASE.
@@ -66,14 +68,24 @@ def origin_stride(horizon: int, seasons: tuple[int, ...], n_available: int) -> i
 
 def holdout_origins(n_rows: int, holdout_start: int, horizon: int, seasons: tuple[int, ...],
                     earliest: int = 0) -> Origins:
-    """Origins from ``holdout_start`` (or ``earliest``, whichever is later) to the last full
-    horizon. ``earliest`` leaves room for the longest look back of any forecaster."""
+    """The holdout origins of a series of ``n_rows``, every ``stride`` steps from ``holdout_start``
+    (or ``earliest``, whichever is later: room for the longest look back of any forecaster) to
+    the last full horizon, ALIGNED AT THE SERIES' END: the last origin is ``n_rows - horizon``.
+
+    The one origins rule of every judging (one series over its origins, many across series) and
+    of the monitor. Aligned at the end, origin ``k`` is ``n_rows - back[k]`` with ``back`` a
+    function of the holdout's length only, so series of any length with the same holdout get
+    the same count, stride and steps back, exactly statsforecast's ``cross_validation(h=horizon,
+    n_windows=count, step_size=stride)`` on integer ``ds`` (its cutoffs are ``origin - 1``): the
+    models and the statistical reference forecast the same points however it is run. Empty when
+    the holdout holds no full horizon."""
     first = max(holdout_start, earliest)
     available = n_rows - horizon - first + 1
     if available < 1:
         return Origins(np.zeros(0, dtype=np.int64), 1, 1)
     stride = origin_stride(horizon, seasons, available)
-    index = np.arange(first, n_rows - horizon + 1, stride, dtype=np.int64)
+    count = (available - 1) // stride + 1
+    index = n_rows - horizon - stride * np.arange(count - 1, -1, -1, dtype=np.int64)
     return Origins(index, stride, max(1, math.ceil(horizon / stride)))
 
 
@@ -268,22 +280,6 @@ def reference_intervals(actual: np.ndarray, ref: ReferenceForecasts, levels: tup
 
 
 # --- fleets: many series judged per series and in aggregate (docs/design/fleet.md section 4) -----
-
-def fleet_origins(holdout_steps: int, horizon: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, int]:
-    """Steps back from each series' END of every holdout origin (earliest first), and the stride.
-
-    Origin ``k`` of a series of length ``n`` is ``n - back[k]``; every series gets the same
-    count and stride, aligned at its own end: exactly statsforecast's
-    ``cross_validation(h=horizon, n_windows=len(back), step_size=stride)`` on integer ``ds``
-    (its cutoffs are ``origin - 1``), so the models and the reference forecast the same points.
-    """
-    if holdout_steps < horizon:
-        raise ValueError(f"a holdout of {holdout_steps} steps holds no forecast of {horizon} steps")
-    stride = origin_stride(horizon, seasons, holdout_steps - horizon + 1)
-    count = (holdout_steps - horizon) // stride + 1
-    back = horizon + stride * np.arange(count - 1, -1, -1, dtype=np.int64)
-    return back, stride
-
 
 def series_metrics(actual: np.ndarray, predicted: np.ndarray, scale: np.ndarray) -> dict[str, np.ndarray]:
     """Per-series MAE, RMSE, sMAPE (0..200), MAPE (percent; NaN for a series with a zero

@@ -11,7 +11,7 @@ and the frequency give the rest.
 
 Every series is split from its own end (the competitions' protocol: the test period of a
 series is its last points), so its holdout is its most recent data whatever its length. How
-long that holdout is follows how the run is judged (:func:`judging_for`): one series
+long that holdout is follows how the run is judged (``judging.judging_for``): one series
 is judged by statistics over many dependent holdout origins, so it holds out a share of its
 rows (``holdout_fraction``); many series are judged across series, one horizon each.
 Shards group series for the per-series work that runs in parallel (data checks, the
@@ -30,6 +30,9 @@ import numpy as np
 
 from onnxcast.base.errors import DataError
 from onnxcast.base.files import write_text_atomic
+from onnxcast.pipeline.judging import ACROSS_SERIES, OVER_ORIGINS, judging_for  # noqa: F401  (ACROSS_SERIES: read
+
+# from here by airflow/steps.py too)
 
 FLEET_JSON = "fleet.json"
 ARRAYS = ("values", "offsets", "starts")
@@ -195,24 +198,6 @@ class FleetSplit:
                 "lengths": spread(self.lengths), "train_steps": spread(self.train_end)}
 
 
-# How a run's results are judged, chosen by what the sample supports (:func:`judging_for`):
-# statistics over each series' (dependent) holdout origins, or across series
-OVER_ORIGINS = "over origins"
-ACROSS_SERIES = "across series"
-# Fewest series judged across series; fewer are judged over their origins. Today exactly one
-# series (what the single-series runs always were); two or more are judged across series.
-ACROSS_SERIES_FROM = 2
-
-
-def judging_for(n_series: int) -> str:
-    """How a run of ``n_series`` is judged: :data:`OVER_ORIGINS` (few series: statistics over
-    the dependent holdout origins, a block bootstrap and paired tests over origins) or
-    :data:`ACROSS_SERIES` (many: aggregates and paired tests across series). What the sample
-    supports decides, not a mode: the split, the training windows, the calibration windows,
-    the validation and the report all follow it."""
-    return OVER_ORIGINS if int(n_series) < ACROSS_SERIES_FROM else ACROSS_SERIES
-
-
 def fleet_steps(cfg) -> tuple[int, int]:
     """(holdout steps, validation steps) of every series judged across series:
     ``min_holdout_windows`` horizons held out (1: exactly the competitions' test period), one
@@ -223,7 +208,7 @@ def fleet_steps(cfg) -> tuple[int, int]:
 def split_fleet(lengths: np.ndarray, cfg, *, judging: str | None = None) -> FleetSplit:
     """The end-aligned split of series of ``lengths``.
 
-    Judged across series (:func:`judging_for`): :func:`fleet_steps` for every series;
+    Judged across series (``judging.judging_for``): :func:`fleet_steps` for every series;
     a series may end up with a short (or empty) training segment, which the data gate excludes
     (``train_too_short``). Judged over origins (one series): ``holdout_fraction`` of the rows,
     at least ``min_holdout_windows`` horizons, and ``validation_fraction``, at least two
@@ -257,8 +242,31 @@ def _proportional_steps(n_rows: int, cfg) -> tuple[int, int]:
 
 def load_split(directory: str | Path, cfg, *, mmap: bool = False) -> tuple[FleetData, FleetSplit]:
     """The series saved in ``directory`` (``RunLayout.fleet``) and their split under ``cfg``."""
-    data = FleetData.load(directory, mmap=mmap)
+    data = load_saved(directory, mmap=mmap)
     return data, split_fleet(data.lengths, cfg)
+
+
+# A one-series run before issue 31 saved its series as data/series.npz + data/series.json
+OLD_SERIES_NPZ, OLD_SERIES_JSON = "series.npz", "series.json"
+
+
+def load_saved(directory: str | Path, *, mmap: bool = False) -> FleetData:
+    """The series saved in ``directory`` (``RunLayout.fleet``); for a one-series run directory
+    written before issue 31, which has no ``data/fleet/`` but ``data/series.npz`` beside it, that
+    series as a fleet of one (its id the first column, the target), so that the readers of a
+    finished run (tracking's plot, champion/challenger's MSIS fallback) still read it."""
+    directory = Path(directory)
+    old = directory.parent / OLD_SERIES_NPZ
+    if (directory / FLEET_JSON).exists() or not old.exists():
+        return FleetData.load(directory, mmap=mmap)
+    try:
+        arrays = np.load(old, allow_pickle=False)
+        meta = json.loads((directory.parent / OLD_SERIES_JSON).read_text())
+        return FleetData.one(arrays["values"], arrays["timestamps"].astype("datetime64[ns]"),
+                             series_id=meta["columns"][0], columns=tuple(meta["columns"]), freq=meta["freq"],
+                             season=int(meta["season"]), source=meta["source"], sha256=meta["sha256"])
+    except (OSError, ValueError, KeyError) as error:
+        raise DataError(f"{old}: not a saved series of an older run ({error})") from None
 
 
 def min_train_steps(cfg, season: int) -> int:

@@ -41,7 +41,7 @@ from onnxcast.base.files import json_safe, read_json, replacing
 from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.config import PipelineConfig
 from onnxcast.pipeline.data import utc_iso
-from onnxcast.pipeline.evaluation import fleet_aggregate, fleet_origins, series_metrics
+from onnxcast.pipeline.evaluation import fleet_aggregate, holdout_origins, series_metrics
 from onnxcast.pipeline.fleet_data import FleetData, fleet_steps, split_fleet
 from onnxcast.pipeline.intervals import (
     independent_windows,
@@ -115,9 +115,19 @@ class Plan:
 def plan_for(cfg: PipelineConfig, fleet: FleetData) -> Plan:
     holdout, _ = fleet_steps(cfg)
     seasons = evaluation_seasons(fleet.freq, fleet.season)
-    back, stride = fleet_origins(holdout, cfg.horizon, seasons)
+    back, stride = steps_back(holdout, cfg.horizon, seasons)
     return Plan(cfg.horizon, holdout, back, stride, seasons, fleet.season,
                 min(len(back), cfg.reference_max_origins))
+
+
+def steps_back(holdout_steps: int, horizon: int, seasons: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """(steps back from each series' end of every holdout origin, earliest first; the stride):
+    ``evaluation.holdout_origins`` of a holdout of ``holdout_steps``, the same for every series
+    whatever its length, since the origins are aligned at the series' end."""
+    if holdout_steps < horizon:
+        raise ValueError(f"a holdout of {holdout_steps} steps holds no forecast of {horizon} steps")
+    origins = holdout_origins(holdout_steps, 0, horizon, seasons)
+    return holdout_steps - origins.index, origins.stride
 
 
 def mase_scales(fleet: FleetData, plan: Plan) -> np.ndarray:
@@ -522,7 +532,7 @@ def session_levels(session) -> tuple[float, ...] | None:
 
 
 class AcrossSeries:
-    """A family judged across series (``fleet_data.judging_for``), for
+    """A family judged across series (``judging.judging_for``), for
     ``validate.validate_family_variants``: the merge of the family's shards
     (``models/<family>/per_series.parquet``), the aggregates per variant (mean MASE, sMAPE, MAPE
     with intervals over series, the share of series lost to the best naive), the gates on mean

@@ -21,12 +21,11 @@ from onnxcast.base.errors import DataError
 from onnxcast.pipeline.checkpoint import save_model
 from onnxcast.pipeline.config import PATCHED_FAMILIES, PipelineConfig
 from onnxcast.pipeline.fleet_data import (
-    ACROSS_SERIES,
     FleetData,
     FleetSplit,
-    judging_for,
     load_split,
 )
+from onnxcast.pipeline.judging import ACROSS_SERIES, judging_for
 from onnxcast.pipeline.metrics import mase_scale, seasonal_naive
 from onnxcast.pipeline.seasons import model_seasons, seasons_for_freq
 
@@ -158,7 +157,7 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     model.json; return ``{"family", "epochs", "best_validation_loss"}``.
 
     One step for any number of series; what the sample supports picks the windows
-    (:func:`onnxcast.pipeline.fleet_data.judging_for`). Judged across series: one
+    (:func:`onnxcast.pipeline.judging.judging_for`). Judged across series: one
     global model (``global_model`` true, the identity scaler) on windows drawn across the
     series (:class:`WindowSampler`), each weighed by its series' ``1 / mase_scale``, stopped on
     one validation window per series. Judged over origins (one series): every window of the

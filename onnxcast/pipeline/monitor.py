@@ -53,7 +53,7 @@ from onnxcast.pipeline.config import PipelineConfig, data_source
 from onnxcast.pipeline.data import parse_utc, utc_iso
 from onnxcast.pipeline.drift import check_drift
 from onnxcast.pipeline.evaluation import holdout_origins, per_origin_mae, series_metrics
-from onnxcast.pipeline.fleet_data import ACROSS_SERIES, FleetData, min_train_steps, split_fleet
+from onnxcast.pipeline.fleet_data import FleetData, min_train_steps, split_fleet
 from onnxcast.pipeline.fleet_eval import (
     histories,
     mase_scales,
@@ -62,6 +62,7 @@ from onnxcast.pipeline.fleet_eval import (
     predict_fleet,
 )
 from onnxcast.pipeline.fleet_quality import check_fleet_shard, check_fleet_table, merge_fleet_checks
+from onnxcast.pipeline.judging import ACROSS_SERIES, report_judging
 from onnxcast.pipeline.metrics import seasonal_naive
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import served_variant
@@ -137,14 +138,14 @@ class Sample:
 def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None) -> dict:
     """Judge the served model on the data after its ``trained_until``; the monitor result.
 
-    Data of several series (the report's ``fleet``, or a ``series_column``) is judged per
+    Data of a version judged across series (the report's ``judging``) is judged per
     series: the same keys, plus ``fleet``. Raises ConfigError when the report does not describe
     the served model (no such channel or variant) and the data gate's errors when the data
     cannot be read or checked.
     """
     started = time.monotonic()
     served = open_served(item)
-    read = fleet_sample if has_series(item.report) else series_sample
+    read = fleet_sample if report_judging(item.report) == ACROSS_SERIES else series_sample
     sample = read(item, served, Path(work_dir), s3_settings)
     test = degradation_test(sample.realised, sample.holdout, series=sample.series, block=sample.block,
                             holdout_block=sample.holdout_block, non_finite=sample.non_finite)
@@ -158,12 +159,6 @@ def monitor(item: MonitorInput, work_dir: str | Path, *, s3_settings: Any = None
                   seconds=round(time.monotonic() - started, 3))
     _log_result(result)
     return result
-
-
-def has_series(report: dict) -> bool:
-    """Whether the deployed version was judged across several series (its ``fleet`` block): what
-    decides how the new data is read. A long table that kept one series is one series (issue 31)."""
-    return bool(report.get("fleet"))
 
 
 def open_served(item: MonitorInput) -> Served:

@@ -43,9 +43,7 @@ from onnxcast.pipeline.ensemble import (
 )
 from onnxcast.pipeline.evaluation import reference_model
 from onnxcast.pipeline.fleet_data import (
-    ACROSS_SERIES,
     FleetData,
-    judging_for,
     load_split,
     split_fleet,
 )
@@ -57,6 +55,7 @@ from onnxcast.pipeline.fleet_eval import (
 )
 from onnxcast.pipeline.fleet_train import train_global, validation_windows
 from onnxcast.pipeline.intervals import calibrate
+from onnxcast.pipeline.judging import ACROSS_SERIES, judging_for
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.quality import check_data
@@ -248,7 +247,8 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
     where :func:`needs_recalibration`)."""
     model, spec = load_model(cfg, family)
     variants = read_json(cfg.layout.variants(family))
-    if judging(cfg) == ACROSS_SERIES:
+    how = judging(cfg)
+    if how == ACROSS_SERIES:
         entry = validate_family_variants(cfg, family, model, variants, AcrossSeries(cfg, family, spec, variants))
     else:
         series, split = load_split(cfg.layout.fleet, cfg)
@@ -256,6 +256,7 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
         entry = validate_family_variants(cfg, family, model, variants, OverOrigins(cfg, series, split, baselines))
         if needs_recalibration(cfg, entry):
             entry = recalibrate_family(cfg, family, entry, baselines)
+    entry["judging"] = how
     entry["training"] = read_json(cfg.layout.model_json(family))
     combination = ensemble_summary(entry["training"])
     if combination:  # members, combination and weights of the ensemble, at the top of its entry
@@ -265,7 +266,7 @@ def validate_family(cfg: PipelineConfig, family: str) -> dict:
 
 
 def judging(cfg: PipelineConfig) -> str:
-    """How this run is judged: ``fleet_data.judging_for`` the number of series it saved in
+    """How this run is judged: ``judging.judging_for`` the number of series it saved in
     ``data/fleet/`` (over origins or across series), whatever the input's form."""
     return judging_for(FleetData.load(cfg.layout.fleet, mmap=True).n_series)
 
@@ -330,11 +331,14 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     and every variant's ``holdout.mae`` are the MEAN MASE over series; ``baselines`` are the
     best naive of each series, onnxcast.pipeline.fleet_eval.fleet_baselines), families are
     compared on per-series fp32 MASE, and an extra ``fleet`` object holds the aggregates,
-    intervals and paired tests (docs/design/fleet.md 4.3).
+    intervals and paired tests (docs/design/fleet.md 4.3). The report's ``judging`` (and each
+    family's in validation.json) says which: ``over_origins`` or ``across_series``; readers
+    route on it (``judging.report_judging``), not on the ``fleet`` object's presence.
     """
     fleet = None
     models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
-    if judging(cfg) == ACROSS_SERIES:
+    how = judging(cfg)
+    if how == ACROSS_SERIES:
         parts = fleet_report(cfg, models)
         summary, baselines, family_choice, fleet = (parts["summary"], parts["baselines"], parts["family_choice"],
                                                     parts["fleet"])
@@ -354,6 +358,7 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         "config": cfg.to_dict(),
         "dataset": summary["dataset"],
         "split": summary["split"],
+        "judging": how,
         "quality": summary["quality"],
         "baselines": {k: v for k, v in baselines.items() if k not in ("per_origin_mae", "reference")},
         "reference": baselines.get("reference"),

@@ -197,7 +197,7 @@ def validate_family_variants(cfg, family: str, model, variants: list[dict], judg
     """The report entry of one family, however many series it was trained on: PyTorch figures,
     then each variant (:func:`variant_entry`) with its gates (:func:`judge_variants`).
 
-    ``judged`` holds the holdout figures as the sample supports (``fleet_data.judging_for``):
+    ``judged`` holds the holdout figures as the sample supports (``judging.judging_for``):
     :class:`OverOrigins` (one series: its holdout origins) or ``fleet_eval.AcrossSeries`` (the
     per-series table and its aggregates). Everything else is the same for both: the histories
     of parity and latency it samples, the eager model's latency, each variant's opening,
@@ -231,7 +231,7 @@ def validate_family_variants(cfg, family: str, model, variants: list[dict], judg
 
 
 class OverOrigins:
-    """A family judged over the holdout origins of its one series (``fleet_data.judging_for``),
+    """A family judged over the holdout origins of its one series (``judging.judging_for``),
     for :func:`validate_family_variants`: the windows at the run's origins (:func:`holdout_windows`),
     metrics with block-bootstrap intervals, per-origin MAEs and paired tests over origins.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnxcast.base.errors import ConfigError
+from onnxcast.base.errors import ConfigError, DataError
 from onnxcast.base.files import read_json, write_json
 from onnxcast.pipeline.config import CHAMPION_METRICS, PipelineConfig
 from onnxcast.pipeline.layout import RunLayout
@@ -414,7 +414,7 @@ def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion
     if all(recorded) and len(recorded[0]) == len(recorded[1]):
         return (recorded[0], recorded[1]), "the validation's per-origin scores"
     paths = [layout.onnx(challenger["family"]), layout.onnx(CHAMPION_FAMILY)]
-    absent = [str(p) for p in (*paths, layout.config, layout.fleet) if not p.exists()]
+    absent = [str(p) for p in (*paths, layout.config) if not p.exists()]
     if absent:
         return None, f"no per-origin interval scores: {', '.join(absent)} not in the run directory"
     from onnxcast.pipeline.fleet_data import load_split
@@ -422,7 +422,11 @@ def _per_origin_msis(layout: RunLayout, report: dict, challenger: dict, champion
 
     cfg = PipelineConfig.load(layout.config)
     scale = (report.get("baselines") or {}).get("mase_scale")
-    holdout = holdout_windows(cfg, *load_split(layout.fleet, cfg), mase_scale=scale)
+    try:  # data/fleet/, or an older run's data/series.npz
+        saved = load_split(layout.fleet, cfg)
+    except DataError as exc:
+        return None, f"no per-origin interval scores: {exc}"
+    holdout = holdout_windows(cfg, *saved, mase_scale=scale)
     scores = []
     for path in paths:
         found, why = per_origin_msis(path, holdout.history, holdout.actual, holdout.mase_scale)

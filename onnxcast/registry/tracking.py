@@ -34,6 +34,7 @@ from onnxcast.base.contract import QUANTILES_NAME, format_quantile_levels
 from onnxcast.base.errors import DataError, OnnxcastError
 from onnxcast.base.files import onnxcast_home, read_json, sha256_file
 from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.judging import ACROSS_SERIES, report_judging
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry import interval_figures
 
@@ -583,9 +584,10 @@ def plot_forecast(run_dir: str | Path, family: str, path: str | Path, variant: s
 # no reference, no ``fleet`` block in validation.json) logs what it has.
 
 def is_fleet_report(report: dict) -> bool:
-    """A report judged across series: it has the ``fleet`` block (a long table that kept one
-    series is judged as one series, issue 31: its config's series column says nothing)."""
-    return bool(report.get("fleet"))
+    """A report judged across series: its ``judging`` says so (``judging.report_judging``,
+    which reads a report from before the field by its ``fleet`` block). A long table that kept
+    one series is judged as one series (issue 31: its config's series column says nothing)."""
+    return report_judging(report) == ACROSS_SERIES
 
 
 def _count(value) -> int | None:

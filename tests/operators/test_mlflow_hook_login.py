@@ -1,7 +1,8 @@
 """The ``mlflow_default`` connection's login reaches MLflow through the only door MLflow has for
 it, its basic-auth environment variables (issue 31: no stray os.environ writes): inside
-``MlflowHook.login()`` only, put back after (the triggerer's polls); a task's hook keeps it for
-the task's own process."""
+``MlflowHook.login()`` only, put back after: the triggerer's polls, and the whole ``execute`` of an
+operator with ``MlflowLoginScope`` (a long-lived worker's next task starts from the variables as
+they were). An operator without the scope still gets the login for the rest of its process."""
 
 from __future__ import annotations
 
@@ -78,3 +79,42 @@ def test_the_alias_watchers_poll_runs_as_the_login_and_leaves_none_behind(mlflow
         trigger.poll_sync()
     assert seen == [("http://127.0.0.1:1", ["pipeline", "pw-1"])]
     assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else" and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_an_operators_call_runs_as_the_login_and_leaves_the_variables_as_before(mlflow_connection, fails):
+    """The next task of the same process (a Celery worker, ``dags test``) must not inherit the
+    login: after ``execute``, returned or raised, the variables are as before."""
+    from onnxcast.airflow.hooks import MlflowLoginScope
+    from onnxcast.airflow.steps import TrackedOperator
+
+    seen = []
+
+    class Probe(MlflowLoginScope, TrackedOperator):
+        def execute(self, context):
+            seen.append((self.mlflow_hook.tracking_uri, [os.environ.get(name) for name in LOGIN]))
+            if fails:
+                raise ConnectionError("registry down")
+            return "done"
+
+    before = {name: os.environ.get(name) for name in LOGIN}
+    op = Probe(task_id="probe")
+    if fails:
+        with pytest.raises(ConnectionError):
+            op.execute({})
+    else:
+        assert op.execute({}) == "done"
+    assert seen == [("http://127.0.0.1:1", ["pipeline", "pw-1"])]
+    assert {name: os.environ.get(name) for name in LOGIN} == before == {
+        "MLFLOW_TRACKING_USERNAME": "someone-else", "MLFLOW_TRACKING_PASSWORD": None}
+
+
+def test_the_operators_that_talk_to_mlflow_outside_steps_run_in_the_scope():
+    from onnxcast.airflow import operators
+    from onnxcast.airflow.hooks import MlflowLoginScope
+
+    for name in ("RegisterModelOperator", "ChampionChallengerOperator", "PromoteModelOperator",
+                 "RollbackChannelOperator", "RefreshChannelsOperator", "ReportRolloutOperator",
+                 "StageRegisteredVersionOperator", "MonitorChannelsOperator"):
+        operator = getattr(operators, name)
+        assert issubclass(operator, MlflowLoginScope) and operator.execute.logged_in_to_mlflow, name

@@ -320,9 +320,11 @@ class PullingTI:
 
 
 def with_hook(op):
+    from contextlib import nullcontext
     from types import SimpleNamespace
 
-    op.__dict__["mlflow_hook"] = SimpleNamespace(tracking_uri="http://registry.invalid")  # never reached
+    # never reached; no login (the operator's execute runs inside hook.login())
+    op.__dict__["mlflow_hook"] = SimpleNamespace(tracking_uri="http://registry.invalid", login=nullcontext)
     return op
 
 

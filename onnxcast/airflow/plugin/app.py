@@ -17,6 +17,7 @@ from the rollout store the operators use (``onnxcast.airflow.settings.store_uri`
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -68,12 +69,13 @@ def page_data() -> dict[str, Any]:
         return {"store": None, "trust_root": None, "generated_at": None, "models": [], "truncated": False,
                 "listing": None, "error": text(exc, 1000)}
     try:
-        hook = MlflowHook()
+        hook = MlflowHook(export_login=False)  # the API server lives on: the login for this page only
         registry = Registry(hook.tracking_uri, hook.ui_url)
         registry_error = None
     except Exception as exc:  # no mlflow_default connection in the deployed mode
-        registry, registry_error = None, text(exc, 1000)
-    data = gather(store, trust_file=trust_root(None, development_keys_dir()), registry=registry)
+        hook, registry, registry_error = None, None, text(exc, 1000)
+    with hook.login() if hook is not None else nullcontext():
+        data = gather(store, trust_file=trust_root(None, development_keys_dir()), registry=registry)
     data["registry_error"] = registry_error
     return data
 

@@ -11,13 +11,8 @@ from onnxcast.pipeline.data import (
     utc_iso,
     windows,
 )
-from onnxcast.pipeline.fleet_data import (
-    ACROSS_SERIES,
-    OVER_ORIGINS,
-    FleetData,
-    judging_for,
-    split_fleet,
-)
+from onnxcast.pipeline.fleet_data import FleetData, split_fleet
+from onnxcast.pipeline.judging import ACROSS_SERIES, OVER_ORIGINS, judging_for
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.seasons import season_for_freq
 
@@ -191,6 +186,34 @@ def test_series_round_trips_through_the_run_directory(tmp_path, example_csv):
     assert np.array_equal(again.timestamps(0), series.timestamps(0))
     assert again.ids == series.ids and again.n_series == 1
     assert (again.freq, again.season, again.sha256) == (series.freq, series.season, series.sha256)
+
+
+def test_a_run_directory_from_before_issue_31_is_read_as_a_fleet_of_one(tmp_path, example_csv):
+    """A one-series run saved data/series.npz + data/series.json (no data/fleet/): its readers
+    (tracking's plot, champion/challenger's MSIS fallback) load it through load_split as the
+    same series and split; a broken one is one DataError naming the file."""
+    import json
+
+    from onnxcast.pipeline.fleet_data import load_split
+
+    cfg = cfg_for(example_csv)
+    series = gate_series(cfg)
+    data = tmp_path / "data"
+    data.mkdir()
+    np.savez(data / "series.npz", values=series.values,
+             timestamps=series.timestamps(0).astype("datetime64[ns]").astype("int64"))
+    (data / "series.json").write_text(json.dumps({"columns": list(series.columns), "freq": series.freq,
+                                                  "season": series.season, "source": series.source,
+                                                  "sha256": series.sha256}))
+    old, old_split = load_split(data / "fleet", cfg)
+    series.save(tmp_path / "new")
+    new, new_split = load_split(tmp_path / "new", cfg)
+    assert np.array_equal(old.values, new.values) and np.array_equal(old.timestamps(0), new.timestamps(0))
+    assert old.ids == new.ids and (old.freq, old.season, old.sha256) == (new.freq, new.season, new.sha256)
+    assert np.array_equal(old_split.validation_end, new_split.validation_end)
+    (data / "series.json").write_text("{}")
+    with pytest.raises(DataError, match="series.npz: not a saved series of an older run"):
+        load_split(data / "fleet", cfg)
 
 
 def test_reads_from_s3_over_http(s3_bucket, tmp_path):

@@ -26,6 +26,30 @@ def test_origins_visit_every_hour_of_the_day_and_stay_bounded():
     assert origins.block == int(np.ceil(24 / origins.stride))
 
 
+def test_one_series_and_a_fleet_share_one_origins_rule_aligned_at_the_end_as_statsforecast():
+    """Issue 31: one origins function for both judgings and the monitor. One series' holdout
+    origins are statsforecast's cross_validation cutoffs + 1 (as a fleet's always were), the
+    last at the last full horizon, the same steps back as a fleet with that holdout. Before,
+    one series' origins started at the holdout's start and could end up to a stride early."""
+    import pandas as pd
+    from statsforecast import StatsForecast
+    from statsforecast.models import Naive
+
+    from onnxcast.pipeline.fleet_eval import steps_back
+
+    n, start, horizon, seasons = 1500, 1100, 24, (24, 168)
+    origins = holdout_origins(n, holdout_start=start, horizon=horizon, seasons=seasons, earliest=168)
+    assert origins.index[-1] == n - horizon and origins.index[0] >= start
+    assert (n - horizon - start) % origins.stride != 0  # a holdout where the two alignments differ
+    back, stride = steps_back(n - start, horizon, seasons)
+    assert stride == origins.stride and (n - back).tolist() == origins.index.tolist()
+    y = hourly_with_weekly_cycle(n).astype(np.float64)
+    frame = pd.DataFrame({"unique_id": "s", "ds": np.arange(n), "y": y})
+    cv = StatsForecast(models=[Naive()], freq=1).cross_validation(h=horizon, df=frame, n_windows=len(origins.index),
+                                                                   step_size=origins.stride)
+    assert (np.sort(cv["cutoff"].unique()) + 1).tolist() == origins.index.tolist()
+
+
 def test_the_best_baseline_is_the_weekly_one_on_weekly_data_and_the_reference_runs():
     y = hourly_with_weekly_cycle()
     origins = holdout_origins(len(y), holdout_start=len(y) - 300, horizon=24, seasons=(24, 168), earliest=168)

@@ -84,7 +84,7 @@ def test_every_series_is_split_from_its_own_end(fleet, panel):
 def test_the_run_is_judged_by_the_series_it_saved_not_by_the_input_form(fleet, tmp_path, series_column):
     """Issue 31: one series is judged over its origins and two or more across series, whether
     the input was a one-series file or a long table (``series_column``): the sample decides."""
-    from onnxcast.pipeline.fleet_data import ACROSS_SERIES, OVER_ORIGINS
+    from onnxcast.pipeline.judging import ACROSS_SERIES, OVER_ORIGINS
     from onnxcast.pipeline.run import judging
 
     cfg = PipelineConfig(data_uri="x", out_dir=str(tmp_path), horizon=18, lookback=36, series_column=series_column)
@@ -92,3 +92,16 @@ def test_the_run_is_judged_by_the_series_it_saved_not_by_the_input_form(fleet, t
     assert judging(cfg) == OVER_ORIGINS
     fleet.subset([0, 1]).save(cfg.layout.fleet)
     assert judging(cfg) == ACROSS_SERIES
+
+
+def test_a_report_says_how_it_was_judged_and_an_older_one_is_read_by_its_shape():
+    """Issue 31: readers route on the report's ``judging``, not on whether a ``fleet`` object is
+    there; a report written before the field falls back to its shape."""
+    from onnxcast.pipeline.judging import ACROSS_SERIES, OVER_ORIGINS, report_judging
+    from onnxcast.registry.tracking import is_fleet_report
+
+    written = [{"judging": OVER_ORIGINS, "fleet": {"n_series": 2}}, {"judging": ACROSS_SERIES}]
+    assert [report_judging(r) for r in written] == [OVER_ORIGINS, ACROSS_SERIES]
+    assert [is_fleet_report(r) for r in written] == [False, True]
+    older = [{"fleet": {"n_series": 2}}, {"fleet": None}, {}]
+    assert [report_judging(r) for r in older] == [ACROSS_SERIES, OVER_ORIGINS, OVER_ORIGINS]

@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 
 from onnxcast.pipeline.config import PipelineConfig
-from onnxcast.pipeline.evaluation import fleet_origins
 from onnxcast.pipeline.fleet_data import FleetData, assign_shards
 from onnxcast.pipeline.fleet_eval import (
     mase_scales,
@@ -18,6 +17,7 @@ from onnxcast.pipeline.fleet_eval import (
     plan_for,
     read_shards,
     reference_sample,
+    steps_back,
 )
 from tests.real_panels import load_panel
 
@@ -51,7 +51,7 @@ def test_origins_are_statsforecasts_cross_validation_cutoffs_plus_one_on_ragged_
     panel = load_panel("m3-monthly", limit=6, seed=3)
     fleet = fleet_of(panel, cut={sid: 7 * k for k, sid in enumerate(sorted(panel.frame["unique_id"].unique()))})
     assert len(set(fleet.lengths.tolist())) > 3  # ragged
-    back, stride = fleet_origins(holdout_steps=3 * panel.horizon, horizon=panel.horizon, seasons=(12,))
+    back, stride = steps_back(holdout_steps=3 * panel.horizon, horizon=panel.horizon, seasons=(12,))
     assert len(back) == 2 * panel.horizon + 1 and stride == 1  # stride: origin_stride, as for one series
     frame = pd.DataFrame({"unique_id": np.repeat(fleet.ids, fleet.lengths),
                           "ds": np.concatenate([np.arange(n) for n in fleet.lengths]),
@@ -64,7 +64,7 @@ def test_origins_are_statsforecasts_cross_validation_cutoffs_plus_one_on_ragged_
 
 
 def test_one_holdout_horizon_is_one_origin_the_official_test():
-    back, _ = fleet_origins(holdout_steps=18, horizon=18, seasons=(12,))
+    back, _ = steps_back(holdout_steps=18, horizon=18, seasons=(12,))
     assert back.tolist() == [18]
 
 
@@ -328,7 +328,9 @@ def test_key_figures_match_the_golden_fleet_report(fleet_run):
     cfg, _, _, _ = fleet_run
     with pytest.raises(GateError):
         assemble_report(cfg)
-    assert_matches_golden(key_figures(json.loads(cfg.layout.failed_report.read_text())), "fleet-run")
+    report = json.loads(cfg.layout.failed_report.read_text())
+    assert_matches_golden(key_figures(report), "fleet-run")
+    assert report["judging"] == "across_series" and {m["judging"] for m in report["models"]} == {"across_series"}
 
 
 def test_the_gate_baseline_is_the_naive_best_over_the_fleet_not_each_series_own_pick():

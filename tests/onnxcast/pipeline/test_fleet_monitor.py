@@ -301,11 +301,11 @@ class TestLikeSizedComparisonHoldsItsSize:
                          source="simulated", sha256="0" * 64)
 
     def alarms(self, dist: str, scale_up: float = 1.0, seed: int = 0) -> float:
-        from onnxcast.pipeline.evaluation import fleet_origins
+        from onnxcast.pipeline.fleet_eval import steps_back
         from onnxcast.pipeline.monitor import _truncated, compared_mase
 
         rng = np.random.default_rng(seed)
-        back, _ = fleet_origins(self.HOLDOUT, self.HORIZON, (12,))
+        back, _ = steps_back(self.HOLDOUT, self.HORIZON, (12,))
         zero = lambda h: np.zeros((len(h), self.HORIZON), np.float32)  # noqa: E731  (errors = |y|)
         index, ones, count = list(range(self.SERIES)), np.ones(self.SERIES), 0
         for _ in range(self.RUNS):

@@ -25,6 +25,10 @@ def test_report_follows_the_contract(tiny_run):
     assert [m["family"] for m in report["models"]] == ["lstm", "transformer", "nhits", "dlinear"]
     assert report["dataset"]["rows"] == 2284 and report["dataset"]["freq"].startswith("W-")
     assert report["split"]["holdout_end"].startswith("2001-12-29T00:00")
+    # one series kept: judged over its origins, said in the report and each validation.json
+    assert report["judging"] == "over_origins" and {m["judging"] for m in report["models"]} == {"over_origins"}
+    origins = report["baselines"]["origins"]  # aligned at the series' end, as statsforecast's cross_validation
+    assert origins["last"] == 2284 - cfg.horizon
 
 
 def test_key_figures_match_the_golden_report(tiny_run):
