@@ -118,3 +118,32 @@ def test_a_zero_shot_base_run_is_judged_and_carries_its_provenance(zero_shot_run
     metadata = read_metadata(onnx.load(cfg.layout.onnx("base"), load_external_data=False))
     assert json.loads(metadata[BASE_PROVENANCE_METADATA])["sha256"] == read_provenance()["sha256"]
     assert metadata["base_use"] == "zero-shot"
+
+
+def test_series_too_short_for_a_training_window_get_the_pretrained_model_zero_shot(tmp_path):
+    """A fleet of 24-month series, horizon 6 and season 12: no training window, so the default
+    fine-tuning is skipped and the shipped weights are used as they are."""
+    import pandas as pd
+
+    from onnxcast.base.files import read_json
+    from onnxcast.pipeline import fleet_quality
+    from onnxcast.pipeline import run as pipeline
+    from onnxcast.pipeline.config import PipelineConfig
+
+    rng = np.random.default_rng(0)
+    dates = pd.date_range(end="2000-01-01", periods=24, freq="MS").strftime("%Y-%m-%d")
+    frame = pd.concat(pd.DataFrame({"unique_id": f"s{i}", "ds": dates,
+                                    "y": 100 + 10 * np.sin(np.arange(24) * np.pi / 6) + rng.normal(0, 2, 24) + i})
+                      for i in range(12))
+    frame.to_csv(tmp_path / "short.csv", index=False)
+    cfg = PipelineConfig.from_dict({"data_uri": str(tmp_path / "short.csv"), "out_dir": str(tmp_path / "run"),
+                                    "series_column": "unique_id", "models": "base", "horizon": 6, "lookback": 12,
+                                    "season": 12, "freq": "MS", "quality": {"min_holdout_windows": 1}})
+    assert cfg.base_finetune_minutes > 0
+    for shard in pipeline.check_input(cfg):
+        fleet_quality.check_fleet_shard(cfg, shard)
+    fleet_quality.merge_fleet_checks(cfg)
+    pipeline.train_family(cfg, "base")
+    document = read_json(cfg.layout.model_json("base"))
+    assert document["use"] == "zero-shot"
+    assert document["training"]["epochs"] == 0
