@@ -197,7 +197,11 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
     # another task shared the two cores (docs/performance.md)
     with torch_threads(cfg.threads):
         model, result, extra = fit(cfg, family, spec, fleet, split)
-    how = "zero-shot, the shipped weights" if result.stopped == ZERO_SHOT else describe(result)
+    if family == "base" and result.best_epoch == 0:  # epoch 0 is the pretrained model, not the seasonal naive
+        how = "zero-shot, the shipped weights" + ("" if result.stopped == ZERO_SHOT else
+                                                  f" (no fine-tuned epoch of {result.epochs} beat them)")
+    else:
+        how = describe(result)
     log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, how)
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict(), **extra})
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
