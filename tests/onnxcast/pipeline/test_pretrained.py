@@ -147,3 +147,18 @@ def test_series_too_short_for_a_training_window_get_the_pretrained_model_zero_sh
     document = read_json(cfg.layout.model_json("base"))
     assert document["use"] == "zero-shot"
     assert document["training"]["epochs"] == 0
+
+
+def test_a_series_long_enough_fine_tunes_the_shipped_weights(tiny_config):
+    """One epoch from the shipped weights; the pretrained model competes as epoch 0."""
+    from onnxcast.base.files import read_json
+    from onnxcast.pipeline import run as pipeline
+
+    cfg = tiny_config(models="base", max_epochs=1, base_finetune_minutes=0.5)
+    pipeline.prepare_data(cfg)
+    pipeline.train_family(cfg, "base")
+    document = read_json(cfg.layout.model_json("base"))
+    assert document["use"] == "fine-tuned"
+    assert document["training"]["epochs"] == 1
+    assert document["training"]["best_validation_loss"] <= document["training"]["initial_validation_loss"]
+    assert document["pretrained"]["sha256"] == read_provenance()["sha256"]
