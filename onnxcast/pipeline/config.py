@@ -34,13 +34,15 @@ from onnxcast.targets.declarations import (
 # nhits and dlinear: window families (onnxcast.pipeline.models), trained in seconds; N-HiTS was more
 # accurate than the Transformer on hourly, half-hourly and weekly data, DLinear on weekly data
 # only (docs/performance.md#model-families)
+# base: the pretrained forecaster (docs/pretrained.md), chosen with --models, not trained by default
 # ensemble: the other families of the run combined, trained after them (onnxcast.pipeline.ensemble,
 # docs/ensemble.md); chosen by name, not by default
-MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear", "ensemble")
+MODEL_FAMILIES = ("lstm", "transformer", "nhits", "dlinear", "base", "ensemble")
 DEFAULT_FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
 # the trigger form's names of the families, in its order (the window families first)
 FAMILY_LABELS = {"nhits": "N-HiTS", "dlinear": "DLinear", "lstm": "LSTM", "transformer": "Transformer",
-                 "ensemble": "Ensemble"}
+                 "base": "base (pretrained)", "ensemble": "Ensemble"}
+BASE_MAX_HORIZON = 48  # the steps the pretrained base forecaster forecasts (onnxcast.pipeline.models.BASE_HORIZON)
 VARIANTS = ("fp32", "fp32-opt", "int8", "fp16")
 CHANNELS = ("edge", "cloud")
 # the trigger form's names of the rollout channels, in CHANNELS' order
@@ -157,8 +159,8 @@ class PipelineConfig:
                             group=FORECAST, dag=True, description="History steps the model is trained on",
                             low=2, high=100_000)
     models: tuple[str, ...] = setting(
-        DEFAULT_FAMILIES, help="comma-separated families: " + ", ".join(MODEL_FAMILIES) + " (ensemble: the others "
-        "combined, after them)", cli="--models",
+        DEFAULT_FAMILIES, help="comma-separated families: " + ", ".join(MODEL_FAMILIES) + " (default: all but base "
+        "and ensemble; ensemble: the others combined, after them)", cli="--models",
         group=TRAINING, dag="families", choices=MODEL_FAMILIES, labels=FAMILY_LABELS,
         dag_default=tuple(f for f in FAMILY_LABELS if f in DEFAULT_FAMILIES),
         description="Model families trained in parallel (one mapped task each)")
@@ -196,6 +198,10 @@ class PipelineConfig:
         0, help="LSTM and Transformer steps per token (patches cut from the newest step); 0: lookback // 24, "
                 "at least 1",
         cli="--patch-length", group=TRAINING, low=0, high=100_000)
+    base_finetune_minutes: float = setting(
+        1.0, help="base (pretrained) family: minutes of fine-tuning from the shipped weights (0: zero-shot, as "
+                  "for data too short for a training window)", cli="--base-finetune-minutes", group=TRAINING,
+        low=0.0, high=7 * 24 * 60)
     seed: int = setting(42, help="random seed (training is repeatable)", cli="--seed", group=TRAINING,
                         low=0, high=2**32 - 1)
     # export / optimize / validate
@@ -513,6 +519,7 @@ SIZE_SETTINGS = {
     "transformer": ("d_model", "num_layers", "horizon", "lookback", "batch_size"),
     "nhits": ("hidden_size", "lookback", "horizon"),
     "dlinear": ("lookback", "horizon"),
+    "base": ("horizon",),
     "ensemble": ("lookback", "horizon"),
 }
 
@@ -530,6 +537,9 @@ def model_size_problems(cfg: PipelineConfig) -> list[str]:
     """One problem per selected family whose estimated size is over the limits, naming the
     setting that makes it so and the largest value of it that fits with the others."""
     problems = []
+    if "base" in cfg.models and cfg.horizon > BASE_MAX_HORIZON:
+        problems.append(f"horizon {cfg.horizon:,} is beyond the base model's {BASE_MAX_HORIZON} steps: use horizon "
+                        f"{BASE_MAX_HORIZON} or less with --models base")
     for family in cfg.models:
         parameters, attention = estimate_model_size(family, cfg)
         if parameters <= MAX_MODEL_PARAMETERS and attention <= MAX_ATTENTION_BYTES:

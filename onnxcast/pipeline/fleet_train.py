@@ -13,6 +13,7 @@ Design: docs/design/fleet.md section 3.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -27,6 +28,7 @@ from onnxcast.pipeline.fleet_data import (
 )
 from onnxcast.pipeline.judging import ACROSS_SERIES, judging_for
 from onnxcast.pipeline.metrics import mase_scale, seasonal_naive
+from onnxcast.pipeline.pretrained.weights import load_weights, summary
 from onnxcast.pipeline.seasons import model_seasons, seasons_for_freq
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,10 @@ ANCHOR_SAMPLE = 500  # series whose training segments choose the fleet's anchor 
 ANCHOR_ORIGINS = 2000  # about how many origins of one series judge a candidate anchor season
 # the weighted loss (training.weighted_loss): "mse", a squared scaled error, or "mae", the MASE
 FLEET_LOSS = "mse"
+# the base forecaster is fine-tuned at this share of the learning rate: small steps from the shipped
+# weights (epoch 0, the pretrained model, competes on the validation loss either way)
+BASE_LEARNING_RATE_FACTOR = 0.1
+ZERO_SHOT = "zero_shot"  # TrainResult.stopped of a base model used as shipped
 
 
 def series_weights(fleet: FleetData, split: FleetSplit, season: int) -> np.ndarray:
@@ -181,20 +187,53 @@ def train_global(cfg: PipelineConfig, family: str) -> dict:
                      # shift inside the window no longer sets the forecast's scale (issue 32)
                      **({"global_model": True, "n_series": fleet.n_series, "normalisation": "recent"}
                         if across else {}))
+    if family == "base":  # the pretrained net reads windows normalised on their newest steps, in any run
+        spec = dataclasses.replace(spec, normalisation="recent")
     log.info("%s anchors on the seasonal-naive forecast of period %d%s", family, anchor,
              f" (and mixes in {list(spec.anchor_seasons[1:])})" if len(spec.anchor_seasons) > 1 else "")
-    fit = _fit_across_series if across else _fit_every_window
+    fit = _fit_base if family == "base" else _fit_across_series if across else _fit_every_window
     # cfg.threads (default 1): two OpenMP threads per task made epochs up to 30x slower when
     # another task shared the two cores (docs/performance.md)
     with torch_threads(cfg.threads):
         model, result, extra = fit(cfg, family, spec, fleet, split)
-    log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, describe(result))
+    if family == "base" and result.best_epoch == 0:  # epoch 0 is the pretrained model, not the seasonal naive
+        how = "zero-shot, the shipped weights" + ("" if result.stopped == ZERO_SHOT else
+                                                  f" (no fine-tuned epoch of {result.epochs} beat them)")
+    else:
+        how = describe(result)
+    log.info("trained %s in %.1fs (%s): %s", family, result.seconds, result.precision, how)
     save_model(cfg, family, model, spec, {"source": "trained", "training": result.to_dict(), **extra})
     return {"family": family, "epochs": result.epochs, "best_validation_loss": result.best_validation_loss}
 
 
-def _fit_across_series(cfg: PipelineConfig, family: str, spec, fleet: FleetData, split: FleetSplit):
-    """``(model, result, model.json extras)`` of a global model on windows drawn across the series."""
+def _fit_base(cfg: PipelineConfig, family: str, spec, fleet: FleetData, split: FleetSplit):
+    """``(model, result, model.json extras)`` of the pretrained base forecaster: the shipped weights
+    (onnxcast.pipeline.pretrained.weights), fine-tuned for ``base_finetune_minutes`` at
+    BASE_LEARNING_RATE_FACTOR x the learning rate (epoch 0, the pretrained model, competes), or
+    zero-shot when that is 0 or the data hold no training or validation window."""
+    from onnxcast.pipeline.models import build_model
+    from onnxcast.pipeline.training import TrainResult
+
+    state, provenance = load_weights()
+    model = build_model(spec)
+    model.core.net.load_state_dict(state)
+    extra = {"pretrained": summary(provenance)}
+    if cfg.base_finetune_minutes > 0:
+        tuning = dataclasses.replace(cfg, max_minutes=cfg.base_finetune_minutes,
+                                     learning_rate=cfg.learning_rate * BASE_LEARNING_RATE_FACTOR)
+        fit = _fit_across_series if judging_for(fleet.n_series) == ACROSS_SERIES else _fit_every_window
+        try:
+            tuned, result, more = fit(tuning, family, spec, fleet, split, start=model)
+            return tuned, result, {**more, **extra, "use": "fine-tuned"}
+        except (DataError, ValueError) as exc:  # no training or validation window
+            log.info("base: no fine-tuning (%s): the pretrained model, zero-shot", exc)
+    result = TrainResult(epochs=0, best_epoch=0, best_validation_loss=None, stopped=ZERO_SHOT, seconds=0.0)
+    return model, result, {**extra, "use": "zero-shot"}
+
+
+def _fit_across_series(cfg: PipelineConfig, family: str, spec, fleet: FleetData, split: FleetSplit, start=None):
+    """``(model, result, model.json extras)`` of a global model on windows drawn across the series
+    (``start``: from this model, else a fresh one)."""
     from onnxcast.pipeline.models import build_model
     from onnxcast.pipeline.training import BF16_FAMILIES, seed_everything, train_sampled
 
@@ -204,7 +243,7 @@ def _fit_across_series(cfg: PipelineConfig, family: str, spec, fleet: FleetData,
                                     max_series=cfg.fleet_validation_series, seed=cfg.seed)
     seed_everything(cfg.seed)
     # the identity scaler: per-window normalisation alone (finding 1 of docs/design/fleet.md)
-    model = build_model(spec, np.zeros(fleet.n_features), np.ones(fleet.n_features))
+    model = start if start is not None else build_model(spec, np.zeros(fleet.n_features), np.ones(fleet.n_features))
     log.info("training global %s on %d series: %d windows an epoch, validation %d series, up to %d epochs / "
              "%.1f min", family, fleet.n_series, cfg.fleet_windows_per_epoch, len(validation[0]), cfg.max_epochs,
              cfg.max_minutes)
@@ -217,8 +256,9 @@ def _fit_across_series(cfg: PipelineConfig, family: str, spec, fleet: FleetData,
     return model, result, extra
 
 
-def _fit_every_window(cfg: PipelineConfig, family: str, spec, fleet: FleetData, split: FleetSplit):
-    """``(model, result, {})`` of a model on every window of one series (series 0)."""
+def _fit_every_window(cfg: PipelineConfig, family: str, spec, fleet: FleetData, split: FleetSplit, start=None):
+    """``(model, result, {})`` of a model on every window of one series (series 0; ``start``: from
+    this model, else a fresh one)."""
     from onnxcast.pipeline.models import build_model
     from onnxcast.pipeline.training import (
         BF16_FAMILIES,
@@ -234,7 +274,7 @@ def _fit_every_window(cfg: PipelineConfig, family: str, spec, fleet: FleetData, 
     validation = series_windows(values, cfg.lookback, cfg.horizon, train_end, validation_end)
     seed_everything(cfg.seed)
     train_rows = values[:train_end]
-    model = build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
+    model = start if start is not None else build_model(spec, train_rows.mean(axis=0), train_rows.std(axis=0))
     log.info("training %s on %d windows (validation %d), up to %d epochs / %.1f min",
              family, len(train[0]), len(validation[0]), cfg.max_epochs, cfg.max_minutes)
     result = train_model(model, train, validation, max_epochs=cfg.max_epochs, max_minutes=cfg.max_minutes,

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from onnxcast.pipeline.config import BASE_MAX_HORIZON
 from onnxcast.pipeline.intervals import SCALE_EPS_RELATIVE, SCALE_FLOOR, interval_lag
 
 EPS = 1e-5
@@ -147,10 +148,13 @@ def build_model(spec: ModelSpec, mean: np.ndarray | None = None, std: np.ndarray
         if spec.family == "nhits":
             window_core: nn.Module = NHiTSCore(spec.n_features, spec.lookback, spec.horizon, len(seasons),
                                                8 * spec.hidden_size, NHITS_DROPOUT)
+        elif spec.family == "base":  # the pretrained net: scale-free (identity scaler), docs/pretrained.md
+            window_core = BaseCore(spec.n_features, spec.lookback, spec.horizon, spec.season)
+            mean, std = np.zeros(spec.n_features), np.ones(spec.n_features)
         else:
             window_core = DLinearCore(spec.n_features, spec.lookback, spec.horizon, len(seasons))
         model = WindowForecaster(window_core, spec.n_features, spec.lookback, spec.horizon, seasons, mean, std,
-                                 spec.global_model)
+                                 spec.global_model or spec.family == "base")
     else:
         if spec.family == "lstm":
             core: nn.Module = LSTMCore(spec.n_features, spec.hidden_size, spec.num_layers, spec.horizon,
@@ -536,7 +540,7 @@ def combine(forecasts: torch.Tensor, weights: torch.Tensor, median: bool) -> tor
 
 # --- window families: read exactly the last ``lookback`` steps ----------------------------
 
-WINDOW_FAMILIES = ("nhits", "dlinear")
+WINDOW_FAMILIES = ("nhits", "dlinear", "base")
 # Hidden width 8 x hidden_size (512 by default) with dropout 0.5: on the example (~2,500
 # training windows) validation loss was best at epoch 2 without dropout; holdout MAE over three
 # seeds was 323 (width 256, dropout 0.3), 315 (256, 0.5), 306 (512, 0.5); the Transformer 325.
@@ -672,3 +676,75 @@ class DLinearCore(nn.Module):
         trend = torch.nn.functional.avg_pool1d(padded.unsqueeze(1), self.kernel, stride=1).squeeze(1)
         extra = torch.cat([x[:, :, 1:].flatten(1), anchors.flatten(1)], dim=1)
         return self.trend(trend) + self.seasonal(y - trend) + self.extra(extra)
+
+
+# --- the pretrained base forecaster (family "base", docs/pretrained.md) --------------------------
+
+BASE_CONTEXT = 96  # normalised steps the net reads (a shorter window is zero-padded on the left, masked)
+BASE_HORIZON = BASE_MAX_HORIZON  # steps the net forecasts; a run's horizon takes the first ones
+BASE_WIDTH = 256
+BASE_BLOCKS = 4
+
+
+class BaseNet(nn.Module):
+    """The pretrained net: ``(context [B, C], mask [B, C], anchor [B, H]) -> forecast [B, H]``,
+    all in per-window units: a residual MLP (pre-norm blocks) whose zero-initialised head
+    corrects the seasonal-naive ``anchor``, so the untrained net is the seasonal naive."""
+
+    def __init__(self, context: int = BASE_CONTEXT, horizon: int = BASE_HORIZON, width: int = BASE_WIDTH,
+                 blocks: int = BASE_BLOCKS):
+        super().__init__()
+        self.context, self.horizon = context, horizon
+        self.embed = nn.Linear(2 * context + horizon, width)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.GELU(),
+                                                  nn.Linear(2 * width, width)) for _ in range(blocks))
+        self.norm = nn.LayerNorm(width)
+        self.head = zero_head(nn.Linear(width, horizon))
+
+    def forward(self, context: torch.Tensor, mask: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        h = self.embed(torch.cat([context, mask, anchor], dim=1))
+        for block in self.blocks:
+            h = h + block(h)
+        return anchor + self.head(self.norm(h))
+
+
+def base_anchor_index(lookback: int, season: int, horizon: int = BASE_HORIZON) -> torch.Tensor:
+    """``[horizon]``: the index into a window of ``lookback`` steps of ``y[t + h - s * (h // s + 1)]``,
+    the seasonal-naive forecast of period ``season`` (1 when it does not fit the window)."""
+    s = season if 1 <= season <= lookback else 1
+    steps = torch.arange(horizon)
+    return lookback + steps - s * (steps // s + 1)
+
+
+class BaseCore(nn.Module):
+    """The window-family core of the pretrained net (:class:`BaseNet`) for a run's lookback,
+    horizon and season: it reads the target's normalised window (other features are not read),
+    its newest ``BASE_CONTEXT`` steps zero-padded on the left, and forecasts the first
+    ``horizon`` of ``BASE_HORIZON`` steps, returned as a correction to the primary anchor the
+    WindowForecaster mixes in (its mix starts at that anchor alone: the untouched model is the
+    pretrained one)."""
+
+    def __init__(self, n_features: int, lookback: int, horizon: int, season: int):
+        super().__init__()
+        if horizon > BASE_HORIZON:
+            raise ValueError(f"the base model forecasts at most {BASE_HORIZON} steps, got horizon {horizon}")
+        self.net = BaseNet()
+        self.lookback, self.horizon = lookback, horizon
+        self.others = (n_features - 1) * lookback  # where the anchors start in ``extra``
+        keep = min(lookback, BASE_CONTEXT)
+        self.pad = BASE_CONTEXT - keep
+        self.register_buffer("mask", torch.cat([torch.zeros(self.pad), torch.ones(keep)]).unsqueeze(0))
+        self.register_buffer("anchor_index", base_anchor_index(lookback, season))
+
+    def forward(self, x: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        return self.stack(x[:, :, 0], torch.cat([x[:, :, 1:].flatten(1), anchors.flatten(1)], dim=1))
+
+    def stack(self, target: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        """The correction ``[batch, horizon]`` from the normalised target window ``[batch, lookback]``
+        and the extra inputs (other features' windows, then the anchors, as N-HiTS reads them)."""
+        context = target[:, self.lookback - (BASE_CONTEXT - self.pad):]
+        if self.pad:
+            context = nn.functional.pad(context, (self.pad, 0))
+        mask = self.mask.expand(target.shape[0], -1)
+        forecast = self.net(context, mask, target.index_select(1, self.anchor_index))
+        return forecast[:, : self.horizon] - extra[:, self.others : self.others + self.horizon]

@@ -45,6 +45,7 @@ QUANTIZATION = {
     # MLP weights (N-HiTS: 1-1.5M in Gemm/MatMul at the defaults) are nearly all of the file
     "nhits": QuantSettings(("MatMul", "Gemm"), per_channel=True),
     "dlinear": QuantSettings(("MatMul", "Gemm"), per_channel=True),
+    "base": QuantSettings(("MatMul", "Gemm"), per_channel=True),
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -58,6 +59,7 @@ from onnxcast.pipeline.intervals import calibrate
 from onnxcast.pipeline.judging import ACROSS_SERIES, judging_for
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
+from onnxcast.pipeline.pretrained.weights import BASE_PROVENANCE_METADATA
 from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import attach_targets, compare_families, select_variants
 from onnxcast.pipeline.seasons import evaluation_seasons
@@ -188,10 +190,22 @@ def export_family(cfg: PipelineConfig, family: str, recent: bool = False) -> str
         "quantile_levels": format_quantile_levels(spec.quantile_levels),
         "intervals_calibrated_on": RECENT if recent else "validation", **global_keys,
         **ensemble_metadata(spec),
+        **base_metadata(cfg, spec.family, family),
     }
     path = export_onnx(model, cfg.layout.onnx(family), n_features=spec.n_features,
                        lookback=spec.lookback, metadata=metadata, opset=cfg.opset)
     return str(path)
+
+
+def base_metadata(cfg: PipelineConfig, architecture: str, family: str) -> dict:
+    """The pretrained base forecaster's provenance (model.json's ``pretrained``: corpus, seed,
+    command, sha256, training seconds, held-out panel) and use (zero-shot or fine-tuned) as ONNX
+    metadata; nothing for other families."""
+    if architecture != "base":
+        return {}
+    document = read_json(cfg.layout.model_json(family))
+    return {BASE_PROVENANCE_METADATA: json.dumps(document.get("pretrained", {}), sort_keys=True),
+            "base_use": str(document.get("use", ""))}
 
 
 def calibrate_family(cfg: PipelineConfig, family: str, recent: bool = False):

@@ -337,7 +337,7 @@ def _check_spec_architecture(checked: dict, prefix: str) -> None:
         raise FetchError(f"{prefix} field 'd_model' ({checked['d_model']}) is not divisible by "
                          f"'n_heads' ({checked['n_heads']})")
     too_long = [s for s in (checked["season"], *seasons) if s > checked["lookback"]]
-    if family in ("nhits", "dlinear") and too_long:
+    if family in ("nhits", "dlinear", "base") and too_long:
         raise FetchError(f"{prefix} field 'seasons' holds {too_long[0]}, longer than 'lookback' {checked['lookback']}")
     parameters, _ = estimate_model_size(family, _SpecSizes(checked))
     if parameters > MAX_MODEL_PARAMETERS:

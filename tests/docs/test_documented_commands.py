@@ -69,6 +69,10 @@ SKIPPED: dict[str, str] = {
     r"^\.venv/bin/onnxcast edge predict --dir /opt/model --input meters\.csv --series-column meter_id$":
         "needs a fleet model installed: tests/onnxcast/rollout/test_edge_fleet.py runs `edge predict "
         "--series-column` through cli.main and the device command on 300 real M3 series",
+    r"^\.venv/bin/python -m onnxcast\.pipeline\.pretrained build\b": "pretrains the base model (about 20 minutes); "
+        "tests/onnxcast/pipeline/test_pretrained.py pretrains on a tiny corpus and checks the shipped file",
+    r"^nice -n 10 \.venv/bin/python bench/fleet\.py\b": "fits statsforecast and trains on the M1 panels "
+        "(tens of minutes); tests/bench/test_bench_fleet_smoke.py runs bench/fleet.py's parts",
     r"^make bench-fleet(-scale)?$": "trains every family on the M1/M3 panels (tens of minutes); "
                                    "tests/bench/test_bench_fleet_smoke.py runs bench/fleet.py's parts",
     r"^make bench-serve$": "a load generator against two servers for minutes; tests/bench/test_bench_serve_smoke.py "

@@ -14,13 +14,13 @@ META = {"model_family": "x", "lookback": 48, "horizon": 12, "freq": "h", "target
         "dataset_sha256": "ab" * 32}
 
 
-@pytest.fixture(scope="module", params=["lstm", "transformer", "nhits", "dlinear"])
+@pytest.fixture(scope="module", params=["lstm", "transformer", "nhits", "dlinear", "base"])
 def exported(request, tmp_path_factory):
     spec = ModelSpec(family=request.param, n_features=2, horizon=12, lookback=48, hidden_size=16,
                      num_layers=2, d_model=16, n_heads=2, season=24, seasons=(24, 48))
     torch.manual_seed(0)
     model = build_model(spec, mean=np.array([5000.0, 20.0]), std=np.array([800.0, 5.0])).eval()
-    if request.param == "dlinear":  # its linear maps start at zero: give parity something to check
+    if request.param in ("dlinear", "base"):  # their heads start at zero: give parity something to check
         with torch.no_grad():
             for parameter in model.core.parameters():
                 parameter.normal_(0.0, 0.05)
@@ -102,7 +102,7 @@ def test_contract_check_flags_a_frozen_batch_axis():
     assert "forecast axis 0 is fixed at 1, expected dynamic" in problems
 
 
-@pytest.mark.parametrize("family", ["nhits", "dlinear"])
+@pytest.mark.parametrize("family", ["nhits", "dlinear", "base"])
 def test_a_window_family_exports_and_quantizes_without_warnings(family, tmp_path, capfd, caplog):
     """Every export printed four "torchvision is not installed. Skipping torchvision::nms" lines
     (torch's ONNX registry; torchvision is not a dependency), and int8's shape inference warned

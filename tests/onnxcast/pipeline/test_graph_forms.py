@@ -9,7 +9,7 @@ import torch
 from onnxcast.pipeline.graph_forms import fold_linear, graph_form
 from onnxcast.pipeline.models import ModelSpec, build_model
 
-FAMILIES = ("lstm", "transformer", "nhits", "dlinear")
+FAMILIES = ("lstm", "transformer", "nhits", "dlinear", "base")
 LEVELS = (0.1, 0.5, 0.9)
 
 

@@ -107,7 +107,8 @@ def test_every_dag_setting_is_a_param_of_the_training_dag_with_its_default_and_r
         assert schema.get("minimum", schema.get("exclusiveMinimum")) == s.low, s.name
         assert schema.get("maximum", schema.get("exclusiveMaximum")) == s.high, s.name
         if s.choices:
-            # the form offers every choice; its default is a subset (the ensemble is chosen by name; x86_64 of the targets)
+            # the form offers every choice; its default is a subset (base and the ensemble are chosen by name;
+            # x86_64 of the targets)
             assert set(schema["items"]["enum"]) == set(s.choices) >= set(param.value), s.name
         assert templates[s.name] == f"{{{{ params.{s.dag} }}}}", s.name
     assert set(templates) == {s.name for s in declared}
