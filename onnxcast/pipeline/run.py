@@ -349,17 +349,9 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
     family's in validation.json) says which: ``over_origins`` or ``across_series``; readers
     route on it (``judging.report_judging``), not on the ``fleet`` object's presence.
     """
-    fleet = None
     models = [read_json(cfg.layout.validation(f)) for f in (families or cfg.models)]
     how = judging(cfg)
-    if how == ACROSS_SERIES:
-        parts = fleet_report(cfg, models)
-        summary, baselines, family_choice, fleet = (parts["summary"], parts["baselines"], parts["family_choice"],
-                                                    parts["fleet"])
-    else:
-        summary = read_json(cfg.layout.dataset)
-        baselines = load_baselines(cfg)
-        family_choice = compare_families(models, baselines["origins"]["block"])
+    summary, baselines, family_choice, fleet = _judged_figures(cfg, how, models)
     selected, ranking = select_variants(models, family_choice)
     attach_targets(cfg.layout, cfg.targets, models, selected)
     excluded = [{"family": m["family"], "failures": m["failures"]} for m in models if not m["gates_passed"]]
@@ -397,6 +389,17 @@ def assemble_report(cfg: PipelineConfig, families: list[str] | None = None) -> d
         raise GateError(failures)
     write_json(cfg.layout.report, report)
     return report
+
+
+def _judged_figures(cfg: PipelineConfig, how: str, models: list[dict]) -> tuple[dict, dict, dict, dict | None]:
+    """The dataset summary, the baselines, the family comparison and (judged across series) the
+    ``fleet`` block of the report."""
+    if how == ACROSS_SERIES:
+        parts = fleet_report(cfg, models)
+        return parts["summary"], parts["baselines"], parts["family_choice"], parts["fleet"]
+    baselines = load_baselines(cfg)
+    return (read_json(cfg.layout.dataset), baselines, compare_families(models, baselines["origins"]["block"]),
+            None)
 
 
 # --- the whole run ------------------------------------------------------------------------
