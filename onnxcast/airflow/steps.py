@@ -49,10 +49,6 @@ if TYPE_CHECKING:
 RUN_DIR_KEY = "run_dir"
 SUMMARY_KEY = "summary"
 FAMILIES_KEY = "families"
-# run-relative paths of the files every step may need (one layout: onnxcast.pipeline.layout)
-CONFIG = RunLayout("").config.as_posix()
-PLAN = RunLayout("").plan.as_posix()
-SHARDS = RunLayout("").shards.as_posix()  # committed by check_data in fleet mode only
 SHARD_INDEX_PREFIX = "shard-"  # the shard tasks' map_index_template: "shard-{{ task.shard }}"
 
 
@@ -306,17 +302,11 @@ class CheckDataOperator(TrackedOperator):
         return taken
 
     def _gate(self, cfg: PipelineConfig) -> tuple[list[int], dict]:
-        """One series: the whole data check and split, one shard. A fleet: the table checks and
-        the shards (config.json too, so that the shard tasks can load the settings)."""
-        s3_settings = self.s3_hook.settings_for(str(cfg.data_uri))
-        if not cfg.is_fleet:
-            from onnxcast.pipeline.run import prepare_data
-
-            dataset = prepare_data(cfg, s3_settings=s3_settings)["dataset"]
-            return [0], {"rows": dataset["rows"], "end": dataset["end"], "dataset_sha256": dataset["sha256"]}
+        """The table checks and the shards of series, for any number of series (config.json
+        too, so that the shard tasks can load the settings)."""
         from onnxcast.pipeline.fleet_quality import check_fleet_table
 
-        shards = [int(k) for k in check_fleet_table(cfg, s3_settings=s3_settings)]
+        shards = [int(k) for k in check_fleet_table(cfg, s3_settings=self.s3_hook.settings_for(str(cfg.data_uri)))]
         if not shards:  # mapping over [] would skip the rest of the run without a word
             raise DataError(f"{cfg.data_uri}: no series to check (the table check assigned no shard)")
         if not cfg.layout.config.exists():
@@ -357,21 +347,20 @@ class MergeDataOperator(TrackedOperator):
         from onnxcast.registry.plan import read_plan
 
         require = [shard_step("check_series", k) for k in _shard_numbers(self.shards)]
-        with self.workspace(context, self.run_dir, require=require, paths=_config_only_unless_fleet) as work:
+        with self.workspace(context, self.run_dir, require=require) as work:
             cfg = load_config(work)
-            if cfg.is_fleet:  # one series: nothing merged, nothing to link to
-                self.link_mlflow_run(context, cfg.model_name)
-                self._merge(context, cfg)
+            self.link_mlflow_run(context, cfg.model_name)
+            self._merge(context, cfg)
             families = [entry["family"] for entry in read_plan(work)["families"]]
         self.log.info("Data of %s merged from %d shard(s); families %s", self.run_dir, len(require),
                       readable(families))
         return families
 
     def _merge(self, context: Context, cfg: PipelineConfig) -> None:
-        from onnxcast.pipeline.fleet_quality import merge_fleet_checks
+        from onnxcast.pipeline.run import merge_data
 
         try:
-            merged = merge_fleet_checks(cfg)
+            merged = merge_data(cfg)
         except (ConfigError, DataError) as exc:  # too many series excluded: the same data fails the same way
             raise self.fail_data_check(context, cfg, exc) from None
         series = (merged.get("quality") or {}).get("series") or {}
@@ -404,21 +393,16 @@ class _ShardStepOperator(TrackedOperator):
         shard = int(self.shard)
         with self.workspace(context, self.run_dir, require=self.requires(shard), paths=self.stage_paths) as work:
             cfg = load_config(work)
-            if not cfg.is_fleet:
-                self.log.info("One series: nothing to do per shard (shard %d)", shard)
-                return {"shard": shard, "fleet": False}
             self.link_mlflow_run(context, cfg.model_name)
-            return {"shard": shard, "fleet": True, **self.run_step(context, cfg, shard)}
+            return {"shard": shard, **self.run_step(context, cfg, shard)}
 
     def stage_paths(self, run: RunDir) -> list[str]:
         """The committed files this shard's step reads: the run's shared files and its own
         shard's, never another shard's nor the whole fleet (``data/fleet/``, merge_data's);
-        models only as :meth:`reads_model_file` says. One series: config.json only."""
+        models only as :meth:`reads_model_file` says."""
         from onnxcast.runstore import under_prefix
 
         files = run.files()
-        if SHARDS not in files:
-            return [CONFIG]
         shard, layout = int(self.shard), RunLayout("")
         raw = None if self.reads_raw_rows else layout.shard_rows(shard).as_posix()
         return [path for path in files if shard_of(path) in (None, shard) and path != raw
@@ -466,11 +450,12 @@ class ReferenceShardOperator(_ShardStepOperator):
         return ["merge_data"]
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
-        from onnxcast.pipeline.fleet_eval import reference_shard
+        from onnxcast.pipeline.run import reference_step
 
-        path = Path(reference_shard(cfg, shard))
-        self.log.info("Shard %d: reference forecasts in %s", shard, path.name)
-        return {"files": [_relative(cfg, path)]}
+        paths = reference_step(cfg, shard)
+        self.log.info("Shard %d: reference forecasts in %s", shard, readable([p.name for p in paths]) or
+                      "no file (judged over the origins of one series: merge_data measured the reference)")
+        return {"files": [_relative(cfg, p) for p in paths]}
 
 
 class EvaluateShardOperator(_ShardStepOperator):
@@ -489,11 +474,11 @@ class EvaluateShardOperator(_ShardStepOperator):
         return path == layout.model_json(family).as_posix() or under_prefix(path, layout.onnx_dir(family).as_posix())
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
-        from onnxcast.pipeline.fleet_eval import evaluate_shard
+        from onnxcast.pipeline.run import evaluate_step
         from onnxcast.registry.plan import read_plan
 
         families = [entry["family"] for entry in read_plan(cfg.run_dir)["families"]]
-        paths = [Path(p) for p in evaluate_shard(cfg, shard, families)]
+        paths = evaluate_step(cfg, shard, families)
         self.log.info("Shard %d: evaluated %s (%d file(s))", shard, readable(families), len(paths))
         return {"families": families, "files": [_relative(cfg, p) for p in paths]}
 
@@ -605,12 +590,6 @@ def shard_of(relative: str) -> int | None:
     return None
 
 
-def _config_only_unless_fleet(run: RunDir) -> list[str] | None:
-    """What merge_data stages: a fleet, every committed file (the shards' results); one
-    series, the settings and the plan (check_data has done the rest)."""
-    return None if SHARDS in run.files() else [CONFIG, PLAN]
-
-
 def _shard_numbers(value: Any) -> list[int]:
     """check_data's shard numbers as given to a task: the XCom list, or JSON text of one."""
     if isinstance(value, str):
@@ -631,6 +610,7 @@ def _shard_facts(cfg: PipelineConfig) -> dict:
         facts["series"] = sum(len(members) for members in shards["shards"])
     if isinstance(shards.get("rows"), list):
         facts["rows"] = int(sum(shards["rows"]))
+    facts.update({key: shards[name] for key, name in (("end", "end"), ("dataset_sha256", "sha256")) if name in shards})
     return facts
 
 
