@@ -113,15 +113,18 @@ def check_in_process(cfg: PipelineConfig, *, s3_settings: S3Settings | None = No
                      judging: str | None = None) -> dict:
     """The three steps one after another in this process (the table, every shard, the merge);
     returns :func:`merge_fleet_checks`'s summary."""
-    for shard in check_fleet_table(cfg, s3_settings=s3_settings):
+    for shard in check_fleet_table(cfg, s3_settings=s3_settings, judging=judging):
         check_fleet_shard(cfg, shard)
     return merge_fleet_checks(cfg, judging=judging)
 
 
 # --- step 1: the table ----------------------------------------------------------------------
 
-def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> list[int]:
-    """Read and check the long table; write the shards; return the shard numbers ``[0, .., k-1]``."""
+def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None,
+                      judging: str | None = None) -> list[int]:
+    """Read and check the table; write the shards; return the shard numbers ``[0, .., k-1]``.
+    ``judging``: how the run will be judged, which sets how long a series must be (None: as
+    ``judging_for`` the table's series; the monitor of a global model says across series)."""
 
     layout, series_col = cfg.layout, id_column(cfg)
     value_cols = [cfg.target_column, *cfg.feature_columns]
@@ -147,7 +150,8 @@ def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = N
         "n_shards": len(shards), "shards": [[ids[i] for i in members] for members in shards],
         "rows": [int(rows[members].sum()) for members in shards], "freq": freq, "season": int(season),
         "series_column": cfg.series_column, "source": raw.source, "sha256": raw.sha256, "n_bytes": raw.n_bytes,
-        "n_series": len(ids), "table_rows": int(len(codes)), "table_checks": checks,
+        "n_series": len(ids), "judging": judging or judging_for(len(ids)), "table_rows": int(len(codes)),
+        "table_checks": checks,
         "end": _iso(times.max()) if len(times) else None,
         "skipped_entries": {"count": len(raw.skipped),
                             "entries": [{"entry": name, "why": why} for name, why in raw.skipped[:SKIPPED_LISTED]]}})
@@ -500,7 +504,7 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     layout, series_col = cfg.layout, id_column(cfg)
     plan = read_json(layout.shards)
     ids = plan["shards"][shard]
-    season, judging = int(plan["season"]), judging_for(int(plan["n_series"]))
+    season, judging = int(plan["season"]), plan["judging"]
     # passed straight on, so that series_stats drops the rows as read once it has sorted them
     stats, grid = series_stats(*_shard_arrays(layout.shard_rows(shard), ids, cfg), len(ids), plan["freq"], cfg,
                                season, judging=judging)
