@@ -197,9 +197,10 @@ class TrackedOperator(BaseOperator):
 class CheckDataOperator(TrackedOperator):
     """Check the data into a fresh run directory; plan the families to evaluate.
 
-    One series: check and split it (the whole data gate). A fleet (``series_column``): the
-    table-level checks only, and the series assigned to shards; the per-series checks are
-    the mapped ``check_series`` tasks (:class:`CheckSeriesOperator`).
+    The table-level checks of the one data gate, for any number of series (a file without
+    ``series_column`` is one series), and the series assigned to shards; the per-series checks
+    are the mapped ``check_series`` tasks (:class:`CheckSeriesOperator`), the verdict
+    :class:`MergeDataOperator`'s.
 
     The training window ends at ``trained_until`` when given, else at the run's data
     interval end, so a rerun of a past run sees the same rows. When ``fetch_from`` is set
@@ -327,13 +328,14 @@ class CheckDataOperator(TrackedOperator):
 class MergeDataOperator(TrackedOperator):
     """The run's verdict on its data, once every shard is checked; returns the families.
 
-    A fleet: every shard's excluded series merged; more than ``max_excluded_share`` of the
-    series excluded fails the run without a retry (as a failed data check does), with the GX
-    pages in MLflow. The kept series become ``data/fleet/`` and ``data/dataset.json``. One
-    series: nothing to merge (check_data did it all).
+    Any number of series (onnxcast.pipeline.run.merge_data): every shard's excluded series
+    merged; more than ``max_excluded_share`` of the series excluded (one series excluded: all)
+    fails the run without a retry (as a failed data check does), with the GX pages in MLflow.
+    The kept series become ``data/fleet/`` and ``data/dataset.json``; one series judged over
+    its origins also gets its baselines and statistical reference.
 
     XCom: the family names of the plan (return value: the mapping input of the family
-    steps); a fleet also pushes ``summary``, the series kept and excluded.
+    steps) and ``summary``, the series kept and excluded.
     """
 
     template_fields: Sequence[str] = ("run_dir", "shards")
@@ -372,10 +374,10 @@ class MergeDataOperator(TrackedOperator):
 
 
 class _ShardStepOperator(TrackedOperator):
-    """A step for one shard of a fleet's series (mapped over the shards check_data returns).
+    """A step for one shard of the run's series (mapped over the shards check_data returns).
 
     It stages only its own shard's files (plus the run's shared files), so that a task's
-    download does not grow with the fleet. One series: a no-op that commits an empty step."""
+    download does not grow with the fleet."""
 
     template_fields: Sequence[str] = ("run_dir", "shard")
     #: whether the step reads the shard's raw rows (the checks do; later steps read the checked series)

@@ -8,7 +8,7 @@ fragment of the one-line error; ``hidden`` are bits of the file that no message 
 quote. ``settings`` are PipelineConfig overrides, all of which the
 CLI can express (see ``cli_args``).
 
-Used by tests/onnxcast/pipeline/test_quality.py (through ``check_data``) and tests/test_cli_bad_inputs.py
+Used by tests/onnxcast/pipeline/test_quality.py (through the one data gate, ``check_in_process``) and tests/test_cli_bad_inputs.py
 (through the real CLI).
 """
 
