@@ -589,7 +589,7 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
 # The columns of the series table, in order (series_stats).
 SERIES_FACTS = ("rows", "grid_steps", "train_steps", "duplicates", "unsorted", "off_grid", "gap_share",
                 "missing_steps", "longest_gap", "missing_share", "edge_missing", "distinct_values",
-                "distinct_before_holdout", "non_finite", "outlier_share", "start")
+                "distinct_before_holdout", "non_finite", "outlier_share", "missing_column", "start")
 
 
 def _grid_facts(codes, values, position, n_series: int, cfg: PipelineConfig, judging: str):
@@ -648,7 +648,10 @@ def _value_facts(codes, values, before, n_series: int, threshold: float) -> dict
     finite = np.isfinite(target) & (np.abs(target) <= f32)
     distinct, outliers, distinct_before = _distinct_and_outliers(codes[finite], target[finite], n_series, threshold,
                                                                  subset=before[finite])
-    return {"missing_share": np.bincount(codes[empty], minlength=n_series) / distinct_rows,
+    # the share of empty values of each value column; the series' worst column is named
+    per_column = np.stack([np.bincount(codes[np.isnan(values[:, j])], minlength=n_series)
+                           for j in range(values.shape[1])], axis=1) / distinct_rows[:, None]
+    return {"missing_share": per_column.max(axis=1), "missing_column": per_column.argmax(axis=1),
             "non_finite": np.bincount(codes[~empty & ~in_range], minlength=n_series),
             "distinct_values": distinct, "distinct_before_holdout": distinct_before,
             "outlier_share": outliers / np.maximum(np.bincount(codes[finite], minlength=n_series), 1)}
@@ -751,6 +754,8 @@ class SeriesCheck:
     min_value: float | None = None
     max_value: float | None = None
     observed: str = "{}"  # one series' fact in words, e.g. "{} rows"
+    named_by: str | None = None  # a fact column indexing ``names``: the value column the fact is about
+    names: tuple[str, ...] = ()
 
     def failing(self, table) -> np.ndarray:
         """Which rows of the series table fail the check: one vectorised comparison."""
@@ -802,7 +807,8 @@ def series_checks(cfg: PipelineConfig, season: int, freq: str, judging: str = AC
         SeriesCheck("gaps_repairable", "longest_gap", f"gaps (missing timestamps or empty values) at most {fill} "
                     "steps long (fill_gaps_max_steps)", max_value=fill, observed="longest {} steps"),
         SeriesCheck("mostly_missing", "missing_share", f"{values} empty values at most {q.max_missing_fraction:.2%} "
-                    "(max_missing_fraction)", max_value=q.max_missing_fraction, observed="{:.2%} of rows"),
+                    "(max_missing_fraction)", max_value=q.max_missing_fraction, observed="empty in {:.2%} of rows",
+                    named_by="missing_column", names=(cfg.target_column, *cfg.feature_columns)),
         SeriesCheck("edges_present", "edge_missing", "values present at the first and last timestamp (ends cannot "
                     "be interpolated)", max_value=0, observed="{} step(s) missing at the ends"),
         SeriesCheck("constant", "distinct_values", f"{target} not constant", min_value=2,
@@ -851,7 +857,11 @@ def _series_check(check: SeriesCheck, failing: np.ndarray, table) -> dict:
     at = np.flatnonzero(failing)[:5]
     named = [str(table.index[i]) for i in at]
     facts = table[check.column].to_numpy()
-    examples = [[quote(sid), check.observed.format(_plain(facts[i]))] for sid, i in zip(named, at, strict=True)]
+    words = [check.observed.format(_plain(facts[i])) for i in at]
+    if check.named_by:
+        words = [f"{quote(check.names[int(k)])} {w}" for k, w in zip(table[check.named_by].to_numpy()[at], words,
+                                                                      strict=True)]
+    examples = [[quote(sid), w] for sid, w in zip(named, words, strict=True)]
     return {"check": check.check, "column": check.column, "description": check.description,
             "expectation": "expect_column_values_to_be_between", "severity": check.severity,
             "passed": not len(at), "observed": {"unexpected_count": int(failing.sum()), "series": named},

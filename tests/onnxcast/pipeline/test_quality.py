@@ -149,6 +149,17 @@ def test_feature_columns_are_checked_like_the_target(base, tmp_path):
     assert series.values.shape == (3600, 2)
     assert summary["quality"]["repairs"]["fill_gaps"]["interpolated_steps"] == 1
 
+    def mostly_empty(table):
+        return [[*r, "" if i % 20 == 0 else str(i % 24)] for i, r in enumerate(table)]
+
+    case = Case("feature_mostly_empty", "5% of a feature empty", edit(mostly_empty, header="ds,y,hour"), "",
+                settings={"feature_columns": ("hour",), "quality": {"fill_gaps_max_steps": 3}})
+    (tmp_path / "empty").mkdir()
+    cfg, _ = run_case(case, base, tmp_path / "empty")
+    with pytest.raises(DataQualityError, match=r"'y', 'hour' empty values at most 1.00% \(max_missing_fraction\): "
+                                               r"'hour' empty in 5.00% of rows \(series 'y'\)"):
+        gate(cfg)  # the column at fault is named
+
 
 def test_a_time_column_of_numbers_is_named(base, tmp_path):
     epoch = next(c for c in BAD_INPUTS if c.name == "epoch_seconds")
