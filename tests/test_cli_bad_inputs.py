@@ -86,5 +86,5 @@ def test_each_failed_check_has_its_own_line(case, cli_runs):
     count = int(FAILED.search(stderr).group(1))
     lines = [line for line in stderr.splitlines() if line.strip() and not LOG_LINE.match(line)]
     assert len(lines) == count + 1  # the header, then one line per failed check
-    report = re.search(r"report: (\S+quality_report\.html)\)", lines[0])
+    report = re.search(r"report: (\S+(?:quality_report|summary)\.html)\)", lines[0])
     assert report and Path(report.group(1)).exists(), lines[0]

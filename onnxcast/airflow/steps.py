@@ -49,10 +49,6 @@ if TYPE_CHECKING:
 RUN_DIR_KEY = "run_dir"
 SUMMARY_KEY = "summary"
 FAMILIES_KEY = "families"
-# run-relative paths of the files every step may need (one layout: onnxcast.pipeline.layout)
-CONFIG = RunLayout("").config.as_posix()
-PLAN = RunLayout("").plan.as_posix()
-SHARDS = RunLayout("").shards.as_posix()  # committed by check_data in fleet mode only
 SHARD_INDEX_PREFIX = "shard-"  # the shard tasks' map_index_template: "shard-{{ task.shard }}"
 
 
@@ -201,9 +197,10 @@ class TrackedOperator(BaseOperator):
 class CheckDataOperator(TrackedOperator):
     """Check the data into a fresh run directory; plan the families to evaluate.
 
-    One series: check and split it (the whole data gate). A fleet (``series_column``): the
-    table-level checks only, and the series assigned to shards; the per-series checks are
-    the mapped ``check_series`` tasks (:class:`CheckSeriesOperator`).
+    The table-level checks of the one data gate, for any number of series (a file without
+    ``series_column`` is one series), and the series assigned to shards; the per-series checks
+    are the mapped ``check_series`` tasks (:class:`CheckSeriesOperator`), the verdict
+    :class:`MergeDataOperator`'s.
 
     The training window ends at ``trained_until`` when given, else at the run's data
     interval end, so a rerun of a past run sees the same rows. When ``fetch_from`` is set
@@ -306,17 +303,11 @@ class CheckDataOperator(TrackedOperator):
         return taken
 
     def _gate(self, cfg: PipelineConfig) -> tuple[list[int], dict]:
-        """One series: the whole data check and split, one shard. A fleet: the table checks and
-        the shards (config.json too, so that the shard tasks can load the settings)."""
-        s3_settings = self.s3_hook.settings_for(str(cfg.data_uri))
-        if not cfg.is_fleet:
-            from onnxcast.pipeline.run import prepare_data
-
-            dataset = prepare_data(cfg, s3_settings=s3_settings)["dataset"]
-            return [0], {"rows": dataset["rows"], "end": dataset["end"], "dataset_sha256": dataset["sha256"]}
+        """The table checks and the shards of series, for any number of series (config.json
+        too, so that the shard tasks can load the settings)."""
         from onnxcast.pipeline.fleet_quality import check_fleet_table
 
-        shards = [int(k) for k in check_fleet_table(cfg, s3_settings=s3_settings)]
+        shards = [int(k) for k in check_fleet_table(cfg, s3_settings=self.s3_hook.settings_for(str(cfg.data_uri)))]
         if not shards:  # mapping over [] would skip the rest of the run without a word
             raise DataError(f"{cfg.data_uri}: no series to check (the table check assigned no shard)")
         if not cfg.layout.config.exists():
@@ -337,13 +328,14 @@ class CheckDataOperator(TrackedOperator):
 class MergeDataOperator(TrackedOperator):
     """The run's verdict on its data, once every shard is checked; returns the families.
 
-    A fleet: every shard's excluded series merged; more than ``max_excluded_share`` of the
-    series excluded fails the run without a retry (as a failed data check does), with the GX
-    pages in MLflow. The kept series become ``data/fleet/`` and ``data/dataset.json``. One
-    series: nothing to merge (check_data did it all).
+    Any number of series (onnxcast.pipeline.run.merge_data): every shard's excluded series
+    merged; more than ``max_excluded_share`` of the series excluded (one series excluded: all)
+    fails the run without a retry (as a failed data check does), with the GX pages in MLflow.
+    The kept series become ``data/fleet/`` and ``data/dataset.json``; one series judged over
+    its origins also gets its baselines and statistical reference.
 
     XCom: the family names of the plan (return value: the mapping input of the family
-    steps); a fleet also pushes ``summary``, the series kept and excluded.
+    steps) and ``summary``, the series kept and excluded.
     """
 
     template_fields: Sequence[str] = ("run_dir", "shards")
@@ -357,21 +349,20 @@ class MergeDataOperator(TrackedOperator):
         from onnxcast.registry.plan import read_plan
 
         require = [shard_step("check_series", k) for k in _shard_numbers(self.shards)]
-        with self.workspace(context, self.run_dir, require=require, paths=_config_only_unless_fleet) as work:
+        with self.workspace(context, self.run_dir, require=require) as work:
             cfg = load_config(work)
-            if cfg.is_fleet:  # one series: nothing merged, nothing to link to
-                self.link_mlflow_run(context, cfg.model_name)
-                self._merge(context, cfg)
+            self.link_mlflow_run(context, cfg.model_name)
+            self._merge(context, cfg)
             families = [entry["family"] for entry in read_plan(work)["families"]]
         self.log.info("Data of %s merged from %d shard(s); families %s", self.run_dir, len(require),
                       readable(families))
         return families
 
     def _merge(self, context: Context, cfg: PipelineConfig) -> None:
-        from onnxcast.pipeline.fleet_quality import merge_fleet_checks
+        from onnxcast.pipeline.run import merge_data
 
         try:
-            merged = merge_fleet_checks(cfg)
+            merged = merge_data(cfg)
         except (ConfigError, DataError) as exc:  # too many series excluded: the same data fails the same way
             raise self.fail_data_check(context, cfg, exc) from None
         series = (merged.get("quality") or {}).get("series") or {}
@@ -383,10 +374,10 @@ class MergeDataOperator(TrackedOperator):
 
 
 class _ShardStepOperator(TrackedOperator):
-    """A step for one shard of a fleet's series (mapped over the shards check_data returns).
+    """A step for one shard of the run's series (mapped over the shards check_data returns).
 
     It stages only its own shard's files (plus the run's shared files), so that a task's
-    download does not grow with the fleet. One series: a no-op that commits an empty step."""
+    download does not grow with the fleet."""
 
     template_fields: Sequence[str] = ("run_dir", "shard")
     #: whether the step reads the shard's raw rows (the checks do; later steps read the checked series)
@@ -404,21 +395,16 @@ class _ShardStepOperator(TrackedOperator):
         shard = int(self.shard)
         with self.workspace(context, self.run_dir, require=self.requires(shard), paths=self.stage_paths) as work:
             cfg = load_config(work)
-            if not cfg.is_fleet:
-                self.log.info("One series: nothing to do per shard (shard %d)", shard)
-                return {"shard": shard, "fleet": False}
             self.link_mlflow_run(context, cfg.model_name)
-            return {"shard": shard, "fleet": True, **self.run_step(context, cfg, shard)}
+            return {"shard": shard, **self.run_step(context, cfg, shard)}
 
     def stage_paths(self, run: RunDir) -> list[str]:
         """The committed files this shard's step reads: the run's shared files and its own
         shard's, never another shard's nor the whole fleet (``data/fleet/``, merge_data's);
-        models only as :meth:`reads_model_file` says. One series: config.json only."""
+        models only as :meth:`reads_model_file` says."""
         from onnxcast.runstore import under_prefix
 
         files = run.files()
-        if SHARDS not in files:
-            return [CONFIG]
         shard, layout = int(self.shard), RunLayout("")
         raw = None if self.reads_raw_rows else layout.shard_rows(shard).as_posix()
         return [path for path in files if shard_of(path) in (None, shard) and path != raw
@@ -466,11 +452,12 @@ class ReferenceShardOperator(_ShardStepOperator):
         return ["merge_data"]
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
-        from onnxcast.pipeline.fleet_eval import reference_shard
+        from onnxcast.pipeline.run import reference_step
 
-        path = Path(reference_shard(cfg, shard))
-        self.log.info("Shard %d: reference forecasts in %s", shard, path.name)
-        return {"files": [_relative(cfg, path)]}
+        paths = reference_step(cfg, shard)
+        self.log.info("Shard %d: reference forecasts in %s", shard, readable([p.name for p in paths]) or
+                      "no file (judged over the origins of one series: merge_data measured the reference)")
+        return {"files": [_relative(cfg, p) for p in paths]}
 
 
 class EvaluateShardOperator(_ShardStepOperator):
@@ -489,11 +476,11 @@ class EvaluateShardOperator(_ShardStepOperator):
         return path == layout.model_json(family).as_posix() or under_prefix(path, layout.onnx_dir(family).as_posix())
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
-        from onnxcast.pipeline.fleet_eval import evaluate_shard
+        from onnxcast.pipeline.run import evaluate_step
         from onnxcast.registry.plan import read_plan
 
         families = [entry["family"] for entry in read_plan(cfg.run_dir)["families"]]
-        paths = [Path(p) for p in evaluate_shard(cfg, shard, families)]
+        paths = evaluate_step(cfg, shard, families)
         self.log.info("Shard %d: evaluated %s (%d file(s))", shard, readable(families), len(paths))
         return {"families": families, "files": [_relative(cfg, p) for p in paths]}
 
@@ -605,12 +592,6 @@ def shard_of(relative: str) -> int | None:
     return None
 
 
-def _config_only_unless_fleet(run: RunDir) -> list[str] | None:
-    """What merge_data stages: a fleet, every committed file (the shards' results); one
-    series, the settings and the plan (check_data has done the rest)."""
-    return None if SHARDS in run.files() else [CONFIG, PLAN]
-
-
 def _shard_numbers(value: Any) -> list[int]:
     """check_data's shard numbers as given to a task: the XCom list, or JSON text of one."""
     if isinstance(value, str):
@@ -631,6 +612,7 @@ def _shard_facts(cfg: PipelineConfig) -> dict:
         facts["series"] = sum(len(members) for members in shards["shards"])
     if isinstance(shards.get("rows"), list):
         facts["rows"] = int(sum(shards["rows"]))
+    facts.update({key: shards[name] for key, name in (("end", "end"), ("dataset_sha256", "sha256")) if name in shards})
     return facts
 
 

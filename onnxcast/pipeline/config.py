@@ -341,11 +341,6 @@ class PipelineConfig:
         return parse_quantile_levels(self.quantile_levels)
 
     @property
-    def is_fleet(self) -> bool:
-        """Many series (a long table with ``series_column``), one global model per family."""
-        return bool(self.series_column)
-
-    @property
     def run_dir(self) -> Path:
         return Path(self.out_dir)
 

@@ -1,9 +1,8 @@
-"""Lay a checked series on its time grid and cut sliding windows.
+"""Time helpers of a checked series and its sliding windows.
 
-``series_from_checked`` turns the rows the data-quality gate passed (onnxcast.pipeline.quality) into a
-float32 matrix ``[rows, 1 + n_features]`` (target first) on a regular time grid, a fleet of one
-(:class:`onnxcast.pipeline.fleet_data.FleetData`, split by ``split_fleet`` like any fleet);
-``windows`` cuts ``(history, target)`` pairs for training and evaluation.
+The data gate (onnxcast.pipeline.fleet_quality) lays the series it keeps on their time grid
+(:class:`onnxcast.pipeline.fleet_data.FleetData`, split by ``split_fleet``); ``windows`` cuts
+``(history, target)`` pairs for training and evaluation.
 """
 
 from __future__ import annotations
@@ -13,37 +12,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from onnxcast.base.errors import DataError
-from onnxcast.pipeline.fleet_data import FleetData, FleetSplit
-
-
-def series_from_checked(times, values: dict, freq: str, season: int, *, fill_gaps_max_steps: int = 0,
-                        source: str, sha256: str) -> FleetData:
-    """The regular series of rows the data-quality gate (onnxcast.pipeline.quality) has passed,
-    a fleet of one whose series id is the target column.
-
-    A pure transform, not a second validator: ``times`` are the parsed UTC timestamps of the
-    rows in use (``trained_until`` applied), ``values`` the numeric columns, target first, on
-    the same index. Keeps the last of duplicate timestamps (the gate refuses duplicates unless
-    that repair was asked for), orders by time, lays the rows on the ``freq`` grid and
-    interpolates gaps of up to ``fill_gaps_max_steps`` (the gate refuses longer ones).
-    """
-    import pandas as pd
-
-    index = pd.DatetimeIndex(times)
-    index = index.tz_localize("UTC") if index.tz is None else index.tz_convert("UTC")
-    table = pd.DataFrame({name: column.to_numpy(dtype="float64") for name, column in values.items()},
-                         index=index)
-    table = table[~table.index.duplicated(keep="last")].sort_index()
-    grid = pd.date_range(table.index[0], table.index[-1], freq=freq)
-    table = fill_short_gaps(table.reindex(grid), fill_gaps_max_steps)
-    array = table.to_numpy(dtype="float32")
-    if not np.isfinite(array).all():  # the gate's checks promise this never happens
-        first = table.index[~np.isfinite(array).all(axis=1)][0]
-        raise DataError(f"{source}: no finite value at {_iso(first)} after the data checks passed; "
-                        "please report this with the file")
-    return FleetData.one(array, table.index.tz_localize(None).to_numpy().astype("datetime64[ns]"),
-                         series_id=next(iter(values)), columns=tuple(values), freq=freq, season=season,
-                         source=source, sha256=sha256)
+from onnxcast.pipeline.fleet_data import FleetSplit
 
 
 def infer_freq(index, source: str, name: str) -> str:
@@ -114,9 +83,3 @@ def parse_utc(text: str) -> np.datetime64:
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC).replace(tzinfo=None)
     return np.datetime64(moment, "ns")
-
-
-def _iso(value) -> str:
-    import pandas as pd
-
-    return pd.Timestamp(value).isoformat()

@@ -225,13 +225,32 @@ def split_fleet(lengths: np.ndarray, cfg, *, judging: str | None = None) -> Flee
                       holdout_steps=holdout, validation_steps=validation)
 
 
-def _proportional_steps(n_rows: int, cfg) -> tuple[int, int]:
-    """(holdout, validation) steps of one series judged over its origins; the holdout holds at
-    least ``min_holdout_windows`` full horizons."""
+def proportional_steps(n_rows: int, cfg) -> tuple[int, int]:
+    """(holdout, validation) steps of one series of ``n_rows`` judged over its origins, however
+    short: ``holdout_fraction`` of the rows, at least ``min_holdout_windows`` full horizons, and
+    ``validation_fraction``, at least two horizons."""
     holdout = max(int(round(n_rows * cfg.holdout_fraction)), cfg.horizon * cfg.quality.min_holdout_windows)
-    validation = max(int(round(n_rows * cfg.validation_fraction)), cfg.horizon * 2)
+    return holdout, max(int(round(n_rows * cfg.validation_fraction)), cfg.horizon * 2)
+
+
+def train_steps_over_origins(cfg) -> int:
+    """Training steps one series judged over its origins needs: a couple of training windows."""
+    return cfg.lookback + cfg.horizon + cfg.horizon
+
+
+def min_rows_over_origins(cfg) -> int:
+    """Fewest rows one series judged over its origins needs for its split."""
+    n = train_steps_over_origins(cfg)
+    while n - sum(proportional_steps(n, cfg)) < train_steps_over_origins(cfg):
+        n += 1
+    return n
+
+
+def _proportional_steps(n_rows: int, cfg) -> tuple[int, int]:
+    """:func:`proportional_steps`; DataError when too few rows are left to train on."""
+    holdout, validation = proportional_steps(n_rows, cfg)
     train_end = n_rows - holdout - validation
-    needed = cfg.lookback + cfg.horizon + cfg.horizon  # at least a couple of training windows
+    needed = train_steps_over_origins(cfg)
     if train_end < needed:
         raise DataError(
             f"{n_rows} rows are too few for lookback {cfg.lookback} + horizon {cfg.horizon}: "

@@ -1,4 +1,8 @@
-"""The data gate of a fleet (a long table of many series), in three steps that Airflow maps.
+"""The one data gate, for any number of series, in three steps that Airflow maps.
+
+A table without ``series_column`` is one series (a fleet of one, named by its target column):
+one shard of one series, the same checks, repairs and files. How long a series must be follows
+how the run will be judged (``fleet_data.judging_for`` the table's series).
 
 - :func:`check_fleet_table` (one task): read the table (a CSV or Parquet file, or a folder /
   ``s3://`` prefix of Parquet files), run the TABLE suite (required columns, series ids
@@ -14,6 +18,7 @@
   ``quality.max_excluded_share`` of series excluded fails the run (DataQualityError); writes
   ``data/fleet/`` (every kept series), ``quality/series.parquet``, the quality summary page,
   ``data/dataset.json`` (dataset, split, quality) and ``config.json``.
+- :func:`check_in_process`: the three, one after another (the CLI, the monitor, tests).
 
 Why a series table: GX validates one row per series with ``result_format`` COMPLETE and the
 series column as index, so every failed expectation lists the failing series by id; one
@@ -38,8 +43,8 @@ from onnxcast.base.files import read_json, write_json, write_text_atomic
 from onnxcast.base.s3 import S3Settings
 from onnxcast.base.untrusted import quote
 from onnxcast.pipeline.config import PipelineConfig
+from onnxcast.pipeline.data import dated_split, infer_freq, utc_iso
 from onnxcast.pipeline.data import fill_short_gaps as _fill_short_gaps
-from onnxcast.pipeline.data import infer_freq, utc_iso
 from onnxcast.pipeline.expectations import (
     OFFLINE_CSS,
     REPORT_HTML,
@@ -55,11 +60,17 @@ from onnxcast.pipeline.expectations import named_check as _meta
 from onnxcast.pipeline.expectations import quiet_gx as _quiet_gx
 from onnxcast.pipeline.expectations import summarize as _summarize
 from onnxcast.pipeline.fleet_data import (
+    ACROSS_SERIES,
+    OVER_ORIGINS,
     FleetData,
     assign_shards,
     fleet_steps,
+    judging_for,
+    min_rows_over_origins,
     min_train_steps,
+    proportional_steps,
     split_fleet,
+    train_steps_over_origins,
 )
 from onnxcast.pipeline.quality import (
     FLOAT32_MAX,
@@ -70,7 +81,7 @@ from onnxcast.pipeline.quality import (
 )
 from onnxcast.pipeline.quality import grid_positions as _grid_positions
 from onnxcast.pipeline.quality import parse_numbers as _numeric
-from onnxcast.pipeline.reading import read_long_table
+from onnxcast.pipeline.reading import read_long_table, read_table
 from onnxcast.pipeline.seasons import season_for_freq
 
 log = logging.getLogger(__name__)
@@ -85,11 +96,12 @@ EXAMPLES = 50  # excluded series named per reason on the summary page
 SKIPPED_LISTED = 100  # entries of a folder data set skipped (links, FIFOs ...) listed in the report; the rest counted
 OFF_GRID_DESCRIBED = 5  # off-grid series whose own frequency is put in words (a pandas inference each)
 HELPER = "_qc_"
+ONE_SERIES_COLUMN = "series"  # id_column of a table of one series
 SERIES_TABLE = "series.parquet"
 ZONE_SUFFIX = r"(?:\d:\d\d(?::\d\d(?:\.\d*)?)?\s*(?:Z|[+-]\d\d(?::?\d\d)?)|\b(?:UTC|GMT))$"
 
 # The series checks that exclude a series, in the order its reasons are listed; the series
-# suite's warnings (kept, counted) are not_increasing, outlier_share and padded. Outliers only
+# suite's warnings (kept, counted) are not_increasing, outlier_share, no_outliers and padded. Outliers only
 # warn: one value beyond 12 robust sigmas is already 0.7% of a 140-month series, and the
 # defaults excluded 9 of the 1,428 real M3 monthly series for it (level shifts, not errors).
 SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid", "mostly_missing", "constant",
@@ -97,26 +109,35 @@ SERIES_CHECKS = ("too_short", "train_too_short", "duplicated_times", "off_grid",
                  "non_finite", "gap_share", "gaps_repairable", "edges_present")
 
 
+def check_in_process(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None,
+                     judging: str | None = None) -> dict:
+    """The three steps one after another in this process (the table, every shard, the merge);
+    returns :func:`merge_fleet_checks`'s summary."""
+    for shard in check_fleet_table(cfg, s3_settings=s3_settings, judging=judging):
+        check_fleet_shard(cfg, shard)
+    return merge_fleet_checks(cfg, judging=judging)
+
+
 # --- step 1: the table ----------------------------------------------------------------------
 
-def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> list[int]:
-    """Read and check the long table; write the shards; return the shard numbers ``[0, .., k-1]``."""
+def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None,
+                      judging: str | None = None) -> list[int]:
+    """Read and check the table; write the shards; return the shard numbers ``[0, .., k-1]``.
+    ``judging``: how the run will be judged, which sets how long a series must be (None: as
+    ``judging_for`` the table's series; the monitor of a global model says across series)."""
 
-    layout, series_col = cfg.layout, cfg.series_column
+    layout, series_col = cfg.layout, id_column(cfg)
     value_cols = [cfg.target_column, *cfg.feature_columns]
-    raw = read_long_table(cfg.data_uri, columns=[series_col, cfg.time_column, *value_cols],
-                          series_column=series_col, s3_settings=s3_settings)
+    raw = _read(cfg, s3_settings)
     _check_series_count(raw.frame, cfg, raw.source)
     frame = _with_table_helpers(hide_unnamed_columns(raw.frame, cfg), cfg)
     raw = replace(raw, frame=None)  # the frame as read goes as soon as its helpers have what they need
     checks = _validate(frame, _table_suite(cfg, frame), layout.quality, raw.source, TABLE_SUITE)
 
-    ids_cat = frame[series_col].cat.remove_unused_categories()
-    ids = tuple(str(c) for c in ids_cat.cat.categories)
-    codes = ids_cat.cat.codes.to_numpy().astype(np.int32 if len(ids) < 2**31 else np.int64)
+    ids, codes = _series_codes(frame, cfg)
     times = frame[f"{HELPER}time"].to_numpy(dtype="datetime64[ns]").astype(np.int64)
     values = np.column_stack([frame[f"{HELPER}{c}_value"].to_numpy(dtype="float64") for c in value_cols])
-    del frame, ids_cat
+    del frame
     freq, season, grid_table = _one_frequency(codes, times, ids, cfg, raw.source)
     checks += _validate(grid_table, _grid_suite(cfg, freq, len(ids)), layout.quality / "grid", raw.source,
                         GRID_SUITE, failure=lambda: _mixed_words(grid_table, series_col, freq, cfg))
@@ -128,13 +149,43 @@ def check_fleet_table(cfg: PipelineConfig, *, s3_settings: S3Settings | None = N
     write_json(layout.shards, {
         "n_shards": len(shards), "shards": [[ids[i] for i in members] for members in shards],
         "rows": [int(rows[members].sum()) for members in shards], "freq": freq, "season": int(season),
-        "series_column": series_col, "source": raw.source, "sha256": raw.sha256, "n_bytes": raw.n_bytes,
-        "n_series": len(ids), "table_rows": int(len(codes)), "table_checks": checks,
+        "series_column": cfg.series_column, "source": raw.source, "sha256": raw.sha256, "n_bytes": raw.n_bytes,
+        "n_series": len(ids), "judging": judging or judging_for(len(ids)), "table_rows": int(len(codes)),
+        "table_checks": checks,
+        "end": _iso(times.max()) if len(times) else None,
         "skipped_entries": {"count": len(raw.skipped),
                             "entries": [{"entry": name, "why": why} for name, why in raw.skipped[:SKIPPED_LISTED]]}})
-    log.info("fleet table %s: %d rows, %d series, freq %s, %d shard(s)", raw.source, len(codes), len(ids),
+    log.info("data table %s: %d rows, %d series, freq %s, %d shard(s)", raw.source, len(codes), len(ids),
              freq, len(shards))
     return list(range(len(shards)))
+
+
+def id_column(cfg: PipelineConfig) -> str:
+    """The column of series ids in the gate's own files (shard rows, series tables):
+    ``series_column``, or ``"series"`` for a table of one series."""
+    if cfg.series_column:
+        return cfg.series_column
+    taken = {cfg.time_column, cfg.target_column, *cfg.feature_columns}
+    return ONE_SERIES_COLUMN if ONE_SERIES_COLUMN not in taken else f"_{ONE_SERIES_COLUMN}_id"
+
+
+def _read(cfg: PipelineConfig, s3_settings: S3Settings | None):
+    """The table as read: a long table by ``series_column``, else a file of one series."""
+    if not cfg.series_column:  # the definition of one series: a table without a series column
+        return read_table(cfg.data_uri, s3_settings=s3_settings)
+    return read_long_table(cfg.data_uri, columns=[cfg.series_column, cfg.time_column, cfg.target_column,
+                                                  *cfg.feature_columns],
+                           series_column=cfg.series_column, s3_settings=s3_settings)
+
+
+def _series_codes(frame, cfg: PipelineConfig) -> tuple[tuple[str, ...], np.ndarray]:
+    """(series ids, each row's series number); a table of one series is the series named by
+    its target column."""
+    if not cfg.series_column:
+        return (cfg.target_column,), np.zeros(len(frame), dtype=np.int32)
+    ids_cat = frame[cfg.series_column].cat.remove_unused_categories()
+    ids = tuple(str(c) for c in ids_cat.cat.categories)
+    return ids, ids_cat.cat.codes.to_numpy().astype(np.int32 if len(ids) < 2**31 else np.int64)
 
 
 def _check_series_count(frame, cfg: PipelineConfig, source: str) -> None:
@@ -158,18 +209,24 @@ def _one_frequency(codes, times, ids: tuple[str, ...], cfg: PipelineConfig, sour
     sorted_codes, sorted_times = (codes, times) if order is None else (codes[order], times[order])
     del order
     freq = cfg.freq or _infer_fleet_freq(sorted_codes, sorted_times, len(ids), cfg.seed, source)
+    try:
+        pd.tseries.frequencies.to_offset(freq)
+    except ValueError:
+        raise DataError(f"{source}: unknown frequency {freq!r}") from None
     season = cfg.season or season_for_freq(freq)
     keep = _last_of_duplicates(sorted_codes, sorted_times)
     kept_codes, kept_times = sorted_codes[keep], sorted_times[keep]
     del sorted_codes, sorted_times, keep
     off = np.bincount(kept_codes[grid_positions(kept_codes, kept_times, freq) < 0], minlength=len(ids))
-    grid_table = pd.DataFrame({cfg.series_column: list(ids), "off_grid_example": None})
+    grid_table = pd.DataFrame({id_column(cfg): list(ids), "off_grid_example": None})
     grid_table["off_grid_example"] = grid_table["off_grid_example"].astype(object)
     off_ids = np.flatnonzero(off)
     grid_table.loc[off_ids, "off_grid_example"] = "off the grid"
     for i in off_ids[:OFF_GRID_DESCRIBED]:  # what the first off-grid series look like, in words
         start, stop = np.searchsorted(kept_codes, [i, i + 1])
-        grid_table.loc[i, "off_grid_example"] = _own_freq(kept_times[start:stop]) or "irregular"
+        own = _own_freq(kept_times[start:stop])
+        grid_table.loc[i, "off_grid_example"] = (f"looks {quote(own)}" if own and own != freq else
+                                                 f"has {int(off[i])} timestamp(s) off it")
     return freq, season, grid_table
 
 
@@ -182,7 +239,7 @@ def _write_shard_rows(path: Path, codes, times, values, members, ids, cfg: Pipel
     local = np.full(len(ids), -1, dtype=np.int32)
     local[members] = np.arange(len(members), dtype=np.int32)
     picked = np.flatnonzero(local[codes] >= 0)
-    columns = {cfg.series_column: pa.DictionaryArray.from_arrays(
+    columns = {id_column(cfg): pa.DictionaryArray.from_arrays(
                    pa.array(local[codes[picked]]), pa.array([ids[i] for i in members], type=pa.string())),
                cfg.time_column: pa.array(times[picked].astype("datetime64[ns]"))}
     columns.update({c: pa.array(values[picked, j]) for j, c in enumerate([cfg.target_column, *cfg.feature_columns])})
@@ -217,7 +274,7 @@ def _with_table_helpers(frame, cfg: PipelineConfig):
             zone = _zone_mismatch_of_labels(labels, codes, frame.index)
         unparseable = _bad_rows(times.isna().to_numpy(), raw, empty="<empty>")
         if cfg.trained_until:
-            cutoff = pd.Timestamp(cfg.trained_until)
+            cutoff = pd.Timestamp(cfg.trained_until)  # PipelineConfig checked it is one
             cutoff = cutoff.tz_localize("UTC") if cutoff.tzinfo is None else cutoff.tz_convert("UTC")
             keep = (times.isna() | (times <= cutoff)).to_numpy()
             frame, times, unparseable, zone = (x[keep].reset_index(drop=True)
@@ -279,8 +336,11 @@ def _table_suite(cfg: PipelineConfig, frame):
     gx = _import_gx()
     E, h = gx.expectations, HELPER
     series, time = cfg.series_column, cfg.time_column
-    required = [series, time, cfg.target_column, *cfg.feature_columns]
+    required = [c for c in (series, time, cfg.target_column, *cfg.feature_columns) if c]
     present = set(map(str, frame.columns))
+    raw_time = frame[time] if time in present else None
+    numeric_hint = ("; numbers are not read as timestamps, write ISO 8601"
+                    if raw_time is not None and raw_time.dtype.kind in "iuf" and bool(raw_time.notna().any()) else "")
     expectations = [_meta(E.ExpectTableColumnsToMatchSet(column_set=required, exact_match=False),
                           "required_columns", f"required columns {required} present")]
     if series in present:
@@ -289,7 +349,7 @@ def _table_suite(cfg: PipelineConfig, frame):
     if time in present:
         expectations += [
             _meta(E.ExpectColumnValuesToBeNull(column=f"{h}time_unparseable"), "timestamps_parse",
-                  f"{time!r} timestamps parse as dates", column=time),
+                  f"{time!r} timestamps parse as dates", numeric_hint, column=time),
             _meta(E.ExpectColumnValuesToBeNull(column=f"{h}time_zone_mismatch"), "timestamps_one_zone_style",
                   f"{time!r} timestamps all with or all without a UTC offset", column=time)]
     for column in (cfg.target_column, *cfg.feature_columns):
@@ -308,7 +368,7 @@ def _grid_suite(cfg: PipelineConfig, freq: str, n_series: int):
         _meta(E.ExpectTableRowCountToBeBetween(min_value=1), "series_present", "at least one series",
               observed="{} series"),
         _meta(E.ExpectColumnValuesToBeNull(column="off_grid_example", mostly=1 - share), "one_frequency",
-              f"series on the {freq!r} grid, all but at most {share:.0%} (max_excluded_share)")])
+              f"series on the regular {freq!r} grid, all but at most {share:.0%} (max_excluded_share)")])
 
 
 def _validate(frame, suite, out_dir: Path, source: str, title: str, *, failure=None,
@@ -319,11 +379,13 @@ def _validate(frame, suite, out_dir: Path, source: str, title: str, *, failure=N
     with _quiet_gx():
         validation = run_suite(frame, suite, result_format=result_format)
         checks = [_summarize(r) for r in validation.results]
+        failed = [c for c in checks if not c["passed"] and c["severity"] == "critical"]
+        for c in failed:  # the verdict on top of the page says what the error says
+            if c["check"] == "one_frequency" and failure is not None:
+                c["message"] = failure()
         _, html = write_reports(validation, out_dir, summary_html(source, checks))
-    failed = [c for c in checks if not c["passed"] and c["severity"] == "critical"]
     if failed:
-        words = failure() if failure is not None and any(c["check"] == "one_frequency" for c in failed) else None
-        raise DataQualityError(source, [words] if words else [c["message"] for c in failed], str(html))
+        raise DataQualityError(source, [c["message"] for c in failed], str(html))
     for c in checks:
         c["suite"] = title
     return checks
@@ -332,9 +394,10 @@ def _validate(frame, suite, out_dir: Path, source: str, title: str, *, failure=N
 def _mixed_words(grid_table, series_col: str, freq: str, cfg: PipelineConfig) -> str:
     off = grid_table["off_grid_example"].notna()
     first = grid_table[off].iloc[0]
-    return (f"mixed frequencies: {int(off.sum())} of {len(grid_table)} series ({off.mean():.1%}) are not on the "
+    mixed = "mixed frequencies: " if not off.all() else ""
+    return (f"{mixed}{int(off.sum())} of {len(grid_table)} series ({off.mean():.1%}) are not on the regular "
             f"{freq!r} grid, more than max_excluded_share {cfg.quality.max_excluded_share:.0%} (e.g. "
-            f"{quote(first[series_col])} looks {quote(first['off_grid_example'])}); set freq, or split the table by "
+            f"{quote(first[series_col])} {first['off_grid_example']}); set freq, or split the table by "
             "frequency")
 
 
@@ -438,17 +501,17 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     import pandas as pd
 
 
-    layout, series_col = cfg.layout, cfg.series_column
+    layout, series_col = cfg.layout, id_column(cfg)
     plan = read_json(layout.shards)
     ids = plan["shards"][shard]
-    season = int(plan["season"])
+    season, judging = int(plan["season"]), plan["judging"]
     # passed straight on, so that series_stats drops the rows as read once it has sorted them
     stats, grid = series_stats(*_shard_arrays(layout.shard_rows(shard), ids, cfg), len(ids), plan["freq"], cfg,
-                               season)
+                               season, judging=judging)
 
     table = pd.DataFrame({series_col: ids, **stats})
     table.index = table[series_col].to_numpy()  # GX names failing rows by their index: the series ids
-    declared = series_checks(cfg, season)
+    declared = series_checks(cfg, season, plan["freq"], judging)
     failing = {check.check: check.failing(table) for check in declared}
     because = excluded_because(declared, failing)
     table["excluded_because"] = because
@@ -458,7 +521,7 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
                                result_format={"result_format": "SUMMARY", "partial_unexpected_count": 20})
         _same_counts(validation, failing, plan["source"])
         write_reports(validation, out, _shard_summary_html(plan["source"], shard, table, series_col))
-    checks = [_series_check(check, failing[check.check], ids) for check in declared]
+    checks = [_series_check(check, failing[check.check], table) for check in declared]
     kept = pd.isna(because)
     table["padded"] = failing["padded"] & kept
     table = table.reset_index(drop=True)
@@ -468,7 +531,7 @@ def check_fleet_shard(cfg: PipelineConfig, shard: int) -> dict:
     write_json(out / "checks.json", checks)
     result = {"shard": int(shard), "series": len(ids), "kept": int(kept.sum()), "excluded": int((~kept).sum()),
               "padded": int(table["padded"].sum())}
-    log.info("fleet shard %d: %d series, %d kept, %d excluded, %d padded", shard, result["series"],
+    log.info("shard %d: %d series, %d kept, %d excluded, %d padded", shard, result["series"],
              result["kept"], result["excluded"], result["padded"])
     return result
 
@@ -479,13 +542,14 @@ def _shard_arrays(path: Path, ids: list[str], cfg: PipelineConfig):
     import pyarrow.parquet as pq
 
     rows = pq.read_table(path).to_pandas()
-    codes = pd.Categorical(rows[cfg.series_column], categories=ids).codes.astype(np.int32)
+    codes = pd.Categorical(rows[id_column(cfg)], categories=ids).codes.astype(np.int32)
     times = rows[cfg.time_column].to_numpy(dtype="datetime64[ns]").astype(np.int64)
     values = np.column_stack([rows[c].to_numpy(dtype="float64") for c in (cfg.target_column, *cfg.feature_columns)])
     return codes, times, values
 
 
-def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineConfig, season: int):
+def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineConfig, season: int, *,
+                 judging: str = ACROSS_SERIES):
     """One row of facts per series (the columns the series suite checks), and the rows laid
     on the grid for the repair. Rows in any order; numpy segment operations throughout, no
     Python loop over series or rows (100,000 series of 117 rows: 19 s of CPU, 2 GB)."""
@@ -506,7 +570,7 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
     del keep
     facts = {"rows": n_rows, "duplicates": n_rows - np.bincount(codes, minlength=n_series), "unsorted": unsorted}
     position = grid_positions(codes, times, freq)
-    grid_facts, before = _grid_facts(codes, values, position, n_series, cfg)
+    grid_facts, before = _grid_facts(codes, values, position, n_series, cfg, judging)
     facts.update(grid_facts)
     facts.update(_value_facts(codes, values, before, n_series, cfg.quality.outlier_mad_threshold))
     del before
@@ -525,13 +589,13 @@ def series_stats(codes, times, values, n_series: int, freq: str, cfg: PipelineCo
 # The columns of the series table, in order (series_stats).
 SERIES_FACTS = ("rows", "grid_steps", "train_steps", "duplicates", "unsorted", "off_grid", "gap_share",
                 "missing_steps", "longest_gap", "missing_share", "edge_missing", "distinct_values",
-                "distinct_before_holdout", "non_finite", "outlier_share", "start")
+                "distinct_before_holdout", "non_finite", "outlier_share", "missing_column", "start")
 
 
-def _grid_facts(codes, values, position, n_series: int, cfg: PipelineConfig):
+def _grid_facts(codes, values, position, n_series: int, cfg: PipelineConfig, judging: str):
     """The facts of the series on the fleet's grid (rows sorted by series and time, without
     duplicates; ``position`` -1 off the grid), and which rows hold a value before their
-    series' holdout."""
+    series' holdout (split as ``judging`` splits them)."""
     off = position < 0
     off_grid = np.bincount(codes[off], minlength=n_series)
     on = ~off
@@ -553,7 +617,7 @@ def _grid_facts(codes, values, position, n_series: int, cfg: PipelineConfig):
         gap[1:] = np.where(v_codes[1:] == v_codes[:-1], v_pos[1:] - v_pos[:-1] - 1, 0)
     longest_gap = np.zeros(n_series, dtype=np.int64)
     np.maximum.at(longest_gap, v_codes, gap)
-    holdout, validation = fleet_steps(cfg)
+    holdout, validation = _held_out(grid_steps, cfg, judging)
     # A series flat before its holdout (a new meter at 0, then 5000) has no in-sample naive error
     # to scale its MASE by: its MASE would be in raw units (100 for a 2% error), enough to move
     # the fleet's mean and so the gates, and its training weight would own the loss.
@@ -563,6 +627,14 @@ def _grid_facts(codes, values, position, n_series: int, cfg: PipelineConfig):
             "filled": filled, "longest_gap": longest_gap,
             # grid points before the first or after the last value cannot be interpolated
             "edge_missing": np.where(filled > 0, first_filled + (grid_steps - 1 - last_filled), grid_steps)}, before
+
+
+def _held_out(grid_steps, cfg: PipelineConfig, judging: str):
+    """(holdout, validation) steps of each series, as ``split_fleet`` will split them."""
+    if judging == ACROSS_SERIES:
+        return fleet_steps(cfg)
+    steps = np.array([proportional_steps(int(n), cfg) for n in grid_steps], dtype=np.int64).reshape(-1, 2)
+    return steps[:, 0], steps[:, 1]
 
 
 def _value_facts(codes, values, before, n_series: int, threshold: float) -> dict:
@@ -576,7 +648,10 @@ def _value_facts(codes, values, before, n_series: int, threshold: float) -> dict
     finite = np.isfinite(target) & (np.abs(target) <= f32)
     distinct, outliers, distinct_before = _distinct_and_outliers(codes[finite], target[finite], n_series, threshold,
                                                                  subset=before[finite])
-    return {"missing_share": np.bincount(codes[empty], minlength=n_series) / distinct_rows,
+    # the share of empty values of each value column; the series' worst column is named
+    per_column = np.stack([np.bincount(codes[np.isnan(values[:, j])], minlength=n_series)
+                           for j in range(values.shape[1])], axis=1) / distinct_rows[:, None]
+    return {"missing_share": per_column.max(axis=1), "missing_column": per_column.argmax(axis=1),
             "non_finite": np.bincount(codes[~empty & ~in_range], minlength=n_series),
             "distinct_values": distinct, "distinct_before_holdout": distinct_before,
             "outlier_share": outliers / np.maximum(np.bincount(codes[finite], minlength=n_series), 1)}
@@ -678,6 +753,9 @@ class SeriesCheck:
     severity: str = "critical"
     min_value: float | None = None
     max_value: float | None = None
+    observed: str = "{}"  # one series' fact in words, e.g. "{} rows"
+    named_by: str | None = None  # a fact column indexing ``names``: the value column the fact is about
+    names: tuple[str, ...] = ()
 
     def failing(self, table) -> np.ndarray:
         """Which rows of the series table fail the check: one vectorised comparison."""
@@ -694,43 +772,60 @@ class SeriesCheck:
         return {k: v for k, v in (("min_value", self.min_value), ("max_value", self.max_value)) if v is not None}
 
 
-def series_checks(cfg: PipelineConfig, season: int) -> list[SeriesCheck]:
-    """The series checks, in report order (SERIES_CHECKS orders the reasons of an exclusion)."""
-
-    q = cfg.quality
-    holdout, validation = fleet_steps(cfg)
-    need_train = min_train_steps(cfg, season)
-    need_rows = holdout + validation + need_train
+def series_checks(cfg: PipelineConfig, season: int, freq: str, judging: str = ACROSS_SERIES) -> list[SeriesCheck]:
+    """The series checks, in report order (SERIES_CHECKS orders the reasons of an exclusion).
+    How long a series must be follows how the run is judged (``judging``: the split of
+    ``split_fleet``): over origins, one series' proportional split; across series, fixed steps."""
+    q, time, target = cfg.quality, repr(cfg.time_column), repr(cfg.target_column)
+    if judging == ACROSS_SERIES:
+        holdout, validation = fleet_steps(cfg)
+        need_train = min_train_steps(cfg, season)
+        need_rows = holdout + validation + need_train
+        rows_for = (f"at least {need_rows} rows (holdout {holdout} + validation {validation} + min_train_steps "
+                    f"{need_train})")
+        train_for = f"at least {need_train} training steps (min_train_steps)"
+    else:
+        need_rows, need_train = min_rows_over_origins(cfg), train_steps_over_origins(cfg)
+        rows_for = f"at least {need_rows} rows for lookback {cfg.lookback}, horizon {cfg.horizon}, validation and holdout"
+        train_for = f"at least {need_train} training steps (lookback + 2 horizons)"
     dup = "warning" if q.drop_duplicate_timestamps else "critical"
     fill = q.fill_gaps_max_steps
+    values = ", ".join(map(repr, (cfg.target_column, *cfg.feature_columns)))
     return [
-        SeriesCheck("too_short", "rows", f"at least {need_rows} rows (holdout {holdout} + validation {validation} + "
-                    f"min_train_steps {need_train})", min_value=need_rows),
-        SeriesCheck("train_too_short", "train_steps", f"at least {need_train} training steps (min_train_steps)",
-                    min_value=need_train),
-        SeriesCheck("duplicated_times", "duplicates", "no duplicated timestamps"
-                    + (" (the last row of each is kept: drop_duplicate_timestamps)" if dup == "warning" else ""),
-                    severity=dup, max_value=0),
-        SeriesCheck("not_increasing", "unsorted", "timestamps in increasing order (sorted by the gate)",
-                    severity="warning", max_value=0),
-        SeriesCheck("off_grid", "off_grid", f"timestamps on the fleet's {cfg.freq or 'inferred'} grid", max_value=0),
+        SeriesCheck("too_short", "rows", rows_for, min_value=need_rows, observed="{} rows"),
+        SeriesCheck("train_too_short", "train_steps", train_for, min_value=need_train, observed="{} training steps"),
+        SeriesCheck("duplicated_times", "duplicates", f"{time} timestamps unique"
+                    + ("; the last row of each is kept (drop_duplicate_timestamps)" if dup == "warning" else
+                       "; set drop_duplicate_timestamps to keep the last row of each"),
+                    severity=dup, max_value=0, observed="{} repeated row(s)"),
+        SeriesCheck("not_increasing", "unsorted", f"{time} timestamps in increasing order (sorted by the gate)",
+                    severity="warning", max_value=0, observed="{} row(s) out of order"),
+        SeriesCheck("off_grid", "off_grid", f"{time} timestamps on the regular {freq!r} grid", max_value=0,
+                    observed="{} off the grid"),
         SeriesCheck("gap_share", "gap_share", f"missing timestamps at most {q.max_gap_fraction:.2%} of the grid "
-                    "(max_gap_fraction)", max_value=q.max_gap_fraction),
-        SeriesCheck("gaps_repairable", "longest_gap", f"gaps at most {fill} steps long (fill_gaps_max_steps)",
-                    max_value=fill),
-        SeriesCheck("mostly_missing", "missing_share", f"empty values at most {q.max_missing_fraction:.2%} "
-                    "(max_missing_fraction)", max_value=q.max_missing_fraction),
-        SeriesCheck("edges_present", "edge_missing", "values at the first and last timestamp", max_value=0),
-        SeriesCheck("constant", "distinct_values", "target not constant (2 or more distinct values)", min_value=2),
-        SeriesCheck("flat_before_holdout", "distinct_before_holdout", "target not constant before the holdout (its "
-                    "MASE has no in-sample scale otherwise)", min_value=2),
+                    "(max_gap_fraction)", max_value=q.max_gap_fraction, observed="{:.2%} missing"),
+        SeriesCheck("gaps_repairable", "longest_gap", f"gaps (missing timestamps or empty values) at most {fill} "
+                    "steps long (fill_gaps_max_steps)", max_value=fill, observed="longest {} steps"),
+        SeriesCheck("mostly_missing", "missing_share", f"{values} empty values at most {q.max_missing_fraction:.2%} "
+                    "(max_missing_fraction)", max_value=q.max_missing_fraction, observed="empty in {:.2%} of rows",
+                    named_by="missing_column", names=(cfg.target_column, *cfg.feature_columns)),
+        SeriesCheck("edges_present", "edge_missing", "values present at the first and last timestamp (ends cannot "
+                    "be interpolated)", max_value=0, observed="{} step(s) missing at the ends"),
+        SeriesCheck("constant", "distinct_values", f"{target} not constant", min_value=2,
+                    observed="{} distinct value(s)"),
+        SeriesCheck("flat_before_holdout", "distinct_before_holdout", f"{target} not constant before the holdout "
+                    "(its MASE has no in-sample scale otherwise)", min_value=2, observed="{} distinct value(s)"),
         SeriesCheck("non_finite", "non_finite", f"values finite and within float32 range (|x| <= {FLOAT32_MAX:.4g})",
-                    max_value=0),
-        SeriesCheck("outlier_share", "outlier_share", f"outliers (robust z > {q.outlier_mad_threshold:g}, the "
-                    f"series' own) at most {q.max_outlier_fraction:.2%} (max_outlier_fraction)",
-                    severity="warning", max_value=q.max_outlier_fraction),
+                    max_value=0, observed="{} row(s) not"),
+        SeriesCheck("outlier_share", "outlier_share", f"{target} outliers (robust z > {q.outlier_mad_threshold:g}, "
+                    f"the series' own) at most {q.max_outlier_fraction:.2%} (max_outlier_fraction); kept as they are",
+                    severity="warning", max_value=q.max_outlier_fraction, observed="{:.2%} of values"),
+        SeriesCheck("no_outliers", "outlier_share", f"{target} has no outliers (robust z > "
+                    f"{q.outlier_mad_threshold:g}, the series' own); kept as they are", severity="warning", max_value=0,
+                    observed="{:.2%} of values"),
         SeriesCheck("padded", "train_steps", f"at least lookback {cfg.lookback} + horizon {cfg.horizon} training "
-                    "steps (shorter histories are padded)", severity="warning", min_value=cfg.lookback + cfg.horizon),
+                    "steps (shorter histories are padded)", severity="warning", min_value=cfg.lookback + cfg.horizon,
+                    observed="{} training steps"),
     ]
 
 
@@ -756,16 +851,32 @@ def _same_counts(validation, failing: dict[str, np.ndarray], source: str) -> Non
                             f"numpy and {counted} by Great Expectations; please report this with the file")
 
 
-def _series_check(check: SeriesCheck, failing: np.ndarray, ids) -> dict:
-    """One series check as plain JSON (quality._summarize's keys): how many series failed it,
-    the first few by id."""
-    named = [ids[i] for i in np.flatnonzero(failing)[:5]]
-    count = int(failing.sum())
-    message = f"{check.description}: {count} series, e.g. {', '.join(map(quote, named[:3]))}" if count else None
+def _series_check(check: SeriesCheck, failing: np.ndarray, table) -> dict:
+    """One series check as plain JSON (expectations.summarize's keys): how many series failed
+    it, the first few by id with their fact in words (``examples``)."""
+    at = np.flatnonzero(failing)[:5]
+    named = [str(table.index[i]) for i in at]
+    facts = table[check.column].to_numpy()
+    words = [check.observed.format(_plain(facts[i])) for i in at]
+    if check.named_by:
+        words = [f"{quote(check.names[int(k)])} {w}" for k, w in zip(table[check.named_by].to_numpy()[at], words,
+                                                                      strict=True)]
+    examples = [[quote(sid), w] for sid, w in zip(named, words, strict=True)]
     return {"check": check.check, "column": check.column, "description": check.description,
-            "expectation": "expect_column_values_to_be_between", "severity": check.severity, "passed": count == 0,
-            "observed": {"unexpected_count": count, "series": named}, "threshold": check.threshold(),
-            "message": message}
+            "expectation": "expect_column_values_to_be_between", "severity": check.severity,
+            "passed": not len(at), "observed": {"unexpected_count": int(failing.sum()), "series": named},
+            "threshold": check.threshold(), "examples": examples,
+            "message": check_message(check.description, int(failing.sum()), examples)}
+
+
+def check_message(description: str, count: int, examples: list[list[str]]) -> str | None:
+    """A failed series check in one line: one series' fact (``"...: 50 rows (series 'y')"``),
+    or how many series and the first three; ``examples``: [quoted id, fact in words]."""
+    if not count:
+        return None
+    if count == 1:
+        return f"{description}: {examples[0][1]} (series {examples[0][0]})"
+    return f"{description}: {count} series, e.g. {', '.join(f'{sid} ({fact})' for sid, fact in examples[:3])}"
 
 
 def excluded_because(declared: list[SeriesCheck], failing: dict[str, np.ndarray]) -> np.ndarray:
@@ -850,7 +961,7 @@ def merge_fleet_checks(cfg: PipelineConfig, *, judging: str | None = None) -> di
     as :func:`onnxcast.pipeline.fleet_data.split_fleet`."""
     import pandas as pd
 
-    layout, series_col, q = cfg.layout, cfg.series_column, cfg.quality
+    layout, series_col, q = cfg.layout, id_column(cfg), cfg.quality
     plan = read_json(layout.shards)
     shards = range(int(plan["n_shards"]))
     table = pd.concat([pd.read_parquet(layout.quality_shard(k) / SERIES_TABLE) for k in shards],
@@ -862,25 +973,33 @@ def merge_fleet_checks(cfg: PipelineConfig, *, judging: str | None = None) -> di
     share = len(excluded) / total if total else 1.0
     counts = _reason_counts(excluded)
     html = layout.quality / SUMMARY_HTML
-    write_text_atomic(html, _summary_page(plan, table, excluded, padded, _reason_counts(excluded, first_only=False),
-                                          cfg))
     share_check = _excluded_share_check(cfg, table, plan["source"])
-    if not share_check["passed"]:
+    series_checks = _merged_series_checks(layout, plan)
+    failures = []
+    if not share_check["passed"]:  # every failed check that excluded a series, then the share
         examples = ", ".join(f"{quote(sid)} ({why})" for sid, why in
                              zip(excluded[series_col].head(3), excluded["excluded_because"].head(3), strict=True))
-        message = (f"{len(excluded)} of {total} series ({share:.1%}) were excluded, more than max_excluded_share "
-                   f"{q.max_excluded_share:.0%}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
-                   + f" (e.g. {examples}); see {SUMMARY_HTML}")
-        raise DataQualityError(plan["source"], [message], str(html))
+        failures = [c["message"] for c in series_checks if c["message"] and c["severity"] == "critical"]
+        failures.append(f"{len(excluded)} of {total} series ({share:.1%}) were excluded, more than max_excluded_share "
+                        f"{q.max_excluded_share:.0%}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+                        + f" (e.g. {examples}); see {SUMMARY_HTML}")
+    write_text_atomic(html, _summary_page(plan, table, excluded, padded, _reason_counts(excluded, first_only=False),
+                                          cfg, failures))
+    if failures:
+        raise DataQualityError(plan["source"], failures, str(html))
     fleet = FleetData.concat([FleetData.load(layout.shard(k)) for k in shards])
     fleet.save(layout.fleet)
+    judging = judging or judging_for(fleet.n_series)
     split = split_fleet(fleet.lengths, cfg, judging=judging)
-    summary = {"dataset": _dataset(cfg, plan, fleet), "split": _split_dict(split, fleet),
+    dated = dated_split(split, fleet.timestamps(0)) if judging == OVER_ORIGINS else _split_dict(split, fleet)
+    summary = {"dataset": _dataset(cfg, plan, fleet), "split": dated,
                "quality": _quality_dict(cfg, plan, table, excluded, padded, share, counts, str(html))}
+    summary["quality"]["checks"] += series_checks
+    summary["quality"]["warnings"] += _series_warnings(series_checks, summary["quality"]["repairs"])
     summary["quality"]["checks"].append(share_check)
     cfg.save(layout.config)
     write_json(layout.dataset, summary)
-    log.info("fleet: %d of %d series kept (%d excluded, %d padded), %d rows, freq %s", fleet.n_series, total,
+    log.info("data gate: %d of %d series kept (%d excluded, %d padded), %d rows, freq %s", fleet.n_series, total,
              len(excluded), len(padded), len(fleet.values), fleet.freq)
     return summary
 
@@ -895,11 +1014,37 @@ def _excluded_share_check(cfg: PipelineConfig, table, source: str) -> dict:
         gx.expectations.ExpectColumnValuesToBeNull(column="excluded_because", mostly=1 - share),
         "excluded_share", f"series excluded at most {share:.0%} (max_excluded_share)")])
     with _quiet_gx():
-        validation = run_suite(table[[cfg.series_column, "excluded_because"]], suite)
+        validation = run_suite(table[[id_column(cfg), "excluded_because"]], suite)
         check = _summarize(validation.results[0])
         write_reports(validation, cfg.layout.quality / "excluded_share", "")
     check["suite"] = SHARE_SUITE
     return check
+
+
+def _series_warnings(checks: list[dict], repairs: dict) -> list[str]:
+    """What the kept series were let through with: outliers (kept as they are), and the steps
+    interpolated."""
+    warnings = [c["message"] for c in checks if c["check"] in ("outlier_share", "no_outliers") and c["message"]]
+    fill = repairs.get("fill_gaps") or {}
+    if fill.get("interpolated_steps"):
+        warnings.append(f"{fill['interpolated_steps']} missing step(s) interpolated (fill_gaps_max_steps="
+                        f"{fill['max_steps']})")
+    return warnings
+
+
+def _merged_series_checks(layout, plan: dict) -> list[dict]:
+    """Every series check over all shards: how many series failed it, the first examples."""
+    shard_checks = [read_json(layout.quality_shard(k) / "checks.json") for k in range(int(plan["n_shards"]))]
+    merged = []
+    for position, first in enumerate(shard_checks[0]):
+        entries = [s[position] for s in shard_checks]
+        failed = sum(int((e["observed"] or {}).get("unexpected_count", 0)) for e in entries)
+        examples = [x for e in entries for x in e.get("examples", [])][:3]
+        merged.append({"check": first["check"], "column": first["column"], "description": first["description"],
+                       "expectation": first["expectation"], "severity": first["severity"],
+                       "passed": failed == 0, "observed": {"series": failed}, "threshold": first["threshold"],
+                       "message": check_message(first["description"], failed, examples), "suite": SERIES_SUITE})
+    return merged
 
 
 def _reason_counts(excluded, *, first_only: bool = True) -> dict[str, int]:
@@ -950,19 +1095,12 @@ def _step_times(fleet: FleetData, steps) -> np.ndarray:
 
 def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, share: float,
                   counts: dict, html: str) -> dict:
-    """The single-series QualityResult.to_dict() keys, plus the fleet's series verdicts."""
-    series_col, q = cfg.series_column, cfg.quality
+    """``passed``, ``suite``, ``warnings``, ``repairs``, ``checks`` (the table's; the merge adds
+    the series checks), the report paths, and the series verdicts."""
+    series_col, q = id_column(cfg), cfg.quality
     layout = cfg.layout
     checks = list(plan["table_checks"])
     warnings = [c["message"] for c in checks if not c["passed"]]
-    shard_checks = [read_json(layout.quality_shard(k) / "checks.json") for k in range(int(plan["n_shards"]))]
-    for position, first in enumerate(shard_checks[0]):
-        failed = sum(int((s[position]["observed"] or {}).get("unexpected_count", 0)) for s in shard_checks)
-        checks.append({"check": first["check"], "column": first["column"], "description": first["description"],
-                       "expectation": first["expectation"], "severity": first["severity"],
-                       "passed": failed == 0, "observed": {"series": failed}, "threshold": first["threshold"],
-                       "message": None if failed == 0 else f"{first['description']}: {failed} series",
-                       "suite": SERIES_SUITE})
     repeated = table[table["excluded_because"].isna() & (table["duplicates"] > 0)]  # drop_duplicate_timestamps
     if len(repeated):
         warnings.append(f"{len(repeated)} series repeat timestamps: the last row of each was kept "
@@ -1005,12 +1143,13 @@ def _quality_dict(cfg: PipelineConfig, plan: dict, table, excluded, padded, shar
             "excluded": excluded_list, "padded": [str(s) for s in padded[series_col]], "skipped_entries": skipped}
 
 
-def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: PipelineConfig) -> str:
+def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: PipelineConfig,
+                  failures: list[str]) -> str:
     """The fleet's verdict: counts, the first EXAMPLES excluded series per reason, the shards' GX pages."""
     from html import escape
 
 
-    series_col = cfg.series_column
+    series_col = id_column(cfg)
     share = len(excluded) / max(len(table), 1)
     failed = share > cfg.quality.max_excluded_share
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>onnxcast fleet data quality</title>"
@@ -1021,7 +1160,8 @@ def _summary_page(plan: dict, table, excluded, padded, counts: dict, cfg: Pipeli
              f"frequency <code>{escape(plan['freq'])}</code>, season {plan['season']}</p>",
              f"<p>{len(table)} series: {len(table) - len(excluded)} kept, {len(excluded)} excluded "
              f"({share:.1%}; at most {cfg.quality.max_excluded_share:.0%} may be: max_excluded_share), "
-             f"{len(padded)} padded (shorter than lookback + horizon of training)</p></section>"]
+             f"{len(padded)} padded (shorter than lookback + horizon of training)</p>",
+             "".join(f"<p class='failure'>{escape(f)}</p>" for f in failures), "</section>"]
     labels = excluded["excluded_because"].astype(str)
     for reason, count in counts.items():
         having = [label for label in labels.unique() if reason in label.split(",")]

@@ -61,10 +61,9 @@ from onnxcast.pipeline.fleet_eval import (
     plan_for,
     predict_fleet,
 )
-from onnxcast.pipeline.fleet_quality import check_fleet_shard, check_fleet_table, merge_fleet_checks
+from onnxcast.pipeline.fleet_quality import check_in_process
 from onnxcast.pipeline.judging import ACROSS_SERIES, report_judging
 from onnxcast.pipeline.metrics import seasonal_naive
-from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import served_variant
 from onnxcast.pipeline.seasons import evaluation_seasons, seasons_for_freq
 from onnxcast.pipeline.sessions import open_model
@@ -241,11 +240,20 @@ def series_sample(item: MonitorInput, served: Served, work_dir: Path, s3_setting
 def read_series(report: dict, data_uri: str | None, work_dir: Path, s3_settings: Any = None):
     """The whole series under the deployed version's settings (no ``trained_until``), through
     the same data gate as training (its reports under ``work_dir/quality``)."""
+    cfg = _checked(report, data_uri, work_dir, s3_settings)
+    return FleetData.load(cfg.layout.fleet)
+
+
+def _checked(report: dict, data_uri: str | None, work_dir: Path, s3_settings: Any = None,
+             judging: str | None = None) -> PipelineConfig:
+    """The deployed version's settings without ``trained_until`` over ``work_dir``, once the
+    data gate has checked the data under them (``judging``: as ``merge_fleet_checks``)."""
     values = {**report["config"], "trained_until": None, "out_dir": str(work_dir)}
     if data_uri:
         values["data_uri"] = data_source(data_uri)
     cfg = PipelineConfig.from_dict(values)
-    return check_data(cfg, work_dir / "quality", s3_settings=s3_settings).series
+    check_in_process(cfg, s3_settings=s3_settings, judging=judging)
+    return cfg
 
 
 def realised_errors(session, series, origins: np.ndarray, report: dict) -> tuple[np.ndarray, dict]:
@@ -337,13 +345,8 @@ def read_fleet(report: dict, data_uri: str | None, work_dir: Path, s3_settings: 
     ``work_dir/gate``); the series the gate excluded, with its reasons."""
     import pandas as pd
 
-    values = {**report["config"], "trained_until": None, "out_dir": str(work_dir / "gate")}
-    if data_uri:
-        values["data_uri"] = data_source(data_uri)
-    cfg = PipelineConfig.from_dict(values)
-    for shard in check_fleet_table(cfg, s3_settings=s3_settings):
-        check_fleet_shard(cfg, shard)
-    merge_fleet_checks(cfg, judging=ACROSS_SERIES)  # the deployed model was judged across series
+    # the deployed model was judged across series
+    cfg = _checked(report, data_uri, work_dir / "gate", s3_settings, judging=ACROSS_SERIES)
     table = pd.read_parquet(cfg.layout.series_table)
     excluded = table[table["excluded_because"].notna()]
     left_out = [{"series": str(sid), "because": f"data_gate:{why}"}

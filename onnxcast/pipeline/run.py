@@ -33,7 +33,7 @@ from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline import fleet_quality
 from onnxcast.pipeline.checkpoint import load_model, save_model
 from onnxcast.pipeline.config import PipelineConfig
-from onnxcast.pipeline.data import dated_split, utc_iso, windows
+from onnxcast.pipeline.data import utc_iso, windows
 from onnxcast.pipeline.ensemble import (
     ENSEMBLE,
     ensemble_last,
@@ -46,7 +46,6 @@ from onnxcast.pipeline.evaluation import reference_model
 from onnxcast.pipeline.fleet_data import (
     FleetData,
     load_split,
-    split_fleet,
 )
 from onnxcast.pipeline.fleet_eval import (
     AcrossSeries,
@@ -56,11 +55,10 @@ from onnxcast.pipeline.fleet_eval import (
 )
 from onnxcast.pipeline.fleet_train import train_global, validation_windows
 from onnxcast.pipeline.intervals import calibrate
-from onnxcast.pipeline.judging import ACROSS_SERIES, judging_for
+from onnxcast.pipeline.judging import ACROSS_SERIES, OVER_ORIGINS, judging_for
 from onnxcast.pipeline.layout import FAILED_REPORT, REPORT, RunLayout
 from onnxcast.pipeline.ownership import FOLDER, OwnedOutput, entries_of
 from onnxcast.pipeline.pretrained.weights import BASE_PROVENANCE_METADATA
-from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.report import attach_targets, compare_families, select_variants
 from onnxcast.pipeline.seasons import evaluation_seasons
 from onnxcast.pipeline.validate import (
@@ -87,45 +85,50 @@ class RunDirBusyError(OnnxcastError):
 
 
 def prepare_data(cfg: PipelineConfig, *, s3_settings: S3Settings | None = None) -> dict:
-    """Check the data (read from S3 with ``s3_settings``, None: boto3's chain), save the
-    regular series and the split; return the dataset summary."""
-    layout = cfg.layout
+    """The data gate in one process, for any number of series (read from S3 with
+    ``s3_settings``, None: boto3's chain): the table, the series of every shard, the merge
+    (:func:`merge_data`); returns the dataset summary."""
     started = time.monotonic()
-    result = check_data(cfg, layout.quality, s3_settings=s3_settings)
-    series = result.series
-    log.info("data checked in %.1fs: %d rows passed %d checks (%d warning(s))", time.monotonic() - started,
-             len(series.values), len(result.checks), len(result.warnings))
+    for shard in fleet_quality.check_fleet_table(cfg, s3_settings=s3_settings):
+        fleet_quality.check_fleet_shard(cfg, shard)
+    summary = merge_data(cfg)
+    log.info("data checked in %.1fs", time.monotonic() - started)
+    return summary
+
+
+def merge_data(cfg: PipelineConfig) -> dict:
+    """Merge the shards' verdicts into the series the run keeps (``data/fleet/``, the split,
+    ``data/dataset.json``); return the dataset summary. A run judged over its origins (one
+    series kept) then measures its baselines and the statistical reference on those origins
+    (``baselines.json``); across series, the shard steps do (fleet_eval.reference_shard)."""
+    summary = fleet_quality.merge_fleet_checks(cfg)
+    series, split = load_split(cfg.layout.fleet, cfg)
+    if judging_for(series.n_series) == OVER_ORIGINS:
+        _measure_baselines(cfg, series, split)
+    dataset, quality = summary["dataset"], summary["quality"]
+    log.info("data: %d rows of %d series %s..%s freq=%s season=%d; %d check(s), %d warning(s)", dataset["rows"],
+             dataset["n_series"], dataset["start"], dataset["end"], dataset["freq"], dataset["season"],
+             len(quality["checks"]), len(quality["warnings"]))
+    return summary
+
+
+def _measure_baselines(cfg: PipelineConfig, series: FleetData, split) -> None:
+    """One series judged over its origins: the baselines and the statistical reference on its
+    holdout origins (baselines.json)."""
     if cfg.lookback < series.season:
         raise ConfigError(f"lookback {cfg.lookback} is shorter than the season {series.season} of "
                           f"{series.freq!r} data: the models start from the last season of history; "
                           f"use a lookback of at least {series.season} or set season")
-    split = split_fleet(series.lengths, cfg)
-    series.save(layout.fleet)
     # The statistical reference forecasts from every holdout origin: 25-80 s of this step on
     # the example data, silent before. Say what runs, and keep saying that it still does.
-    what = _reference_plan(cfg, series, split)
-    log.info("baselines and the statistical reference: %s", what)
+    log.info("baselines and the statistical reference: %s", _reference_plan(cfg, series, split))
     with _heartbeat("still fitting the statistical reference", every=15.0):
         baselines = baselines_for(cfg, series, split, reference=True)
-    write_json(layout.baselines, baselines)
+    write_json(cfg.layout.baselines, baselines)
     best = baselines["seasonal_naive"]
     log.info("baselines on %d origins (stride %d): best %s MAE %.4g; reference %s MAE %.4g",
              baselines["origins"]["count"], baselines["origins"]["stride"], baselines["best"], best["mae"],
              baselines["reference"]["model"], baselines["reference"]["mae"])
-    timestamps = series.timestamps(0)
-    dataset = {
-        "uri": cfg.data_uri, "sha256": series.sha256, "rows": int(len(series.values)),
-        "start": utc_iso(timestamps[0]), "end": utc_iso(timestamps[-1]),
-        "freq": series.freq, "season": series.season,
-        "target": cfg.target_column, "features": list(cfg.feature_columns),
-    }
-    summary = {"dataset": dataset, "split": dated_split(split, timestamps), "quality": result.to_dict()}
-    cfg.save(layout.config)
-    write_json(layout.dataset, summary)
-    log.info("data: %d rows %s..%s freq=%s season=%d; train %d, validation %d, holdout %d rows",
-             dataset["rows"], dataset["start"], dataset["end"], dataset["freq"], dataset["season"],
-             split.train_end[0], split.validation_end[0] - split.train_end[0], split.lengths[0] - split.validation_end[0])
-    return summary
 
 
 def _reference_plan(cfg: PipelineConfig, series, split) -> str:
@@ -283,6 +286,25 @@ def judging(cfg: PipelineConfig) -> str:
     """How this run is judged: ``judging.judging_for`` the number of series it saved in
     ``data/fleet/`` (over origins or across series), whatever the input's form."""
     return judging_for(FleetData.load(cfg.layout.fleet, mmap=True).n_series)
+
+
+def _judged_across_series(cfg: PipelineConfig) -> bool:
+    """:func:`judging` from the merge's ``data/dataset.json``, for the shard steps, which do
+    not stage ``data/fleet/`` (the whole fleet)."""
+    return judging_for(int(read_json(cfg.layout.dataset)["dataset"]["n_series"])) == ACROSS_SERIES
+
+
+def reference_step(cfg: PipelineConfig, shard: int) -> list[Path]:
+    """The baselines and the statistical reference on one shard's series (fleet_eval), for a
+    run judged across series; nothing for one judged over its origins (:func:`merge_data`
+    measured them there)."""
+    return [Path(reference_shard(cfg, shard))] if _judged_across_series(cfg) else []
+
+
+def evaluate_step(cfg: PipelineConfig, shard: int, families: list[str] | None = None) -> list[Path]:
+    """Every variant on one shard's series (fleet_eval), for a run judged across series;
+    nothing for one judged over its origins (validate_family evaluates its origins)."""
+    return [Path(p) for p in evaluate_shard(cfg, shard, families)] if _judged_across_series(cfg) else []
 
 
 def needs_recalibration(cfg: PipelineConfig, entry: dict) -> bool:
@@ -457,15 +479,14 @@ def _run_locked(cfg: PipelineConfig, out: Path, target_step: TargetStep | None =
 
 def _run_steps(work: PipelineConfig, target_step: TargetStep | None = None) -> dict:
     """Every step of a run, in order, for any number of series: the per-shard steps one shard
-    after another (Airflow maps them over the workers, onnxcast.airflow.steps). A one-series
-    file has no shards: step 1 checks and saves it whole."""
-    shards = _step(1, "check the data", check_input, work)
+    after another (Airflow maps them over the workers, onnxcast.airflow.steps). The per-shard
+    reference and evaluation serve a run judged across series only."""
+    shards = _step(1, "check the data", fleet_quality.check_fleet_table, work)
     for shard in shards:
         fleet_quality.check_fleet_shard(work, shard)
-    if shards:
-        _step(1, "check every series", fleet_quality.merge_fleet_checks, work)
+    _step(1, "check every series", merge_data, work)
     for shard in shards:
-        reference_shard(work, shard)
+        reference_step(work, shard)
     families = []
     for family in ensemble_last(work.models):  # the ensemble combines the families trained before it
         if "skipped" in _step(2, f"train {family}", train_family, work, family):
@@ -473,26 +494,16 @@ def _run_steps(work: PipelineConfig, target_step: TargetStep | None = None) -> d
         _step(3, f"export {family}", export_family, work, family)
         _step(4, f"optimize {family}", optimize_family, work, family)
         families.append(family)
-    if shards:
+    if judging(work) == ACROSS_SERIES:
         log.info("[5/6] evaluate every series")
     for shard in shards:
-        evaluate_shard(work, shard, families)
+        evaluate_step(work, shard, families)
     for family in families:
         _step(5, f"validate {family}", validate_family, work, family)
     for family in families if target_step else ():
         for name in work.targets:
             _step(5, f"validate {family} on {name}", target_step, work, family, name)
     return _step(6, "report", assemble_report, work, families)
-
-
-def check_input(cfg: PipelineConfig) -> list[int]:
-    """Check the input; return its shards. A long table (``series_column``) is checked as a
-    table here and per shard later (onnxcast.pipeline.fleet_quality); a one-series file is
-    checked, split and saved whole (:func:`prepare_data`): no shards."""
-    if cfg.series_column:
-        return fleet_quality.check_fleet_table(cfg)
-    prepare_data(cfg)
-    return []
 
 
 # The runs in progress in this process: staging folder -> (output folder, its ownership record).

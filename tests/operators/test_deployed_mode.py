@@ -86,11 +86,16 @@ def test_aws_default_is_resolved_by_the_amazon_provider(deployed, aws_connection
 
 @pytest.mark.slow
 def test_tasks_hand_files_to_each_other_through_an_s3_run_store(deployed, aws_connection, monkeypatch, tmp_path):
-    """check_data on one "host", train on another: each with its own scratch, sharing only the
-    bucket. Also the input data is read through aws_default."""
+    """The data gate (check_data, check_series, merge_data) on one "host", train on another: each
+    with its own scratch, sharing only the bucket. Also the input data is read through aws_default."""
     import boto3
 
-    from onnxcast.airflow.operators import CheckDataOperator, TrainOrFetchModelOperator
+    from onnxcast.airflow.operators import (
+        CheckDataOperator,
+        CheckSeriesOperator,
+        MergeDataOperator,
+        TrainOrFetchModelOperator,
+    )
 
     client = boto3.client("s3", endpoint_url=aws_connection, aws_access_key_id="testing",
                           aws_secret_access_key="testing", region_name="us-east-1")
@@ -111,6 +116,8 @@ def test_tasks_hand_files_to_each_other_through_an_s3_run_store(deployed, aws_co
     assert check.execute(context) == [0]  # one series: one shard
     run_url = context["ti"].xcoms["run_dir"]
     assert run_url.startswith("s3://runs-bucket/runs/s3_runs/")
+    CheckSeriesOperator(task_id="check_series", run_dir=run_url, shard=0).execute(make_context(dag_id="s3_runs"))
+    MergeDataOperator(task_id="merge_data", run_dir=run_url, shards=[0]).execute(make_context(dag_id="s3_runs"))
     assert list((tmp_path / "host-a").iterdir()) == []  # scratch removed after publishing
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "host-b"))

@@ -7,13 +7,12 @@ from onnxcast.pipeline.config import PipelineConfig, QualitySettings
 from onnxcast.pipeline.data import (
     dated_split,
     parse_utc,
-    series_from_checked,
     utc_iso,
     windows,
 )
 from onnxcast.pipeline.fleet_data import FleetData, split_fleet
+from onnxcast.pipeline.fleet_quality import check_in_process
 from onnxcast.pipeline.judging import ACROSS_SERIES, OVER_ORIGINS, judging_for
-from onnxcast.pipeline.quality import check_data
 from onnxcast.pipeline.seasons import season_for_freq
 
 SMALL = {"lookback": 24, "horizon": 6}
@@ -26,9 +25,12 @@ def cfg_for(path, **overrides) -> PipelineConfig:
 def gate_series(cfg: PipelineConfig):
     """The series the pipeline trains on: what the data-quality gate passed, nothing else."""
     import tempfile
+    from dataclasses import replace
 
     with tempfile.TemporaryDirectory() as out:
-        return check_data(cfg, out).series
+        cfg = replace(cfg, out_dir=out)
+        check_in_process(cfg)
+        return FleetData.load(cfg.layout.fleet)
 
 
 def write_csv(tmp_path, frame: pd.DataFrame, name="data.csv"):
@@ -81,7 +83,6 @@ def test_trained_until_drops_later_rows(tmp_path):
         (lambda f: f.drop(columns=["y"]), "required columns ['ds', 'y'] present: missing ['y']"),
         (lambda f: f.assign(y=f.y.astype(object).where(f.index != 5, "twelve")), "'twelve' (row 6)"),
         (lambda f: pd.concat([f.iloc[:10], f.iloc[9:10], f.iloc[10:]]), "timestamps unique"),
-        (lambda f: f.iloc[::-1], "timestamps in increasing order"),
         (lambda f: f.drop(index=[20, 21]), "longest 2 steps"),
         (lambda f: f.assign(ds=f.ds.where(f.index != 7, "not a date")), "'not a date' (row 8)"),
         (lambda f: f.assign(ds=f.ds.where(f.index != 7, "2024-01-01 07:30:00")), "on the regular 'h' grid"),
@@ -98,17 +99,12 @@ def test_bad_tables_are_refused_by_the_gate_naming_the_problem(tmp_path, mutate,
     assert "\n" not in message
 
 
-def test_the_series_is_a_pure_transform_of_checked_rows():
-    """series_from_checked keeps the last duplicate, orders by time, fills only what it is told."""
-    times = pd.Series(pd.to_datetime(["2024-01-01 02:00", "2024-01-01 00:00", "2024-01-01 00:00",
-                                      "2024-01-01 04:00"], utc=True))
-    values = {"y": pd.Series([3.0, 1.0, 2.0, 5.0])}
-    series = series_from_checked(times, values, "h", 24, fill_gaps_max_steps=1, source="mem", sha256="s")
-    assert series.values[:, 0].tolist() == [2.0, 2.5, 3.0, 4.0, 5.0]
-    assert str(series.timestamps(0)[0]) == "2024-01-01T00:00:00.000000000"
-    assert series.n_series == 1 and series.ids == ("y",)  # a fleet of one, named by its target
-    with pytest.raises(DataError, match="no finite value at 2024-01-01T01:00:00"):
-        series_from_checked(times, values, "h", 24, fill_gaps_max_steps=0, source="mem", sha256="s")
+def test_rows_out_of_time_order_are_sorted_with_a_warning(tmp_path):
+    """changes-31.md 16: one series as a fleet's: rows out of order are sorted, not refused."""
+    forward = gate_series(cfg_for(write_csv(tmp_path, hourly(), "forward.csv"), freq="h"))
+    backward = gate_series(cfg_for(write_csv(tmp_path, hourly().iloc[::-1], "backward.csv"), freq="h"))
+    np.testing.assert_array_equal(backward.values, forward.values)
+    assert backward.starts.tolist() == forward.starts.tolist()
 
 
 def test_split_and_dataset_timestamps_are_utc_with_z():

@@ -195,7 +195,7 @@ def test_mixed_frequencies_fail_the_table(tmp_path):
     with pytest.raises(DataQualityError) as error:
         check_fleet_table(cfg)
     message = str(error.value)
-    assert "mixed frequencies: 30 of 200 series (15.0%) are not on the 'MS' grid" in message, message
+    assert "mixed frequencies: 30 of 200 series (15.0%) are not on the regular 'MS' grid" in message, message
     assert "looks 'W-SUN'" in message and "\n" not in message
 
 

@@ -231,11 +231,13 @@ class TestDriftSuiteOnHourlyDemand:
 
     def series(self, path: str, tmp_path):
         from onnxcast.pipeline.config import PipelineConfig
-        from onnxcast.pipeline.quality import check_data
+        from onnxcast.pipeline.fleet_data import FleetData
+        from onnxcast.pipeline.fleet_quality import check_in_process
 
         cfg = PipelineConfig.from_dict({"data_uri": path, "out_dir": str(tmp_path), "feature_columns": ["yesterday"],
                                         "horizon": 24, "lookback": 168})
-        return check_data(cfg, tmp_path / "quality").series
+        check_in_process(cfg)
+        return FleetData.load(cfg.layout.fleet)
 
     def test_the_next_weeks_do_not_drift(self, demand, tmp_path):
         from onnxcast.pipeline.drift import check_drift

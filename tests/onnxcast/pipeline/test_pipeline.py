@@ -149,9 +149,9 @@ def test_nhits_through_the_cli_on_daily_and_weekly_anchors(tmp_path):
 def test_a_long_table_of_one_series_is_run_exactly_as_that_series(tiny_csv, tiny_config, tmp_path):
     """Issue 31, a series is a fleet of one: the same series given as a long table
     (``series_column``, the shard steps) and as a one-series file gives the same split, origins,
-    baselines and holdout MAE, and both are judged over their origins (no ``fleet`` object, no
-    global-model metadata). Before, the table was trained as a global model and judged across
-    its one series."""
+    baselines, reference and holdout MAE, and both are judged over their origins (no ``fleet``
+    object, no global-model metadata). Before, the table was trained as a global model and judged
+    across its one series."""
     import pandas as pd
 
     table = pd.read_csv(tiny_csv)
@@ -164,7 +164,10 @@ def test_a_long_table_of_one_series_is_run_exactly_as_that_series(tiny_csv, tiny
     for key in ("origins", "best", "mase_scale"):
         assert long["baselines"][key] == one["baselines"][key]
     assert long["baselines"]["seasonal_naive"]["mae"] == one["baselines"]["seasonal_naive"]["mae"]
-    assert long["split"]["train_rows"] == one["split"]["train_rows"]
+    assert long["split"] == one["split"]
     assert long["models"][0]["fp32_holdout_mae"] == one["models"][0]["fp32_holdout_mae"]
+    # one gate (changes-31.md 16): the table's one series gets the reference over its origins too
+    figures = [{k: v for k, v in report["reference"].items() if k != "seconds"} for report in (long, one)]
+    assert figures[0]["mae"] is not None and figures[0] == figures[1]
     metadata = read_metadata(onnx.load(Path(cfg.out_dir) / "models/dlinear/onnx/fp32.onnx"))
     assert "global" not in metadata and metadata["trained_until"] == one["dataset"]["end"]
