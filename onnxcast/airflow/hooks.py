@@ -40,34 +40,24 @@ class MlflowHook(BaseHook):
     that mixes in :class:`MlflowLoginScope` runs its whole ``execute`` so, the alias watcher each
     poll (the triggerer runs many triggers in one process), the rollout page each page. One
     task's login never outlives its call: the next task of a long-lived process (a Celery worker
-    running tasks in-process, ``dags test``) starts from the variables as they were.
-
-    ``export_login`` (the default) keeps, for an operator that does not run inside the scope
-    yet, the older behaviour: the login set for the rest of the process when the settings are
-    first read outside any ``login()`` block."""
+    running tasks in-process, ``dags test``) starts from the variables as they were. Outside a
+    ``login()`` block MLflow calls go unauthenticated (every operator of onnxcast.airflow runs
+    inside one: TrackedOperator mixes in the scope)."""
 
     conn_name_attr = "mlflow_conn_id"
     default_conn_name = "mlflow_default"
     conn_type = "mlflow"
     hook_name = "MLflow (onnxcast)"
 
-    def __init__(self, mlflow_conn_id: str | None = default_conn_name, *, export_login: bool = True) -> None:
+    def __init__(self, mlflow_conn_id: str | None = default_conn_name) -> None:
         super().__init__()
         self.mlflow_conn_id = mlflow_conn_id
-        self.export_login = export_login
         self._settings: dict[str, Any] | None = None
         self._login: dict[str, str | None] | None = None
-        self._scopes = 0  # login() blocks open now
 
     def get_settings(self) -> dict[str, Any]:
-        """``{"tracking_uri", "ui_url"}``. With ``export_login``, read outside any ``login()``
-        block (an operator without :class:`MlflowLoginScope`), the login is also set where
-        MLflow reads it for the rest of the process."""
-        settings = self._read_settings()
-        if self.export_login and self._login and not self._scopes:
-            environment.export_for_this_process(self._login)
-            self.export_login = False  # once
-        return settings
+        """``{"tracking_uri", "ui_url"}``; the login is used inside :meth:`login` only."""
+        return self._read_settings()
 
     def _read_settings(self) -> dict[str, Any]:
         if self._settings is not None:
@@ -94,12 +84,8 @@ class MlflowHook(BaseHook):
         if not self._login:
             yield
             return
-        self._scopes += 1
-        try:
-            with environment.scoped(self._login):
-                yield
-        finally:
-            self._scopes -= 1
+        with environment.scoped(self._login):
+            yield
 
     @property
     def tracking_uri(self) -> str:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from onnxcast.airflow.hooks import MlflowLoginScope
 from onnxcast.airflow.links import persist_mlflow_run_url
 from onnxcast.airflow.retraining import RETRAIN
 from onnxcast.airflow.steps import TrackedOperator, readable
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["RETRAIN", "MonitorChannelsOperator", "RetrainSignalOperator"]
 
 
-class MonitorChannelsOperator(MlflowLoginScope, TrackedOperator):
+class MonitorChannelsOperator(TrackedOperator):
     """Judge the model each of ``channels`` serves on the data since it was trained.
 
     A channel with no pointer in the rollout store is skipped (``skipped: "serves nothing"``),

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from onnxcast.airflow.hooks import MlflowLoginScope
 from onnxcast.airflow.links import persist_mlflow_run_url
 from onnxcast.airflow.steps import TrackedOperator, load_config, run_key
 from onnxcast.base.errors import GateError
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class RegisterModelOperator(MlflowLoginScope, TrackedOperator):
+class RegisterModelOperator(TrackedOperator):
     """Assemble report.json, log the run to MLflow and register the winning family.
 
     The registered version gets the alias ``challenger``; a retry finds the version it
@@ -53,7 +52,7 @@ class RegisterModelOperator(MlflowLoginScope, TrackedOperator):
         return registered.as_xcom()
 
 
-class ChampionChallengerOperator(MlflowLoginScope, TrackedOperator):
+class ChampionChallengerOperator(TrackedOperator):
     """Decide whether the registered challenger replaces the champion (both measured in this run).
 
     Records the comparison as tags on the model version and metrics on the parent run.

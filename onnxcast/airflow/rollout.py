@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from onnxcast.airflow.hooks import MlflowLoginScope
 from onnxcast.airflow.steps import TrackedOperator, as_bool, load_config, readable, run_key
 from onnxcast.base import environment
 from onnxcast.base.errors import ConfigError, OnnxcastError
@@ -48,7 +47,7 @@ def _actor(context: Context) -> str:
     return f"airflow:{run_key(context)}" + (f" ({user})" if user else "")
 
 
-class _StoreOperator(MlflowLoginScope, TrackedOperator):
+class _StoreOperator(TrackedOperator):
     def __init__(self, *, store_uri: str | None = None, signing_key: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store_uri = store_uri
@@ -161,7 +160,7 @@ class PromoteModelOperator(_StoreOperator):
         return {**result.as_xcom(), "manifest": release.manifest}
 
 
-class StageRegisteredVersionOperator(MlflowLoginScope, TrackedOperator):
+class StageRegisteredVersionOperator(TrackedOperator):
     """Download a registered version (number or alias) into a fresh run directory, laid out as
     the run that produced it, and prepare that run's data window again, so the validate step
     can re-check its gates before promotion. XCom: ``run_dir``, ``families``, ``version``."""
@@ -298,7 +297,7 @@ def dispatch_requests(events: Any) -> list[dict]:
     from onnxcast.airflow.hooks import MlflowHook
     from onnxcast.registry.tracking import client_for
 
-    hook = MlflowHook(export_login=False)
+    hook = MlflowHook()
     with hook.login():  # the connection's login for these calls only
         return promote_requests(events, client_for(hook.tracking_uri))
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from onnxcast.airflow.hooks import MlflowHook, S3SettingsHook
+from onnxcast.airflow.hooks import MlflowHook, MlflowLoginScope, S3SettingsHook
 from onnxcast.airflow.links import MlflowRunLink, persist_mlflow_run_url
 from onnxcast.base.errors import ConfigError, DataError
 from onnxcast.pipeline.config import PipelineConfig
@@ -93,8 +93,9 @@ def end_mlflow_runs(context: Context) -> None:
         terminal = str(getattr(ti, "state", "")) != "up_for_retry"
         params = context.get("params") or {}
         hook = MlflowHook(mlflow_conn_id=getattr(task, "mlflow_conn_id", "mlflow_default"))
-        ended = end_open_runs(run_key(context), status, family=family or None, parent=terminal or not family,
-                              model_name=params.get("model_name"), tracking_uri=hook.tracking_uri)
+        with hook.login():
+            ended = end_open_runs(run_key(context), status, family=family or None, parent=terminal or not family,
+                                  model_name=params.get("model_name"), tracking_uri=hook.tracking_uri)
         if ended:
             (task.log if task is not None else _log()).info("MLflow run(s) %s marked %s", readable(ended), status)
     except Exception as exc:  # noqa: BLE001 - a callback must not fail the callback runner
@@ -107,7 +108,7 @@ def _log():
     return logging.getLogger(__name__)
 
 
-class TrackedOperator(BaseOperator):
+class TrackedOperator(MlflowLoginScope, BaseOperator):
     """Shared: the MLflow hook, the link to the task's MLflow run, and the run store
     workspace (stage, work in local scratch, publish with a commit marker)."""
 

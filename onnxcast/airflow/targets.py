@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from onnxcast.airflow.steps import CONFIG, TrackedOperator, load_config
+from onnxcast.airflow.steps import TrackedOperator, load_config
+from onnxcast.pipeline.layout import RunLayout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+CONFIG = RunLayout("").config.as_posix()  # the run's settings: all the targets task reads
 
 
 class RunTargetsOperator(TrackedOperator):

@@ -94,7 +94,7 @@ class RegistryAliasTrigger(BaseEventTrigger):
         if self._hooks is None or time.monotonic() - self._hooks[0] > HOOKS_SECONDS:
             # connections are resolved again now and then (rotated keys, assumed roles), not on
             # every poll (each resolution logs, and asks the secrets backend)
-            self._hooks = (time.monotonic(), MlflowHook(mlflow_conn_id=self.mlflow_conn_id, export_login=False),
+            self._hooks = (time.monotonic(), MlflowHook(mlflow_conn_id=self.mlflow_conn_id),
                            S3SettingsHook(aws_conn_id=self.aws_conn_id))
         _, mlflow_hook, s3_hook = self._hooks
         with mlflow_hook.login():  # the connection's login for this poll only (many triggers share the process)

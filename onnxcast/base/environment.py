@@ -334,14 +334,6 @@ def set_default(name: str, text: str) -> None:
     os.environ.setdefault(name, text)
 
 
-def export_for_this_process(values: dict[str, str | None]) -> None:
-    """``values`` set in the environment for the rest of this process and the subprocesses it starts.
-    Only where the process is the scope: an Airflow task try runs in a process of its own, and the
-    MLflow calls of its operator are not one block (onnxcast.airflow.hooks.MlflowHook)."""
-    for name, text in values.items():
-        _put(name, text)
-
-
 def _put(name: str, text: str | None) -> None:
     if text is None:
         os.environ.pop(name, None)

@@ -25,7 +25,7 @@ def mlflow_connection(monkeypatch):
 def test_the_login_is_set_inside_the_block_only_and_put_back_after(mlflow_connection):
     from onnxcast.airflow.hooks import MlflowHook
 
-    hook = MlflowHook(export_login=False)
+    hook = MlflowHook()
     assert hook.tracking_uri == "http://127.0.0.1:1"
     assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else"  # reading the settings sets nothing
     with hook.login():
@@ -36,18 +36,18 @@ def test_the_login_is_set_inside_the_block_only_and_put_back_after(mlflow_connec
 def test_a_failed_block_puts_the_login_back_too(mlflow_connection):
     from onnxcast.airflow.hooks import MlflowHook
 
-    hook = MlflowHook(export_login=False)
+    hook = MlflowHook()
     with pytest.raises(ConnectionError), hook.login():
         raise ConnectionError("registry down")
     assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else" and "MLFLOW_TRACKING_PASSWORD" not in os.environ
 
 
-def test_a_tasks_hook_keeps_the_login_for_the_tasks_process(mlflow_connection, monkeypatch):
+def test_reading_the_settings_sets_no_login(mlflow_connection):
+    """Outside a login() block nothing is exported: a task's login never outlives its call."""
     from onnxcast.airflow.hooks import MlflowHook
 
-    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "before")  # so that the test's end puts it back
-    MlflowHook().get_settings()
-    assert [os.environ.get(name) for name in LOGIN] == ["pipeline", "pw-1"]
+    assert MlflowHook().get_settings()["tracking_uri"] == "http://127.0.0.1:1"
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "someone-else" and "MLFLOW_TRACKING_PASSWORD" not in os.environ
 
 
 def test_a_connection_without_a_login_sets_nothing(monkeypatch):
@@ -85,12 +85,11 @@ def test_the_alias_watchers_poll_runs_as_the_login_and_leaves_none_behind(mlflow
 def test_an_operators_call_runs_as_the_login_and_leaves_the_variables_as_before(mlflow_connection, fails):
     """The next task of the same process (a Celery worker, ``dags test``) must not inherit the
     login: after ``execute``, returned or raised, the variables are as before."""
-    from onnxcast.airflow.hooks import MlflowLoginScope
     from onnxcast.airflow.steps import TrackedOperator
 
     seen = []
 
-    class Probe(MlflowLoginScope, TrackedOperator):
+    class Probe(TrackedOperator):
         def execute(self, context):
             seen.append((self.mlflow_hook.tracking_uri, [os.environ.get(name) for name in LOGIN]))
             if fails:
@@ -109,12 +108,18 @@ def test_an_operators_call_runs_as_the_login_and_leaves_the_variables_as_before(
         "MLFLOW_TRACKING_USERNAME": "someone-else", "MLFLOW_TRACKING_PASSWORD": None}
 
 
-def test_the_operators_that_talk_to_mlflow_outside_steps_run_in_the_scope():
+def test_every_operator_that_talks_to_mlflow_runs_in_the_scope():
     from onnxcast.airflow import operators
     from onnxcast.airflow.hooks import MlflowLoginScope
+    from onnxcast.airflow.steps import TrackedOperator
 
-    for name in ("RegisterModelOperator", "ChampionChallengerOperator", "PromoteModelOperator",
-                 "RollbackChannelOperator", "RefreshChannelsOperator", "ReportRolloutOperator",
-                 "StageRegisteredVersionOperator", "MonitorChannelsOperator"):
+    tracked = [name for name in dir(operators) if isinstance(getattr(operators, name), type)
+               and issubclass(getattr(operators, name), TrackedOperator)]
+    for name in ("CheckDataOperator", "TrainOrFetchModelOperator", "ValidateModelOperator", "RegisterModelOperator",
+                 "ChampionChallengerOperator", "PromoteModelOperator", "RollbackChannelOperator",
+                 "RefreshChannelsOperator", "ReportRolloutOperator", "StageRegisteredVersionOperator",
+                 "MonitorChannelsOperator"):
+        assert name in tracked, name
+    for name in tracked:
         operator = getattr(operators, name)
         assert issubclass(operator, MlflowLoginScope) and operator.execute.logged_in_to_mlflow, name

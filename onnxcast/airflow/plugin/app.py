@@ -69,7 +69,7 @@ def page_data() -> dict[str, Any]:
         return {"store": None, "trust_root": None, "generated_at": None, "models": [], "truncated": False,
                 "listing": None, "error": text(exc, 1000)}
     try:
-        hook = MlflowHook(export_login=False)  # the API server lives on: the login for this page only
+        hook = MlflowHook()  # the API server lives on: the login for this page only
         registry = Registry(hook.tracking_uri, hook.ui_url)
         registry_error = None
     except Exception as exc:  # no mlflow_default connection in the deployed mode
