@@ -109,14 +109,15 @@ def status(dest: Path, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def compare(name: str, got: tuple[np.ndarray, np.ndarray], x86: tuple[np.ndarray, np.ndarray], capsys) -> None:
+def compare(name: str, got: tuple[np.ndarray, np.ndarray], x86: tuple[np.ndarray, np.ndarray], channel_x86: str,
+            capsys) -> None:
     """The pipeline's parity measure (|a-b| / (atol + rtol*|b|), <= 1 passes), its figures printed."""
     level = float(np.mean(np.abs(x86[0])))
     for what, a, b in (("forecast", got[0], x86[0]), ("quantiles", got[1], x86[1])):
         assert a.shape == b.shape and a.size, (what, a.shape, b.shape)
         ratio = float(np.max(np.abs(a - b) / (PARITY_ATOL + PARITY_RTOL * np.abs(b))))
         with capsys.disabled():  # the figures, shown with pytest -s
-            print(f"\n{name} vs x86_64 device {what}: tolerance ratio {ratio:.3g}, "
+            print(f"\n{name} vs the x86_64 device ({channel_x86}) {what}: tolerance ratio {ratio:.3g}, "
                   f"max |diff| / level {float(np.max(np.abs(a - b))) / level:.2g}")
         assert ratio <= 1, (what, ratio)
 
@@ -140,7 +141,8 @@ def test_an_openvino_device_installs_its_artifact_and_forecasts_as_an_x86_device
     assert ov_status["artifact"] == channel_pick(release, "openvino")["artifact"]
     assert (x86_status["target"]["name"], x86_status["artifact"]) == ("x86_64", channel_pick(release, "x86_64")["artifact"])
     assert ov_status["target"]["variant"] == release.report["selected"][CHANNEL]["targets"]["openvino"]["variant"]
-    compare("openvino device", predict(ov, capsys), predict(x86, capsys), capsys)
+    compare(f"openvino device ({ov_status['artifact']})", predict(ov, capsys), predict(x86, capsys),
+            x86_status["artifact"], capsys)
 
 
 def test_the_signed_manifest_carries_the_reports_evidence_per_target(release):
@@ -220,4 +222,5 @@ def test_an_emulated_aarch64_device_pulls_its_variant_and_matches_x86(release, t
     done = helpers.run_device(device, "predict", "--dir", str(arm), "--input", str(tmp_path / "in.csv"))
     assert done.returncode == 0, done.stderr
     assert pull(release, x86, "x86_64") == 0
-    compare("aarch64 device (qemu)", table_figures(done.stdout), predict(x86, capsys), capsys)
+    compare(f"aarch64 device under qemu ({shown['artifact']})", table_figures(done.stdout), predict(x86, capsys),
+            channel_pick(release, "x86_64")["artifact"], capsys)
