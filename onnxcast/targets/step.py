@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxcast.base.contract import OUTPUT_NAME
-from onnxcast.base.files import read_json, sha256_file, write_json
+from onnxcast.base.files import json_safe, read_json, sha256_file, write_json
 from onnxcast.base.target_evidence import (
     FAILED,
     REFERENCE_TARGET,
@@ -62,7 +62,9 @@ def validate_on_target(cfg, family: str, name: str) -> dict:
     for variant, record in records.items():
         log.info("%s %s on %s: %s%s", family, variant, name, record["status"],
                  f" ({record['reason']})" if record.get("reason") else "")
-    evidence = {"target": name, "family": family, "declaration": declared.as_dict(), "variants": records}
+    # json_safe: a failed variant's parity can be inf (TVM's fp16 gave 1.9e304), which report.json,
+    # read strictly by promote, must not hold
+    evidence = json_safe({"target": name, "family": family, "declaration": declared.as_dict(), "variants": records})
     write_json(cfg.layout.target_evidence(family, name), evidence)
     return evidence
 

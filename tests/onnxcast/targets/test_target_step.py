@@ -189,3 +189,24 @@ def test_aarch64_under_qemu_is_judged_like_every_target(validated):
         assert record["holdout"]["judged"] and record["holdout"]["passed"]
         assert record["latency_note"] == EMULATED_LATENCY_NOTE
         assert record["environment"]["machine"] == "aarch64" and record["environment"]["qemu_cpu"] == "cortex-a72"
+
+
+@pytest.mark.slow
+def test_tvm_libraries_become_the_artifacts_and_the_evidence_is_strict_json(validated):
+    """TVM cross-compiled for aarch64 on the same run (skips without apache-tvm or the --tvm sysroot):
+    a validated variant's artifact is its batch-1 library, and the evidence file is JSON that promote
+    reads (a failed variant's infinite parity, seen from TVM's fp16, written as null)."""
+    pytest.importorskip("tvm", reason="apache-tvm is not installed (pip install apache-tvm==0.27.0.post1)")
+    from onnxcast.base.untrusted import loads_json
+    from onnxcast.targets.runners import TargetUnavailable
+
+    try:
+        emulated_python(default_sysroot(), tvm=True)
+    except TargetUnavailable as exc:
+        pytest.skip(str(exc))
+    evidence = validate_on_target(validated, "dlinear", "tvm-aarch64")
+    path = validated.layout.target_evidence("dlinear", "tvm-aarch64")
+    assert loads_json(path.read_bytes(), what=str(path)) == evidence
+    record = evidence["variants"]["fp32"]
+    assert record["status"] == VALIDATED, record["reason"]
+    assert record["artifact"].endswith(f"b1_t{validated.lookback}.so") and (validated.run_dir / record["artifact"]).is_file()
