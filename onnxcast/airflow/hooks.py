@@ -79,8 +79,14 @@ class MlflowHook(BaseHook):
     @contextmanager
     def login(self) -> Iterator[None]:
         """A block in which MLflow calls authenticate as the connection's login (nothing when it
-        has none); MLflow's login variables are put back as they were after it, on an error too."""
-        self._read_settings()
+        has none); MLflow's login variables are put back as they were after it, on an error too.
+        A missing connection is not refused here but where the settings are used (the task's own
+        checks, such as the run store's, come first as they did)."""
+        try:
+            self._read_settings()
+        except AirflowFailException:
+            yield  # get_settings() raises it again at the first MLflow call
+            return
         if not self._login:
             yield
             return

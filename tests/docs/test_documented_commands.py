@@ -39,7 +39,7 @@ SKIPPED: dict[str, str] = {
     r"^python scripts/arm_sysroot\.py --tvm --path /tmp/h33-sysroot": "downloads Debian's arm64 packages and TVM's "
         "aarch64 wheels; tests/onnxcast/targets/test_target_sysroot.py builds a sysroot",
     r"^(ONNXCAST_ARM_SYSROOT=\S+ onnxcast pipeline --data example|onnxcast keys generate --out /tmp/h33-keys$|"
-    r"onnxcast promote --report /tmp/h33-run )": "docs/targets.md's target measurements (5 to 7 minutes, the tvm-aarch64 one needs "
+    r"onnxcast promote --report /tmp/(h33|e33p)-run )": "docs/targets.md's target measurements (5 to 7 minutes, the tvm-aarch64 one needs "
         "apache-tvm and the --tvm sysroot); tests/onnxcast/targets/test_target_step.py runs the TVM target step",
     r"^make demo$": "runs the training DAG end to end with full-size models (minutes); "
                     "tests/scripts/test_demo.py runs scripts/demo.py --quick; tests/dags/test_training_e2e.py the DAG",

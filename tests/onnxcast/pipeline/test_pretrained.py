@@ -140,7 +140,7 @@ def test_series_too_short_for_a_training_window_get_the_pretrained_model_zero_sh
                                     "series_column": "unique_id", "models": "base", "horizon": 6, "lookback": 12,
                                     "season": 12, "freq": "MS", "quality": {"min_holdout_windows": 1}})
     assert cfg.base_finetune_minutes > 0
-    for shard in pipeline.check_input(cfg):
+    for shard in fleet_quality.check_fleet_table(cfg):
         fleet_quality.check_fleet_shard(cfg, shard)
     fleet_quality.merge_fleet_checks(cfg)
     pipeline.train_family(cfg, "base")

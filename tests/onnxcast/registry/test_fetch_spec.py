@@ -25,7 +25,7 @@ def source(tmp_path, spec_text: str):
 
 @pytest.mark.parametrize(("spec", "fragment"), [
     ({**GOOD, "family": "gru"}, "model.json spec field 'family' is 'gru', expected one of ['lstm', 'transformer', "
-                                "'nhits', 'dlinear', 'ensemble']"),
+                                "'nhits', 'dlinear', 'base', 'ensemble']"),
     ({**GOOD, "family": ["lstm"]}, "field 'family' is ['lstm']"),
     ({**GOOD, "lookback": "56"}, "model.json spec field 'lookback' must be an integer, got '56'"),
     ({**GOOD, "lookback": -5}, "model.json spec field 'lookback' must be in [2, 100000], got -5"),
