@@ -213,6 +213,16 @@ def emulated_python(sysroot: ArmSysroot, tvm: bool = False) -> list[str]:
             "-cpu", QEMU_CPU, str(sysroot.python), "-I", str(WORKER)]
 
 
+def emulation_unavailable(tvm: bool = False) -> str:
+    """Why the emulated aarch64 targets cannot run on this host ("" when they can): qemu-user or
+    the Arm sysroot (with TVM's wheels for ``tvm``) missing."""
+    try:
+        emulated_python(default_sysroot(), tvm=tvm)
+    except TargetUnavailable as exc:
+        return str(exc)
+    return ""
+
+
 def emulation_facts() -> dict:
     """The emulator and the real processor under it."""
     qemu = subprocess.run([QEMU, "--version"], capture_output=True, text=True, check=False).stdout

@@ -18,9 +18,8 @@ from onnxcast.registry.tracking import target_figures
 from onnxcast.rollout.promote import check_manifest_shape, promote, verify_version
 from onnxcast.rollout.store import open_store
 from onnxcast.targets.declarations import EMULATED_LATENCY_NOTE
-from onnxcast.targets.runners import emulated_python
+from onnxcast.targets.runners import emulation_unavailable
 from onnxcast.targets.step import validate_on_target
-from onnxcast.targets.sysroot import default_sysroot
 
 TINY = {"horizon": 12, "lookback": 56, "max_epochs": 1, "models": ["dlinear"], "latency_repeats": 3,
         "model_name": "tiny-forecaster", "coverage_tolerance": 0.2, "targets": ["x86_64", "openvino"]}
@@ -161,22 +160,11 @@ def test_manifest_targets_are_checked_when_present():
         check_manifest_shape(no_evidence, "m")
 
 
-def arm_ready() -> str:
-    """Why the emulated Arm target cannot run here ("" when it can)."""
-    from onnxcast.targets.runners import TargetUnavailable
-
-    try:
-        emulated_python(default_sysroot())
-    except TargetUnavailable as exc:
-        return str(exc)
-    return ""
-
-
 @pytest.mark.slow
 def test_aarch64_under_qemu_is_judged_like_every_target(validated):
     """ONNX Runtime's aarch64 wheel under qemu-user (Cortex-A72) on the same run: every eligible
     variant matches x86 and its holdout, its latency marked as no timing (make arm-tools)."""
-    reason = arm_ready()
+    reason = emulation_unavailable()
     if reason:
         pytest.skip(reason)
     evidence = validate_on_target(validated, "dlinear", "aarch64")
@@ -198,12 +186,8 @@ def test_tvm_libraries_become_the_artifacts_and_the_evidence_is_strict_json(vali
     reads (a failed variant's infinite parity, seen from TVM's fp16, written as null)."""
     pytest.importorskip("tvm", reason="apache-tvm is not installed (pip install apache-tvm==0.27.0.post1)")
     from onnxcast.base.untrusted import loads_json
-    from onnxcast.targets.runners import TargetUnavailable
-
-    try:
-        emulated_python(default_sysroot(), tvm=True)
-    except TargetUnavailable as exc:
-        pytest.skip(str(exc))
+    if emulation_unavailable(tvm=True):
+        pytest.skip(emulation_unavailable(tvm=True))
     evidence = validate_on_target(validated, "dlinear", "tvm-aarch64")
     path = validated.layout.target_evidence("dlinear", "tvm-aarch64")
     assert loads_json(path.read_bytes(), what=str(path)) == evidence

@@ -29,23 +29,13 @@ from onnxcast.rollout.device_target import DeviceFacts, preference, read_facts
 from onnxcast.rollout.promote import verify_version
 from onnxcast.rollout.store import open_store
 from onnxcast.targets.parity import PARITY_ATOL, PARITY_RTOL
-from onnxcast.targets.runners import TargetUnavailable, emulated_python
-from onnxcast.targets.sysroot import default_sysroot
+from onnxcast.targets.runners import emulation_unavailable
 
 TINY = ["--models", "dlinear", "--max-epochs", "1", "--horizon", "12", "--lookback", "56", "--latency-repeats", "3",
         "--coverage-tolerance", "0.2"]
 ARM_TEST = "test_an_emulated_aarch64_device_pulls_its_variant_and_matches_x86"
 MODEL, CHANNEL, VERSION = "co2", "edge", "1"
 needs_openvino = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino is not installed")
-
-
-def arm_ready() -> str:
-    """Why the emulated Arm target cannot run here ("" when it can)."""
-    try:
-        emulated_python(default_sysroot())
-    except TargetUnavailable as exc:
-        return str(exc)
-    return ""
 
 
 @dataclass(frozen=True)
@@ -64,7 +54,7 @@ def release(request, tmp_path_factory, release_key) -> Release:
     promoted to the edge channel of a local store, signed with the session's release key."""
     from real_series import weekly_co2_csv
 
-    with_arm = any(item.name == ARM_TEST for item in request.session.items) and not arm_ready()
+    with_arm = any(item.name == ARM_TEST for item in request.session.items) and not emulation_unavailable()
     targets = ("x86_64", "openvino", "aarch64") if with_arm else ("x86_64", "openvino")
     root = tmp_path_factory.mktemp("targets-e2e")
     out, store = root / "run", str(root / "store")
@@ -210,7 +200,7 @@ def test_an_emulated_aarch64_device_pulls_its_variant_and_matches_x86(release, t
     """qemu-user and the Arm sysroot (make arm-tools): the run validated aarch64 too, and Debian's
     arm64 Python runs ``onnxcast-edge`` (tests/onnxcast/rollout/test_device_aarch64.py's device)."""
     if "aarch64" not in release.targets:
-        pytest.skip(arm_ready() or "the run did not validate aarch64")
+        pytest.skip(emulation_unavailable() or "the run did not validate aarch64")
     spec = importlib.util.spec_from_file_location(
         "device_aarch64_helpers", Path(__file__).resolve().parents[1] / "rollout" / "test_device_aarch64.py")
     helpers = importlib.util.module_from_spec(spec)
