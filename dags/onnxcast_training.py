@@ -147,10 +147,12 @@ with DAG(
     requested = RunTargetsOperator(task_id="targets", run_dir=RUN_DIR)
     on_target = ValidateTargetOperator.partial(task_id="validate_target", run_dir=RUN_DIR,
                                                map_index_template="{{ task.target }}").expand(target=requested.output)
-    # all_done: a failed target task fails alone, the run registers what the other targets validated
-    # (the report says the failed one did not finish); nothing is registered without a run directory
-    # or a family's validation (its file is missing: register fails)
-    register = RegisterModelOperator(task_id="register", run_dir=RUN_DIR, retries=2, trigger_rule="all_done")
+    # all_done_min_one_success over validate, targets and every target task: a failed target task fails
+    # alone and the run registers what the other targets validated (the report says the failed one did
+    # not finish); when the run never reached validation (a data gate failed) nothing succeeded upstream
+    # and register is upstream_failed at once (with all_done it ran, failed and retried for two minutes)
+    register = RegisterModelOperator(task_id="register", run_dir=RUN_DIR, retries=2,
+                                     trigger_rule="all_done_min_one_success")
     decide = ChampionChallengerOperator(
         task_id="champion_challenger",
         run_dir=RUN_DIR,
@@ -175,6 +177,7 @@ with DAG(
         trigger_rule="none_failed",  # a skipped promotion: nothing to wait for, the run stays green
     )
     check_series >> merge >> reference  # the reference runs while the families train
-    train >> export >> optimize >> evaluate >> validate >> requested >> on_target >> register
+    train >> export >> optimize >> evaluate >> validate >> requested >> on_target
+    [validate, requested, on_target] >> register
     register >> decide >> promote >> serving
     reference >> evaluate

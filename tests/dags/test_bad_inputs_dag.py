@@ -71,6 +71,7 @@ def test_bad_input_fails_the_data_check_and_changes_nothing(case, champion_in_pl
     failed = [t for t in GATE if states.get(t) == "failed"]
     assert len(failed) == 1, states
     assert not [t for t, s in states.items() if t not in GATE[:GATE.index(failed[0])] and s == "success"], states
+    assert states["register"] == "upstream_failed", states  # never ran (nor retried): nothing to register
     assert snapshot() == champion_in_place  # no version, no alias move, no store object or pointer move
 
     client = client_for()

@@ -90,12 +90,13 @@ class TestDagBag:
         assert mapped == {"check_series", "train_or_fetch", "export", "optimize", "reference", "evaluate", "validate",
                           "validate_target"}
         # a task per deployment target, mapped over what the targets task reads from the run's settings;
-        # register runs when every target task is done, so a failing target fails alone
+        # register runs when every target task is done and validation succeeded, so a failing target
+        # fails alone, and a run that failed before validation registers nothing (tests/dags/test_bad_inputs_dag.py)
         (arg,) = dag.get_task("validate_target").expand_input.value.values()
         assert arg.operator.task_id == "targets"
         assert dag.params["targets"] == ["x86_64"]
-        assert dag.get_task("register").upstream_task_ids == {"validate_target"}
-        assert dag.get_task("register").trigger_rule == "all_done"
+        assert dag.get_task("register").upstream_task_ids == {"validate", "targets", "validate_target"}
+        assert dag.get_task("register").trigger_rule == "all_done_min_one_success"
         assert [o.name for o in dag.get_task("promote").outlets] == ["onnxcast_rollout"]
         assert dag.params["families"] == ["nhits", "dlinear", "lstm", "transformer"]
         assert dag.params["serving_url"] is None  # waiting for onnxcast serve is opt-in

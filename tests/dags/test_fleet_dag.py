@@ -52,7 +52,7 @@ class TestShape:
         assert upstream["validate"] == {"merge_data", "evaluate"}
         assert upstream["targets"] == {"validate"}
         assert upstream["validate_target"] == {"targets"}
-        assert upstream["register"] == {"validate_target"}
+        assert upstream["register"] == {"validate", "targets", "validate_target"}  # all_done_min_one_success
 
     def test_each_family_still_trains_in_one_task(self, dag):
         assert dag.get_task("train_or_fetch").max_active_tis_per_dag == 2
