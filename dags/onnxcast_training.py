@@ -11,6 +11,7 @@ as the `challenger` and promotes it to the rollout channels **only if it beats t
 | 1 | `check_data` | data-quality gate (a fleet: the table checks and the shards of series), time split, run directory, plan (families + champion) |
 | 1 | `check_series` / `merge_data` | a fleet: the per-series checks, one mapped task per shard, then the run's verdict on the excluded series |
 | 2 | `train_or_fetch` | one mapped task per family (the champion is fetched, never retrained) |
+| 2 | `ensemble` | with *families* naming `ensemble`: the families this run trained combined into one more family (median or validated weights), which then goes through the steps below like the others; skipped with fewer than two members, the reason in report.json's `skipped`; without it the task passes the families on |
 | 2 | `reference` | a fleet: baselines and statsforecast per series, one task per shard, in parallel with training |
 | 3 | `export` / `optimize` / `evaluate` / `validate` | ONNX fp32, fp32-opt, int8, fp16; a fleet: every series evaluated, one task per shard; parity, accuracy, latency |
 | 3 | `targets` / `validate_target` | the run's deployment targets (*targets*), then one mapped task per target: every eligible variant run there and judged (parity with x86 and PyTorch, holdout, latency, size); a failing target fails alone |
@@ -47,6 +48,7 @@ from onnxcast.airflow.operators import (
     ChampionChallengerOperator,
     CheckDataOperator,
     CheckSeriesOperator,
+    EnsembleOperator,
     EvaluateShardOperator,
     ExportModelOperator,
     MergeDataOperator,
@@ -135,10 +137,13 @@ with DAG(
     per_shard = {"run_dir": RUN_DIR, "map_index_template": "shard-{{ task.shard }}", "max_active_tis_per_dag": 8}
     check_series = CheckSeriesOperator.partial(task_id="check_series", **per_shard).expand(shard=shards)
     merge = MergeDataOperator(task_id="merge_data", run_dir=RUN_DIR, shards=shards)
-    families = merge.output
     per_family = {"run_dir": RUN_DIR, "map_index_template": "{{ task.family }}"}
     train = TrainOrFetchModelOperator.partial(task_id="train_or_fetch", max_active_tis_per_dag=2,
-                                              **per_family).expand(family=families)
+                                              **per_family).expand(family=merge.output)
+    # the ensemble combines the families once they all trained (a mapped task per family cannot wait
+    # for its siblings); what it returns, the families the run made, is what the later steps map over
+    ensemble = EnsembleOperator(task_id="ensemble", run_dir=RUN_DIR)
+    families = ensemble.output
     export = ExportModelOperator.partial(task_id="export", **per_family).expand(family=families)
     optimize = OptimizeModelOperator.partial(task_id="optimize", **per_family).expand(family=families)
     reference = ReferenceShardOperator.partial(task_id="reference", **per_shard).expand(shard=shards)
@@ -177,7 +182,7 @@ with DAG(
         trigger_rule="none_failed",  # a skipped promotion: nothing to wait for, the run stays green
     )
     check_series >> merge >> reference  # the reference runs while the families train
-    train >> export >> optimize >> evaluate >> validate >> requested >> on_target
+    train >> ensemble >> export >> optimize >> evaluate >> validate >> requested >> on_target
     [validate, requested, on_target] >> register
     register >> decide >> promote >> serving
     reference >> evaluate

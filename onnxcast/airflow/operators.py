@@ -22,6 +22,7 @@ from onnxcast.airflow.serving import ServingReadySensor
 from onnxcast.airflow.steps import (
     CheckDataOperator,
     CheckSeriesOperator,
+    EnsembleOperator,
     EvaluateShardOperator,
     ExportModelOperator,
     MergeDataOperator,
@@ -39,6 +40,7 @@ __all__ = [
     "ChampionChallengerOperator",
     "CheckDataOperator",
     "CheckSeriesOperator",
+    "EnsembleOperator",
     "EvaluateShardOperator",
     "ExportModelOperator",
     "MergeDataOperator",

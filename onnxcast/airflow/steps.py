@@ -327,7 +327,7 @@ class CheckDataOperator(TrackedOperator):
 
 
 class MergeDataOperator(TrackedOperator):
-    """The run's verdict on its data, once every shard is checked; returns the families.
+    """The run's verdict on its data, once every shard is checked; returns the families to train.
 
     Any number of series (onnxcast.pipeline.run.merge_data): every shard's excluded series
     merged; more than ``max_excluded_share`` of the series excluded (one series excluded: all)
@@ -335,8 +335,9 @@ class MergeDataOperator(TrackedOperator):
     The kept series become ``data/fleet/`` and ``data/dataset.json``; one series judged over
     its origins also gets its baselines and statistical reference.
 
-    XCom: the family names of the plan (return value: the mapping input of the family
-    steps) and ``summary``, the series kept and excluded.
+    XCom: the family names of the plan each trained or fetched on its own (return value: the
+    mapping input of ``train_or_fetch``; the ensemble, made from them afterwards, is
+    :class:`EnsembleOperator`'s) and ``summary``, the series kept and excluded.
     """
 
     template_fields: Sequence[str] = ("run_dir", "shards")
@@ -347,16 +348,17 @@ class MergeDataOperator(TrackedOperator):
         self.shards = shards
 
     def execute(self, context: Context) -> list[str]:
-        from onnxcast.registry.plan import read_plan
+        from onnxcast.registry.plan import combined, read_plan, trained_apart
 
         require = [shard_step("check_series", k) for k in _shard_numbers(self.shards)]
         with self.workspace(context, self.run_dir, require=require) as work:
             cfg = load_config(work)
             self.link_mlflow_run(context, cfg.model_name)
             self._merge(context, cfg)
-            families = [entry["family"] for entry in read_plan(work)["families"]]
-        self.log.info("Data of %s merged from %d shard(s); families %s", self.run_dir, len(require),
-                      readable(families))
+            plan = read_plan(work)
+        families, after = trained_apart(plan), combined(plan)
+        self.log.info("Data of %s merged from %d shard(s); families %s%s", self.run_dir, len(require),
+                      readable(families), f", then {readable(after)} made from them" if after else "")
         return families
 
     def _merge(self, context: Context, cfg: PipelineConfig) -> None:
@@ -469,18 +471,20 @@ class EvaluateShardOperator(_ShardStepOperator):
         return [shard_step("reference", shard)]
 
     def reads_model_file(self, layout: RunLayout, path: str) -> bool:
-        """The ONNX variants (with variants.json) and model.json (the lookback) of each family;
-        not the weights, nor the other shards' results."""
+        """The ONNX variants (with variants.json), model.json (the lookback) and skipped.json
+        (a family the run did not make) of each family; not the weights, nor the other shards'
+        results."""
         from onnxcast.runstore import under_prefix
 
         family = layout.family_of(path)
-        return path == layout.model_json(family).as_posix() or under_prefix(path, layout.onnx_dir(family).as_posix())
+        return (path in (layout.model_json(family).as_posix(), layout.skipped(family).as_posix())
+                or under_prefix(path, layout.onnx_dir(family).as_posix()))
 
     def run_step(self, context: Context, cfg: PipelineConfig, shard: int) -> dict:
         from onnxcast.pipeline.run import evaluate_step
-        from onnxcast.registry.plan import read_plan
+        from onnxcast.registry.plan import made_families
 
-        families = [entry["family"] for entry in read_plan(cfg.run_dir)["families"]]
+        families = made_families(cfg.run_dir)  # not an ensemble the run skipped
         paths = evaluate_step(cfg, shard, families)
         self.log.info("Shard %d: evaluated %s (%d file(s))", shard, readable(families), len(paths))
         return {"families": families, "files": [_relative(cfg, p) for p in paths]}
@@ -533,6 +537,72 @@ class TrainOrFetchModelOperator(_FamilyStepOperator):
             raise AirflowFailException(str(exc)) from None
         self.log.info("Fetched %s (%s) from %s", self.family, fetched.family, entry["source"])
         return {"family": self.family, "source": entry["source"], "spec_family": fetched.family}
+
+
+class EnsembleOperator(TrackedOperator):
+    """The ensemble, once every ``train_or_fetch`` task is done: when the plan has it (``combines``),
+    the families the run trained combined into one model (onnxcast.pipeline.ensemble.train_ensemble,
+    as ``onnxcast pipeline`` makes it), then exported, optimized and validated like any family.
+    With fewer than two trained members it is skipped, the reason in ``models/ensemble/skipped.json``
+    (the report's ``skipped``). A run without one stages only its plan and passes it on.
+
+    XCom: the families the run made, in the plan's order (return value: the mapping input of
+    ``export``, ``optimize`` and ``validate``): the plan's, less an ensemble it skipped.
+    """
+
+    template_fields: Sequence[str] = ("run_dir",)
+    family = "ensemble"  # the family it makes: end_mlflow_runs ends its MLflow run with a failed task's
+
+    def __init__(self, *, run_dir: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+
+    def step_name(self) -> str:
+        return self.task_id
+
+    def execute(self, context: Context) -> list[str]:
+        from onnxcast.registry.plan import made_families
+
+        with self.workspace(context, self.run_dir, paths=self._stage_paths) as work:
+            cfg = load_config(work)
+            made = self._combine(context, cfg)
+            families = made_families(work)
+            if not made:  # nothing combined: the task's button is the run's MLflow run
+                self.link_mlflow_run(context, cfg.model_name)
+        self.log.info("%s; families to export, optimize and validate: %s",
+                      f"Combined {readable(made)}" if made else "No family to combine in this run's plan",
+                      readable(families))
+        return families
+
+    def _stage_paths(self, run: RunDir) -> list[str] | None:
+        """Every committed file when the plan combines families (the members' models, the data, as
+        ``train_or_fetch`` stages); else the plan and the settings only."""
+        from onnxcast.registry.plan import combined, read_plan
+
+        layout = RunLayout("")
+        with tempfile.TemporaryDirectory(prefix=f"onnxcast-{self.task_id}-plan-") as folder:
+            run.stage(folder, paths=[layout.plan.as_posix()])
+            plan = read_plan(folder)
+        return None if combined(plan) else [layout.plan.as_posix(), layout.config.as_posix()]
+
+    def _combine(self, context: Context, cfg: PipelineConfig) -> list[str]:
+        """Make every family the plan combines from the others; returns those it planned."""
+        from onnxcast.pipeline.ensemble import member_families
+        from onnxcast.pipeline.run import train_family
+        from onnxcast.registry.plan import combined, read_plan
+
+        planned = combined(read_plan(cfg.run_dir))
+        for family in planned:
+            members = member_families(cfg)
+            # made: its own MLflow run, as any family's; skipped: the run's (no family run left open)
+            self.link_mlflow_run(context, cfg.model_name, family if len(members) >= 2 else None)
+            result = train_family(cfg, family)
+            if "skipped" in result:
+                self.log.warning("%s skipped: %s", family, result["skipped"])
+            else:
+                self.log.info("%s of %s: %s%s", family, readable(members), result["combination"],
+                              f", weights {readable(result['weights'])}" if result["weights"] else "")
+        return planned
 
 
 class ExportModelOperator(_FamilyStepOperator):

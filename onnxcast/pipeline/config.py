@@ -163,7 +163,8 @@ class PipelineConfig:
         "and ensemble; ensemble: the others combined, after them)", cli="--models",
         group=TRAINING, dag="families", choices=MODEL_FAMILIES, labels=FAMILY_LABELS,
         dag_default=tuple(f for f in FAMILY_LABELS if f in DEFAULT_FAMILIES),
-        description="Model families trained in parallel (one mapped task each)")
+        description="Model families trained in parallel (one mapped task each); Ensemble: the others "
+                    "combined once they trained (at least two of them)")
     season: int | None = setting(
         None, help="seasonal-naive period in steps; derived from the frequency if omitted", cli="--season",
         group=FORECAST, low=1, high=100_000)

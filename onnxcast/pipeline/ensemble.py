@@ -38,7 +38,6 @@ WEIGHTS_MARGIN = 0.01
 # Grid steps of the simplex: 1/20 for up to four members (1,771 points), 1/10 beyond.
 GRID_STEPS = {2: 20, 3: 20, 4: 20}
 GRID_STEPS_MANY = 10
-SKIPPED_FILE = "skipped.json"
 
 
 def member_families(cfg: PipelineConfig) -> list[str]:
@@ -47,7 +46,7 @@ def member_families(cfg: PipelineConfig) -> list[str]:
 
 
 def skipped_path(cfg: PipelineConfig, family: str = ENSEMBLE):
-    return cfg.layout.family(family) / SKIPPED_FILE
+    return cfg.layout.skipped(family)
 
 
 def skipped_families(cfg: PipelineConfig) -> list[dict]:

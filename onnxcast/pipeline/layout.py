@@ -10,6 +10,7 @@ reads or writes a run's files asks a :class:`RunLayout` for the path::
     data/baselines.json                           baselines and the statistical reference
     quality/                                      the data-quality report
     models/<family>/model.pt, model.json          trained or fetched model
+    models/<family>/skipped.json                  why a family was not made (the ensemble, < 2 members)
     models/<family>/onnx/<variant>.onnx           fp32 (export), fp32-opt/int8/fp16 (optimize)
     models/<family>/onnx/variants.json            the variants optimize made
     models/<family>/validation.json               validate
@@ -114,6 +115,10 @@ class RunLayout:
 
     def validation(self, family: str) -> Path:
         return self.family(family) / "validation.json"
+
+    def skipped(self, family: str) -> Path:
+        """Why ``family`` was not made (``{"family", "reason"}``: the ensemble with fewer than two members)."""
+        return self.family(family) / "skipped.json"
 
     def onnx_dir(self, family: str) -> Path:
         return self.family(family) / "onnx"

@@ -4,7 +4,9 @@ each comes from (trained here, or fetched from the registry or S3) and which is 
 It pins each family's source, so retried tasks see the same champion version even if the
 alias moved meanwhile; the champion, when there is one, runs as the family ``champion``
 (onnxcast.registry.champion decides with it; onnxcast.registry.fetch writes the plan of a
-staged version).
+staged version). An entry with ``combines`` (the ensemble) is made from those families once
+they trained, not trained on its own; a family the run skipped (``models/<family>/skipped.json``:
+the ensemble with fewer than two trained members) is planned but not made.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from onnxcast.base.files import read_json, write_json
 from onnxcast.pipeline.layout import RunLayout
 
 CHAMPION_FAMILY = "champion"
+# a plan entry's key: the families it combines once they trained (the ensemble, docs/ensemble.md)
+COMBINES = "combines"
 
 
 class PlanError(OnnxcastError):
@@ -55,9 +59,28 @@ def plan_entry(run_dir: str | Path, family: str) -> dict:
                     f"{[e['family'] for e in plan['families']]}")
 
 
+def trained_apart(plan: dict) -> list[str]:
+    """The families of ``plan`` each trained or fetched on its own (in parallel in the training
+    DAG), in its order: every one but those it combines from the others after they trained."""
+    return [e["family"] for e in plan["families"] if COMBINES not in e]
+
+
+def combined(plan: dict) -> list[str]:
+    """The families of ``plan`` made from others once they trained (the ensemble)."""
+    return [e["family"] for e in plan["families"] if COMBINES in e]
+
+
+def made_families(run_dir: str | Path) -> list[str]:
+    """The plan's families the run made, in its order: every one but those it skipped."""
+    layout = RunLayout(run_dir)
+    return [e["family"] for e in read_plan(run_dir)["families"] if not layout.skipped(e["family"]).exists()]
+
+
 def challengers(run_dir: str | Path) -> list[str]:
-    """The families the run trains or fetches to compete (not the champion)."""
-    return [e["family"] for e in read_plan(run_dir)["families"] if e.get("role", "challenger") == "challenger"]
+    """The families the run trains or fetches to compete (not the champion, nor one it skipped)."""
+    made = set(made_families(run_dir))
+    return [e["family"] for e in read_plan(run_dir)["families"]
+            if e.get("role", "challenger") == "challenger" and e["family"] in made]
 
 
 def champion_entry(run_dir: str | Path) -> dict | None:

@@ -21,10 +21,10 @@ from onnxcast.base.errors import ConfigError
 from onnxcast.base.files import write_json
 from onnxcast.base.s3 import S3Settings
 from onnxcast.pipeline.config import PipelineConfig, data_source
-from onnxcast.pipeline.ensemble import ENSEMBLE
+from onnxcast.pipeline.ensemble import ENSEMBLE, ensemble_last
 from onnxcast.pipeline.layout import RunLayout
 from onnxcast.registry.fetch import FetchError, read_source_spec
-from onnxcast.registry.plan import CHAMPION_FAMILY, write_plan
+from onnxcast.registry.plan import CHAMPION_FAMILY, COMBINES, write_plan
 from onnxcast.registry.tracking import CHAMPION, alias_version
 
 RETRAIN_ASSET = "onnxcast_retrain"
@@ -80,21 +80,14 @@ def parse_extra_settings(value: Any) -> dict:
 def plan_run(cfg: Any, *, fetch_from: str | None = None, compare_with_champion: bool = True,
              tracking_uri: str | None = None,
              s3_settings: S3Settings | Callable[[], S3Settings | None] | None = None) -> RunPlan:
-    """Write ``plan.json`` in ``cfg``'s run folder: the families of ``cfg.models`` trained here,
-    or the one model ``fetch_from`` names (ChallengerSourceError when it cannot be read), and,
+    """Write ``plan.json`` in ``cfg``'s run folder: the families of ``cfg.models`` trained here
+    (the ensemble last, with ``combines``: the families it is made from once they trained), or
+    the one model ``fetch_from`` names (ChallengerSourceError when it cannot be read), and,
     with ``compare_with_champion``, the registry's ``champion`` as the family ``champion`` when
     it forecasts the same horizon from the same features. ``s3_settings`` (for an ``s3://``
     ``fetch_from``) may be a function, called only when there is a model to fetch."""
     entries = _challengers(cfg, fetch_from, tracking_uri, s3_settings)
     notes: list[str] = []
-    if any(e["family"] == ENSEMBLE and not e["source"] for e in entries):
-        # the DAG trains its families in parallel tasks; the ensemble needs them trained first
-        entries = [e for e in entries if e["family"] != ENSEMBLE or e["source"]]
-        notes.append(f"{ENSEMBLE} not planned: the training DAG trains the families in parallel and the ensemble "
-                     "combines them after they trained; `onnxcast pipeline --models ...,ensemble` makes it "
-                     "(docs/ensemble.md)")
-        if not entries:
-            raise ConfigError(f"models: {ENSEMBLE} alone trains nothing in the training DAG; name its member families")
     incomparable: dict = {}
     champion = comparable_champion(cfg, notes, incomparable, tracking_uri) if compare_with_champion else None
     if champion:
@@ -162,7 +155,10 @@ def record_retraining(run_dir: str | Path, events: list[dict], taken: dict, left
 
 def _challengers(cfg: Any, fetch_from: str | None, tracking_uri: str | None, s3_settings: Any) -> list[dict]:
     if fetch_from in (None, "", "None"):
-        return [{"family": f, "source": None, "role": "challenger"} for f in cfg.models]
+        # the ensemble last: the DAG's ensemble task combines the others once they trained in parallel
+        members = [f for f in cfg.models if f != ENSEMBLE]
+        return [{"family": f, "source": None, "role": "challenger", **({COMBINES: members} if f == ENSEMBLE else {})}
+                for f in ensemble_last(cfg.models)]
     s3_settings = s3_settings() if callable(s3_settings) else s3_settings
     try:
         spec = read_source_spec(fetch_from, tracking_uri=tracking_uri, s3_settings=s3_settings)

@@ -37,19 +37,26 @@ class TestShape:
         assert task.max_active_tis_per_dag == 8  # bounded fan-out on a big deployment
         assert task.map_index_template == "shard-{{ task.shard }}"  # one word: the demo parses "task[label]"
 
-    @pytest.mark.parametrize("task_id", ["train_or_fetch", "export", "optimize", "validate"])
-    def test_family_steps_are_mapped_over_the_families_of_merge_data(self, dag, task_id):
-        (arg,) = dag.get_task(task_id).expand_input.value.values()
+    def test_training_is_mapped_over_the_families_of_merge_data(self, dag):
+        (arg,) = dag.get_task("train_or_fetch").expand_input.value.values()
         assert arg.operator.task_id == "merge_data"
+
+    @pytest.mark.parametrize("task_id", ["export", "optimize", "validate"])
+    def test_later_family_steps_are_mapped_over_the_families_the_ensemble_task_returns(self, dag, task_id):
+        # the families the run made: the trained ones and the ensemble, unless it was skipped
+        (arg,) = dag.get_task(task_id).expand_input.value.values()
+        assert arg.operator.task_id == "ensemble"
 
     def test_dependencies_follow_the_design(self, dag):
         upstream = {t.task_id: t.upstream_task_ids for t in dag.tasks}
         assert upstream["check_series"] == {"check_data"}
         assert upstream["merge_data"] == {"check_data", "check_series"}
         assert upstream["train_or_fetch"] == {"merge_data"}
+        assert upstream["ensemble"] == {"train_or_fetch"}  # after every family trained
+        assert upstream["export"] == {"ensemble"}
         assert upstream["reference"] == {"check_data", "merge_data"}  # in parallel with training
         assert upstream["evaluate"] == {"check_data", "optimize", "reference"}
-        assert upstream["validate"] == {"merge_data", "evaluate"}
+        assert upstream["validate"] == {"ensemble", "evaluate"}
         assert upstream["targets"] == {"validate"}
         assert upstream["validate_target"] == {"targets"}
         assert upstream["register"] == {"validate", "targets", "validate_target"}  # all_done_min_one_success
@@ -158,6 +165,24 @@ class TestStaging:
         assert set(check) - set(reference) == {"data/shards/001/rows.parquet"}  # the raw rows: the checks only
         assert set(evaluate) - set(reference) == {"models/nhits/onnx/fp32.onnx", "models/nhits/onnx/variants.json",
                                                   "models/nhits/model.json"}  # not the weights, not shard 000's
+
+    def test_the_ensemble_task_stages_the_run_only_when_its_plan_combines_families(self, tmp_path):
+        from onnxcast.airflow.operators import EnsembleOperator, EvaluateShardOperator
+
+        plans = {"without": [{"family": "nhits", "source": None, "role": "challenger"}],
+                 "with": [{"family": "nhits", "source": None, "role": "challenger"},
+                          {"family": "ensemble", "source": None, "role": "challenger", "combines": ["nhits"]}]}
+        staged = {}
+        for name, families in plans.items():
+            files = {**self.FILES, "plan.json": json.dumps({"families": families, "notes": []}),
+                     "models/ensemble/skipped.json": "{}"}
+            url, run = committed_run(tmp_path / name, files)
+            staged[name] = EnsembleOperator(task_id="ensemble", run_dir=url)._stage_paths(run)
+            evaluate = EvaluateShardOperator(task_id="evaluate", run_dir=url, shard=1).stage_paths(run)
+            assert "models/ensemble/skipped.json" in evaluate  # a family the run skipped is not evaluated
+        # a run without an ensemble passes its plan on (no download of the data or the models);
+        # the one that makes it stages everything, as train_or_fetch does (None: every committed file)
+        assert staged == {"without": ["plan.json", "config.json"], "with": None}
 
     def test_the_shard_of_a_file_follows_the_run_layout(self):
         from onnxcast.airflow.steps import shard_of

@@ -205,6 +205,102 @@ class TestFetchPath:
         assert json.loads((store / "channels" / "edge.json").read_text())["signed"]["version"] == str(version.version)
 
 
+def run_report(run) -> dict:
+    """The run's report.json, from its run directory (embedded mode: a local folder)."""
+    return json.loads((Path(airflow_support.xcom(run, "check_data", "run_dir")) / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ensemble_run():
+    """``families`` naming the ensemble, as a user ticks it in the trigger form: two members
+    trained in parallel, then the ensemble task combines them (docs/ensemble.md)."""
+    conf = {**airflow_support.TINY, "families": ["nhits", "dlinear", "ensemble"], "model_name": "e2e-ensemble",
+            "compare_with_champion": False}
+    return load_dag("onnxcast_training").test(run_conf=conf)
+
+
+class TestEnsemble:
+    def test_the_ensemble_is_made_after_its_members_and_goes_through_every_step(self, ensemble_run):
+        states = airflow_support.task_states(ensemble_run)
+        assert set(states.values()) == {"success"}, states
+        assert airflow_support.xcom(ensemble_run, "merge_data") == ["nhits", "dlinear"]  # trained in parallel
+        assert "train_or_fetch[2]" not in states
+        assert airflow_support.xcom(ensemble_run, "ensemble") == ["nhits", "dlinear", "ensemble"]
+        for task in ("export", "optimize", "validate"):
+            assert airflow_support.xcom(ensemble_run, task, map_index=2)["family"] == "ensemble", task
+        assert airflow_support.xcom(ensemble_run, "validate", map_index=2)["eligible"]
+
+    def test_the_report_has_the_ensemble_with_its_members_weights_and_validated_variants(self, ensemble_run):
+        report = run_report(ensemble_run)
+        assert "skipped" not in report
+        (entry,) = [m for m in report["models"] if m["family"] == "ensemble"]
+        combination = entry["ensemble"]
+        assert combination["members"] == ["nhits", "dlinear"]
+        assert combination["combination"] in ("median", "weighted")
+        weights = combination["weights"]  # one a member when fitted, none for the median
+        assert (len(weights), sum(weights)) == ((2, pytest.approx(1.0)) if combination["combination"] == "weighted"
+                                                else (0, 0))
+        assert set(combination["in_graph"]) <= {"nhits", "dlinear"} and combination["in_graph"]
+        names = {v["name"] for v in entry["variants"]}
+        assert {"fp32", "fp32-opt", "int8"} <= names
+        for variant in entry["variants"]:  # each validated on its own: parity, holdout, gates
+            assert variant["parity_max_abs_diff"] is not None and variant["holdout"]["mae"] > 0, variant["name"]
+            assert variant["gates"], variant["name"]
+
+    def test_the_graph_and_the_mlflow_run_name_the_members(self, ensemble_run):
+        import onnx
+
+        run_dir = Path(airflow_support.xcom(ensemble_run, "check_data", "run_dir"))
+        metadata = {p.key: p.value for p in onnx.load(run_dir / "models/ensemble/onnx/fp32.onnx").metadata_props}
+        assert metadata["onnxcast.model_family"] == "ensemble"
+        assert metadata["onnxcast.ensemble_members"] in ("nhits,dlinear", "nhits", "dlinear")
+        registered = airflow_support.xcom(ensemble_run, "register")
+        c = client()
+        (child,) = [r for r in c.search_runs([c.get_run(registered["parent_run_id"]).info.experiment_id],
+                                             filter_string="tags.`onnxcast.family` = 'ensemble'")]
+        assert child.data.params["ensemble.members"] == "nhits,dlinear"
+        assert child.info.status == "FINISHED"
+
+    def test_the_dag_makes_the_ensemble_the_cli_makes_from_the_same_settings(self, ensemble_run, tmp_path):
+        from dataclasses import replace
+
+        from onnxcast.pipeline.config import PipelineConfig
+        from onnxcast.pipeline.run import run_pipeline
+
+        run_dir = Path(airflow_support.xcom(ensemble_run, "check_data", "run_dir"))
+        cfg = replace(PipelineConfig.load(run_dir / "config.json"), out_dir=str(tmp_path / "cli"))
+        cli = run_pipeline(cfg)  # what `onnxcast pipeline` runs: every family one after another in one process
+
+        def ensemble(report: dict) -> dict:
+            return next(m for m in report["models"] if m["family"] == "ensemble")
+
+        dag, alone = ensemble(run_report(ensemble_run)), ensemble(cli)
+        for key in ("members", "combination", "weights", "in_graph", "best_member", "validation_windows"):
+            assert dag["ensemble"][key] == alone["ensemble"][key], key
+        losses = dag["ensemble"]["validation_loss"], alone["ensemble"]["validation_loss"]
+        assert losses[0]["members"] == pytest.approx(losses[1]["members"], rel=1e-5)
+        assert {k: losses[0][k] for k in ("median", "weighted")} == pytest.approx(
+            {k: losses[1][k] for k in ("median", "weighted")}, rel=1e-5)
+        assert dag["fp32_holdout_mae"] == pytest.approx(alone["fp32_holdout_mae"], rel=1e-5)
+
+    def test_with_one_member_the_ensemble_is_skipped_and_the_report_says_why(self):
+        conf = {**airflow_support.TINY, "families": ["dlinear", "ensemble"], "model_name": "e2e-ensemble-one",
+                "compare_with_champion": False}
+        run = load_dag("onnxcast_training").test(run_conf=conf)
+        states = airflow_support.task_states(run)
+        assert set(states.values()) == {"success"}, states
+        assert airflow_support.xcom(run, "ensemble") == ["dlinear"]
+        assert "export[1]" not in states and "validate[1]" not in states
+        report = run_report(run)
+        assert [m["family"] for m in report["models"]] == ["dlinear"]
+        assert report["skipped"] == [{"family": "ensemble", "reason": "needs at least two trained member families, "
+                                                                      "the run trained 1 (dlinear)"}]
+        c = client()  # no MLflow run of its own left behind, none left RUNNING
+        experiment = c.get_experiment_by_name("e2e-ensemble-one").experiment_id
+        runs = c.search_runs([experiment], filter_string=f"tags.`onnxcast.run_key` = 'onnxcast_training/{run.run_id}'")
+        assert sorted(r.data.tags.get("onnxcast.family", "") for r in runs) == ["", "dlinear"]
+        assert {r.info.status for r in runs} == {"FINISHED"}
+
 
 @pytest.fixture(scope="module")
 def unserved_version(second_run) -> str:

@@ -134,6 +134,61 @@ def test_tasks_hand_files_to_each_other_through_an_s3_run_store(deployed, aws_co
     assert set(marker["files"]) == {"models/lstm/model.pt", "models/lstm/model.json"}
 
 
+@pytest.mark.slow
+def test_the_ensemble_task_on_another_host_combines_what_the_training_tasks_published(
+        deployed, aws_connection, monkeypatch, tmp_path):
+    """The ensemble on a host that trained nothing (its own empty scratch, only the bucket shared):
+    it stages the members the train_or_fetch tasks published, and the export on a fourth host
+    finds the ensemble it published."""
+    import tempfile
+
+    import boto3
+
+    from onnxcast.airflow.operators import (
+        CheckDataOperator,
+        CheckSeriesOperator,
+        EnsembleOperator,
+        ExportModelOperator,
+        MergeDataOperator,
+        TrainOrFetchModelOperator,
+    )
+
+    def on_host(name: str) -> None:
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp_path / name))
+        monkeypatch.setattr(tempfile, "tempdir", None)
+
+    boto3.client("s3", endpoint_url=aws_connection, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket="ensemble-runs")
+    monkeypatch.setenv("ONNXCAST_RUN_ROOT", "s3://ensemble-runs/runs")
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(
+        {"conn_type": "http", "host": f"sqlite:///{tmp_path / 'mlflow.db'}"}))
+    on_host("host-a")
+    context = make_context(dag_id="s3_ensemble")
+    settings = {**OPS_SETTINGS, "models": ["dlinear", "nhits", "ensemble"], "model_name": "ops-ensemble"}
+    CheckDataOperator(task_id="check_data", settings=settings, compare_with_champion=False).execute(context)
+    run_url = context["ti"].xcoms["run_dir"]
+    CheckSeriesOperator(task_id="check_series", run_dir=run_url, shard=0).execute(make_context(dag_id="s3_ensemble"))
+    merge = MergeDataOperator(task_id="merge_data", run_dir=run_url, shards=[0])
+    assert merge.execute(make_context(dag_id="s3_ensemble")) == ["dlinear", "nhits"]  # trained in parallel
+    on_host("host-b")
+    for family in ("dlinear", "nhits"):
+        TrainOrFetchModelOperator(task_id="train_or_fetch", run_dir=run_url, family=family).execute(
+            make_context(dag_id="s3_ensemble"))
+    on_host("host-c")
+    made = EnsembleOperator(task_id="ensemble", run_dir=run_url).execute(make_context(dag_id="s3_ensemble"))
+    assert made == ["dlinear", "nhits", "ensemble"]
+    assert list((tmp_path / "host-c").iterdir()) == []  # scratch removed after publishing
+    marker = json.loads(boto3.client("s3", endpoint_url=aws_connection, aws_access_key_id="testing",
+                                     aws_secret_access_key="testing", region_name="us-east-1").get_object(
+        Bucket="ensemble-runs", Key=f"{run_url.removeprefix('s3://ensemble-runs/')}/_steps/ensemble.json")["Body"].read())
+    assert set(marker["files"]) == {"models/ensemble/model.pt", "models/ensemble/model.json"}
+    on_host("host-d")
+    exported = ExportModelOperator(task_id="export", run_dir=run_url, family="ensemble").execute(
+        make_context(dag_id="s3_ensemble"))
+    assert exported["onnx_path"] == "models/ensemble/onnx/fp32.onnx"
+
+
 def test_aws_default_can_assume_a_role(deployed, aws_connection, monkeypatch):
     """role_arn in aws_default: the Amazon provider asks STS (moto's server here) for temporary
     keys, and every S3 client onnxcast builds uses them, session token included."""

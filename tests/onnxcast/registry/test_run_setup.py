@@ -74,14 +74,23 @@ class TestPlan:
         assert plan.families == ["lstm", "transformer"] and plan.notes == ["comparison with the champion is off"]
         assert registry["read"] == []
 
-    def test_the_ensemble_is_not_planned_in_the_dag_and_the_notes_say_why(self, cfg, registry):
+    def test_the_ensemble_is_planned_last_and_combines_the_other_families(self, cfg, registry):
+        from onnxcast.registry.plan import challengers, combined, made_families, trained_apart
+
         cfg.models = ("lstm", "ensemble", "transformer")
-        plan = plan_run(cfg, compare_with_champion=False)
-        assert plan.families == ["lstm", "transformer"]
-        assert plan.notes[0].startswith("ensemble not planned: the training DAG trains the families in parallel")
-        cfg.models = ("ensemble",)
-        with pytest.raises(ConfigError, match="ensemble alone trains nothing in the training DAG"):
-            plan_run(cfg, compare_with_champion=False)
+        plan = plan_run(cfg, compare_with_champion=True)
+        assert plan.families == ["lstm", "transformer", "ensemble", "champion"]
+        written = read_plan(cfg.run_dir)
+        assert written["families"][2] == {"family": "ensemble", "source": None, "role": "challenger",
+                                          "combines": ["lstm", "transformer"]}
+        # the training DAG trains the others in parallel, then its ensemble task makes the ensemble
+        assert trained_apart(written) == ["lstm", "transformer", "champion"] and combined(written) == ["ensemble"]
+        assert made_families(cfg.run_dir) == ["lstm", "transformer", "ensemble", "champion"]
+        skipped = cfg.run_dir / "models" / "ensemble" / "skipped.json"  # fewer than two members trained
+        skipped.parent.mkdir(parents=True)
+        skipped.write_text('{"family": "ensemble", "reason": "needs at least two"}')
+        assert made_families(cfg.run_dir) == ["lstm", "transformer", "champion"]
+        assert challengers(cfg.run_dir) == ["lstm", "transformer"]
 
     def test_a_fetched_model_replaces_the_trained_families_and_settings_are_read_only_then(self, cfg, registry):
         settings = SimpleNamespace(endpoint="http://s3")
