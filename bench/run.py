@@ -65,7 +65,7 @@ class Candidate:
     make: Callable[[int], Callable[[np.ndarray], np.ndarray]]  # threads -> runner
     probe: list[str]  # bench/memprobe.py arguments
     holdout_mae: float | None = None
-    parity: float | None = None  # worst |diff|/(atol+rtol*|y|) vs PyTorch, fp32 variants gate on <= 1
+    parity: float | None = None  # worst validate.tolerance_ratios vs PyTorch, fp32 variants gate on <= 1
     note: str = ""
     times: dict = field(default_factory=dict)  # (batch, threads) -> list of ms
     path: Path | None = None  # the ONNX file (None: PyTorch eager)

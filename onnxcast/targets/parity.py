@@ -1,7 +1,8 @@
 """Parity of a target's outputs with the x86 ONNX Runtime ones and with the PyTorch model's, judged by
 the pipeline's own parity measure (``onnxcast.pipeline.validate.parity_on``: the worst
-``|a-b| / (atol + rtol*|b|)``, <= 1 passes) and stated in units of the forecast level (max |diff|
-divided by the mean |forecast| of the reference), as docs/evaluation.md's parity gate reads it.
+``|a-b| / (atol + rtol*max(|b|, row level))``, the row level being the mean |forecast| of the
+reference for that history (``validate.tolerance_ratios``), <= 1 passes) and stated in units of the
+forecast level (max |diff| divided by the mean |forecast| of the reference over every history).
 """
 
 from __future__ import annotations

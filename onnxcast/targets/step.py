@@ -33,7 +33,7 @@ from onnxcast.pipeline.checkpoint import load_model
 from onnxcast.pipeline.fleet_data import ACROSS_SERIES, load_split
 from onnxcast.pipeline.fleet_eval import AcrossSeries
 from onnxcast.pipeline.run import judging, load_baselines
-from onnxcast.pipeline.validate import FP32_VARIANTS, OverOrigins, judge_holdout
+from onnxcast.pipeline.validate import FP32_VARIANTS, PARITY_RULE, OverOrigins, judge_holdout
 from onnxcast.targets.declarations import Target, target
 from onnxcast.targets.parity import compare_runs, compare_with_torch
 from onnxcast.targets.runners import TargetRun, run_target
@@ -150,7 +150,7 @@ def verdict(variant: str, parity: dict, holdout: dict) -> list[str]:
     checks = [("x86_64", parity["vs_x86"])] + ([("PyTorch", parity["vs_torch"])] if variant in FP32_VARIANTS else [])
     for name, judged in checks:
         if not judged.get("passed"):
-            failures.append(f"parity with {name}: worst |diff|/(atol+rtol*|y|) "
+            failures.append(f"parity with {name}: worst {PARITY_RULE} "
                             f"{judged.get('worst_tolerance_ratio', float('nan')):.3g} > 1 (max diff "
                             f"{judged.get('max_diff_in_levels', float('nan')):.3g} of the forecast level)")
     if holdout.get("judged") and not holdout["passed"]:

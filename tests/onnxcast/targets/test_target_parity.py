@@ -68,3 +68,26 @@ def test_against_pytorch_the_eager_model_is_the_reference():
     assert compare_with_torch(run_of(forecasts(HISTORIES)), model, HISTORIES)["passed"]
     off = compare_with_torch(run_of(forecasts(HISTORIES, scale=1.01)), model, HISTORIES)
     assert not off["passed"] and off["max_diff_in_levels"] == pytest.approx(0.01, rel=0.1)
+
+
+def with_quantiles(histories, shift_lowest=0.0):
+    """Forecast and quantiles ``forecast + offsets`` whose lowest level cancels to about -0.07 on a
+    level of ~1,000 (``shift_lowest`` added to it), as M3 N1695's 2.5% quantile did on 1,530."""
+    out = []
+    for (forecast,) in forecasts(histories):
+        offsets = np.array([0.0, 100.0, 200.0], np.float32)
+        quantiles = forecast[..., None] + offsets
+        quantiles[..., 0] = -0.0719 + shift_lowest
+        out.append([forecast, quantiles.astype(np.float32)])
+    return out
+
+
+def test_rounding_of_the_level_on_a_quantile_near_zero_passes_and_one_percent_of_it_fails():
+    names = ("forecast", "quantiles")
+    reference = run_of(with_quantiles(HISTORIES), "x86_64", names)
+    ulps = 4 * float(np.spacing(np.float32(1000.0)))  # 2.4e-4: a ratio of 1.4 against rtol * |-0.0719|
+    noisy = compare_runs(run_of(with_quantiles(HISTORIES, ulps), names=names), reference, HISTORIES)
+    assert noisy["passed"] and noisy["worst_tolerance_ratio"] < 0.01
+    wrong = compare_runs(run_of(with_quantiles(HISTORIES, 10.0), names=names), reference, HISTORIES)
+    assert not wrong["passed"] and wrong["worst_tolerance_ratio"] > 5
+    assert "quantiles_tolerance_ratio" in wrong["shapes"][0]
