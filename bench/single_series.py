@@ -101,7 +101,7 @@ def pick_series(panel, count: int, seed: int = SEED) -> list[str]:
     return [eligible[i] for i in sorted(chosen)]
 
 
-def run_panel(name: str, count: int, code: Path | None, work: Path) -> list[dict]:
+def run_panel(name: str, count: int, code: Path | None, work: Path, families: str = FAMILIES) -> list[dict]:
     """Write the panel's sampled series and run them in one worker process importing ``code``."""
     panels = load_panels_module()
     panel = panels.load_panel(name)
@@ -113,7 +113,7 @@ def run_panel(name: str, count: int, code: Path | None, work: Path) -> list[dict
         data.parent.mkdir(parents=True, exist_ok=True)
         frame.to_csv(data, index=False)
         argv = ["pipeline", "--data", str(data), "--out", str(work / name / f"run-{series}"),
-                "--models", FAMILIES, "--horizon", str(s["horizon"]), "--lookback", str(s["lookback"]),
+                "--models", families, "--horizon", str(s["horizon"]), "--lookback", str(s["lookback"]),
                 "--holdout-windows", "1", "--max-epochs", str(MAX_EPOCHS), "--latency-repeats", "3"]
         jobs.append({"panel": name, "series": series, "rows": len(frame), "season": s["season"], "argv": argv})
     jobs_file = work / name / "jobs.json"
@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--code", type=Path, help="a checkout whose onnxcast to import (default: this one)")
     run.add_argument("--panels", default=",".join(PANELS))
     run.add_argument("--series", type=int, default=12, help="series per panel kind")
+    run.add_argument("--families", default=FAMILIES, help=f"the runs' --models (default {FAMILIES})")
     run.add_argument("--work", type=Path, help="folder for the series and runs (default: a temporary one)")
     sub.add_parser("table", help="write the Markdown table from the results")
     sim = sub.add_parser("simulate", help="the old coverage gate's false refusals by independent windows")
@@ -323,10 +324,10 @@ def main(argv: list[str] | None = None) -> int:
             folder = args.work or Path(scratch)
             records = []
             for name in [p for p in args.panels.split(",") if p]:
-                records += run_panel(name, args.series, args.code, folder)
+                records += run_panel(name, args.series, args.code, folder, args.families)
                 print(f"{name}: {sum(bool(r['shipped']) for r in records if r['panel'] == name)} of "
                       f"{sum(r['panel'] == name for r in records)} shipped", flush=True)
-        section = {"runs": {args.label: {**header, "code": str(args.code or REPO), "families": FAMILIES,
+        section = {"runs": {args.label: {**header, "code": str(args.code or REPO), "families": args.families,
                                          "max_epochs": MAX_EPOCHS, "records": records}}}
     elif args.command == "simulate":
         section = {"simulate": {**header, **simulate(args.trials)}}
