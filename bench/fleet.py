@@ -498,7 +498,7 @@ def run_panel_pipeline(panel, table, args, work: Path) -> tuple[dict, object]:
 def training_summary(model: dict) -> dict:
     trained = (model.get("training") or {}).get("training") or {}
     return {k: trained.get(k) for k in ("epochs", "best_epoch", "initial_validation_loss", "best_validation_loss",
-                                        "stopped_because", "seconds") if k in trained} | {
+                                        "stopped", "seconds") if k in trained} | {
         "gates_passed": model.get("gates_passed"), "failures": model.get("failures", [])}
 
 

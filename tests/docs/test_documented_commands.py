@@ -80,6 +80,11 @@ SKIPPED: dict[str, str] = {
         "tests/onnxcast/pipeline/test_pretrained.py pretrains on a tiny corpus and checks the shipped file",
     r"^nice -n 10 \.venv/bin/python bench/fleet\.py\b": "fits statsforecast and trains on the M1 panels "
         "(tens of minutes); tests/bench/test_bench_fleet_smoke.py runs bench/fleet.py's parts",
+    r"^nice -n 10 \.venv/bin/python bench/training_budget\.py\b": "trains six families at four budgets on M1 "
+        "monthly (about an hour); tests/bench/test_bench_training_budget_smoke.py runs it on 12 series at tiny budgets",
+    r"^nice -n 10 \.venv/bin/onnxcast pipeline --data /tmp/budget/work/": "docs/training-budget.md's default fleet "
+        "run of M1 monthly (about 4 minutes) on the table bench/training_budget.py wrote; tests/cli/test_fleet_cli.py "
+        "runs a fleet through the command line",
     r"^make bench-fleet(-scale)?$": "trains every family on the M1/M3 panels (tens of minutes); "
                                    "tests/bench/test_bench_fleet_smoke.py runs bench/fleet.py's parts",
     r"^make bench-serve$": "a load generator against two servers for minutes; tests/bench/test_bench_serve_smoke.py "
