@@ -34,11 +34,12 @@ class RegisterModelOperator(TrackedOperator):
     def execute(self, context: Context) -> dict:
         from onnxcast.registry.challenger import register_challenger
 
-        if not self.run_dir:  # runs when its upstream is done (a failed target must not stop it): not after check_data failed
+        if not self.run_dir:  # the DAG's trigger rule keeps it from running after check_data failed; by hand it can
             raise AirflowFailException("no run directory: check_data did not succeed; nothing to register")
         tags = {"airflow.dag_id": context["dag_run"].dag_id, "airflow.run_id": context["run_id"]}
         with self.workspace(context, self.run_dir) as work:
             cfg = load_config(work)
+            _require_validations(work)
             try:
                 registered = register_challenger(cfg, run_key=run_key(context), tags=tags,
                                                  tracking_uri=self.mlflow_hook.tracking_uri,
@@ -50,6 +51,20 @@ class RegisterModelOperator(TrackedOperator):
         self.log.info("Registered %s version %s (%s)%s", cfg.model_name, version.version, version.family,
                       "" if version.created else " (found from an earlier try)")
         return registered.as_xcom()
+
+
+def _require_validations(work) -> None:
+    """Refuse, without a retry, a run where a family it made was never validated: register runs once
+    ``validate`` succeeded for some family (a failed target must not stop it), so another family's
+    ``validate`` may have failed; its missing validation.json is a fact, not a transient fault."""
+    from onnxcast.pipeline.layout import RunLayout
+    from onnxcast.registry.plan import made_families
+
+    layout = RunLayout(work)
+    missing = [family for family in made_families(work) if not layout.validation(family).is_file()]
+    if missing:
+        raise AirflowFailException(f"no validation of {', '.join(missing)} (its validate task did not succeed): "
+                                   "nothing registered")
 
 
 class ChampionChallengerOperator(TrackedOperator):

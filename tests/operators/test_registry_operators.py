@@ -50,6 +50,29 @@ class TestRegisterModelOperator:
         assert third["version"] != first["version"] and len(model_versions("ops-register")) == 2
 
 
+    def test_a_family_never_validated_is_refused_at_once_and_nothing_is_registered(self, run_dir):
+        import json
+        from pathlib import Path
+
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from onnxcast.airflow.operators import RegisterModelOperator
+        from onnxcast.pipeline.layout import RunLayout
+
+        rename(run_dir, "ops-register-unvalidated")
+        plan = RunLayout(run_dir).plan
+        planned = json.loads(plan.read_text())  # dlinear planned too, its validate task failed: no validation.json
+        planned["families"].append({"family": "dlinear", "source": None, "role": "challenger"})
+        plan.write_text(json.dumps(planned))
+        commit(run_dir, "plan-with-dlinear")
+        op = RegisterModelOperator(task_id="register", run_dir=run_dir)
+        with pytest.raises(AirflowFailException, match=r"^no validation of dlinear \(its validate task did not succeed\)"):
+            op.execute(make_context(run_id="register-unvalidated"))
+        assert model_versions("ops-register-unvalidated") == []
+        assert not (Path(run_dir) / "report.json").exists() or "ops-register-unvalidated" not in (
+            Path(run_dir) / "report.json").read_text()
+
+
 class TestChampionChallengerOperator:
     def test_template_fields(self):
         from onnxcast.airflow.operators import ChampionChallengerOperator
